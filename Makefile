@@ -1,0 +1,92 @@
+# Stallfree. `make demo` runs the main job; `make test` runs the tests.
+GO      ?= go
+BIN     := bin
+export CGO_ENABLED ?= 0
+
+.PHONY: build test test-short fuzz lint demo clean
+
+build:
+	$(GO) build -o $(BIN)/ ./cmd/cachenode ./cmd/cachectl
+
+# -race needs cgo; the binaries themselves are static. The Python loader
+# tests need Debian's python3-torch and python3-msgpack (see .ci/run).
+PYTHON ?= /usr/bin/python3
+test: build
+	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 20m ./...
+	$(PYTHON) -W ignore::ResourceWarning -m unittest discover -s python/tests -v
+
+test-short:
+	CGO_ENABLED=1 $(GO) test -race -short -count=1 ./...
+
+# Brief runs of every fuzz target (CI runs these too).
+FUZZTIME ?= 15s
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzValidKey$$' -fuzztime $(FUZZTIME) ./source
+	$(GO) test -run '^$$' -fuzz '^FuzzKeyPath$$' -fuzztime $(FUZZTIME) ./httpapi
+	$(GO) test -run '^$$' -fuzz '^FuzzReadFrame$$' -fuzztime $(FUZZTIME) ./transport
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+demo: build
+	./scripts/demo.sh
+
+clean:
+	rm -rf $(BIN) demo-data
+
+# --- containers (DESIGN §6) -------------------------------------------------
+COMPOSE ?= docker-compose
+IMAGE   := stallfree:local
+
+.PHONY: image cluster-data cluster-up cluster-down test-docker
+
+image:
+	rm -rf deploy/rootfs && mkdir -p deploy/rootfs/tmp deploy/rootfs/var/lib/stallfree
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o deploy/rootfs/ ./cmd/cachenode ./cmd/cachectl
+	chmod 1777 deploy/rootfs/tmp
+	-@docker image rm $(IMAGE) >/dev/null 2>&1  # no dangling image left behind by a rebuild
+	docker build -q -t $(IMAGE) deploy
+	@docker image inspect $(IMAGE) --format 'image $(IMAGE): {{.Size}} bytes'
+
+CLUSTER_ITEMS ?= 2000
+CLUSTER_SIZE  ?= 110KiB
+cluster-data: build
+	@if [ -d data ] && [ -n "$$(ls -A data)" ]; then echo "./data exists; keeping it"; \
+	else bin/cachectl gendata data --items $(CLUSTER_ITEMS) --size $(CLUSTER_SIZE); fi
+
+# The token and key are generated once, kept out of git and out of the image,
+# and handed to the containers as files (compose secrets). The directory is
+# private; the files inside are readable so the unprivileged node can read
+# its bind-mounted copy.
+.cluster/token .cluster/cluster.key:
+	mkdir -p .cluster && chmod 700 .cluster
+	head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > .cluster/token
+	head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > .cluster/cluster.key
+	chmod 644 .cluster/token .cluster/cluster.key
+
+cluster-up: image cluster-data .cluster/token .cluster/cluster.key
+	$(COMPOSE) up -d
+	@for n in 1 2 3; do for i in $$(seq 150); do \
+		bin/cachectl --node http://127.0.0.1:717$$n --token-file .cluster/token health 2>/dev/null && break; sleep 0.2; done; done
+	bin/cachectl --node http://127.0.0.1:7171 --token-file .cluster/token members
+
+cluster-down:
+	$(COMPOSE) --profile scale down -v --remove-orphans
+	-docker image rm $(IMAGE) 2>/dev/null
+	rm -rf deploy/rootfs
+
+test-docker:
+	CGO_ENABLED=1 $(GO) test -race -count=1 -tags docker -timeout 30m -run Docker ./integration
+
+# --- benchmarks (DESIGN §5) -------------------------------------------------
+.PHONY: bench bench-deps
+bench-deps:
+	@missing=""; for p in nginx memcached wrk; do command -v $$p >/dev/null || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx-light memcached wrk; fi
+
+# Writes BENCHMARKS.md and docs/bench/ (plots, results.json). About 4 minutes.
+BENCH_FLAGS ?=
+bench: build bench-deps
+	$(GO) build -o $(BIN)/sfbench ./bench/cmd/sfbench
+	$(BIN)/sfbench $(BENCH_FLAGS)

@@ -1,0 +1,75 @@
+// Command sfbench runs `make bench`: Stallfree against nginx, memcached and
+// the hardware on the same data, alternating targets in one run.
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/dustin/go-humanize"
+
+	"stallfree/bench"
+)
+
+func main() {
+	items := flag.Int("items", 2000, "benchmark items")
+	size := flag.String("size", "110KiB", "bytes per item")
+	rounds := flag.Int("rounds", 5, "alternating rounds per target")
+	dur := flag.Duration("duration", 3*time.Second, "length of one run")
+	conc := flag.Int("c", 16, "connections in the main comparison")
+	work := flag.String("work", filepath.Join(os.TempDir(), "stallfree-bench"), "scratch directory")
+	binDir := flag.String("bin", "bin", "directory with cachenode")
+	out := flag.String("out", "docs/bench", "where results.json and the plots go")
+	doc := flag.String("doc", "BENCHMARKS.md", "report to write")
+	memGiB := flag.Float64("mem-gib", 4, "cached GiB for the memory figures")
+	serveRaw := flag.String("serve-raw", "", "internal: serve the raw TCP ceiling on this address")
+	only := flag.String("only", "", "comma-separated targets to run alone (for profiling; writes no report)")
+	flag.Parse()
+	sz, err := humanize.ParseBytes(*size)
+	if err != nil {
+		fail(err)
+	}
+	if *serveRaw != "" {
+		ln, err := net.Listen("tcp", *serveRaw)
+		if err != nil {
+			fail(err)
+		}
+		fail(bench.ServeRaw(ln, int(sz)))
+	}
+	self, _ := os.Executable()
+	bin, _ := filepath.Abs(*binDir)
+	os.MkdirAll(*work, 0o755)
+	os.MkdirAll(*out, 0o755)
+	cfg := bench.Config{Items: *items, Size: int(sz), Rounds: *rounds, Duration: *dur, Conc: *conc,
+		Work: *work, Bin: bin, Self: self, Out: *out, Doc: *doc, MemGiB: *memGiB, Log: os.Stderr}
+	if *only != "" {
+		cfg.Only = strings.Split(*only, ",")
+	}
+	rep, err := bench.Main(cfg)
+	if err != nil {
+		fail(err)
+	}
+	if *only != "" {
+		return
+	}
+	rep.Commands = os.Args
+	b, _ := json.MarshalIndent(rep, "", "  ")
+	if err := os.WriteFile(filepath.Join(*out, "results.json"), b, 0o644); err != nil {
+		fail(err)
+	}
+	if err := bench.WriteReport(rep, *out, *doc); err != nil {
+		fail(err)
+	}
+	fmt.Printf("wrote %s and %s (%.0fs)\n", *doc, *out, rep.DurationS)
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "sfbench:", err)
+	os.Exit(1)
+}

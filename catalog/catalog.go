@@ -1,0 +1,400 @@
+// Package catalog is the cluster's small, strongly consistent state: datasets
+// with their manifests, and training jobs. It is replicated with raft, with
+// on-disk logs under the node's data directory.
+package catalog
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"stallfree/source"
+)
+
+// maxChunkKeyBytes keeps every raft entry well under 1 MiB, whatever the
+// dataset size.
+const maxChunkKeyBytes = 512 << 10
+
+var (
+	// ErrNotLeader means this node cannot write; forward to Leader().
+	ErrNotLeader = errors.New("not the raft leader")
+	// ErrNoLeader means no quorum is reachable: catalog writes fail with 503.
+	ErrNoLeader = errors.New("no raft leader (no quorum)")
+)
+
+// Config says where the catalog lives and how it talks to its peers.
+type Config struct {
+	NodeID    string
+	Bind      string // raft TCP listen address
+	Advertise string // address other nodes dial; defaults to Bind
+	Dir       string
+	Bootstrap bool
+	Logger    *slog.Logger
+	// Fast shortens raft timers for loopback tests and single-host demos.
+	Fast bool
+}
+
+// Catalog is a raft-replicated registry. Reads are served from the local FSM
+// (possibly a little behind the leader); writes go through the leader.
+type Catalog struct {
+	raft  *raft.Raft
+	fsm   *fsm
+	trans *raft.NetworkTransport
+	store *raftboltdb.BoltStore
+	log   *slog.Logger
+	mu    sync.Mutex
+
+	updMu   sync.Mutex
+	updated chan struct{} // closed and replaced after every applied change
+}
+
+// Open starts the local raft member, bootstrapping a one-voter cluster when
+// asked and the data directory is empty. A restarted node recovers its
+// catalog from its own log and snapshots.
+func Open(cfg Config) (*Catalog, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o750); err != nil {
+		return nil, fmt.Errorf("catalog: %w", err)
+	}
+	adv := cfg.Advertise
+	if adv == "" {
+		adv = cfg.Bind
+	}
+	advAddr, err := net.ResolveTCPAddr("tcp", adv)
+	if err != nil {
+		return nil, fmt.Errorf("catalog: raft advertise %q: %w", adv, err)
+	}
+	if advAddr.IP == nil || advAddr.IP.IsUnspecified() {
+		return nil, fmt.Errorf("catalog: raft address %q is not advertisable; set --advertise", adv)
+	}
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(cfg.NodeID)
+	rc.Logger = hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: slogWriter{cfg.Logger}})
+	rc.SnapshotThreshold = 1024
+	if cfg.Fast {
+		rc.HeartbeatTimeout = 300 * time.Millisecond
+		rc.ElectionTimeout = 300 * time.Millisecond
+		rc.LeaderLeaseTimeout = 150 * time.Millisecond
+	}
+	bs, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(cfg.Dir, "raft.db")})
+	if err != nil {
+		return nil, fmt.Errorf("catalog: raft log: %w", err)
+	}
+	snaps, err := raft.NewFileSnapshotStore(cfg.Dir, 2, io.Discard)
+	if err != nil {
+		bs.Close()
+		return nil, fmt.Errorf("catalog: snapshots: %w", err)
+	}
+	tr, err := raft.NewTCPTransport(cfg.Bind, advAddr, 3, 10*time.Second, io.Discard)
+	if err != nil {
+		bs.Close()
+		return nil, fmt.Errorf("catalog: raft transport: %w", err)
+	}
+	c := &Catalog{fsm: &fsm{st: newState()}, trans: tr, store: bs, log: cfg.Logger, updated: make(chan struct{})}
+	c.fsm.onChange = c.notify
+	r, err := raft.NewRaft(rc, c.fsm, bs, bs, snaps, tr)
+	if err != nil {
+		tr.Close()
+		bs.Close()
+		return nil, fmt.Errorf("catalog: raft: %w", err)
+	}
+	c.raft = r
+	if cfg.Bootstrap {
+		has, err := raft.HasExistingState(bs, bs, snaps)
+		if err != nil {
+			c.Close()
+			return nil, fmt.Errorf("catalog: %w", err)
+		}
+		if !has {
+			self := raft.Server{Suffrage: raft.Voter, ID: rc.LocalID, Address: tr.LocalAddr()}
+			if err := r.BootstrapCluster(raft.Configuration{Servers: []raft.Server{self}}).Error(); err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
+				c.Close()
+				return nil, fmt.Errorf("catalog: bootstrap: %w", err)
+			}
+		}
+	}
+	return c, nil
+}
+
+// Close stops raft and closes its stores.
+func (c *Catalog) Close() error {
+	err := c.raft.Shutdown().Error()
+	c.trans.Close()
+	if cerr := c.store.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+func (c *Catalog) notify() {
+	c.updMu.Lock()
+	close(c.updated)
+	c.updated = make(chan struct{})
+	c.updMu.Unlock()
+}
+
+// Updated returns a channel closed at the next applied change; any number of
+// waiters may use it.
+func (c *Catalog) Updated() <-chan struct{} {
+	c.updMu.Lock()
+	defer c.updMu.Unlock()
+	return c.updated
+}
+
+// AppliedIndex is the raft index of the last change applied here.
+func (c *Catalog) AppliedIndex() uint64 { return c.raft.AppliedIndex() }
+
+// WaitFor blocks until cond holds (checked after every applied change) or ctx
+// ends; it reports whether cond held. A follower uses it to read its own
+// writes, which the leader applied first.
+func (c *Catalog) WaitFor(ctx context.Context, cond func() bool) bool {
+	for {
+		ch := c.Updated()
+		if cond() {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return cond()
+		case <-ch:
+		}
+	}
+}
+
+// IsLeader reports whether this node is the raft leader.
+func (c *Catalog) IsLeader() bool { return c.raft.State() == raft.Leader }
+
+// Leader returns the leader's node ID, or "" when there is none.
+func (c *Catalog) Leader() string {
+	_, id := c.raft.LeaderWithID()
+	return string(id)
+}
+
+// WaitLeader blocks until some node leads or ctx ends.
+func (c *Catalog) WaitLeader(ctx context.Context) error {
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for c.Leader() == "" {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("catalog: %w: %w", ErrNoLeader, ctx.Err())
+		case <-t.C:
+		}
+	}
+	return nil
+}
+
+func (c *Catalog) apply(cmd *command) (any, error) {
+	if c.raft.State() != raft.Leader {
+		if c.Leader() == "" {
+			return nil, ErrNoLeader
+		}
+		return nil, ErrNotLeader
+	}
+	b, err := msgpack.Marshal(cmd)
+	if err != nil {
+		return nil, fmt.Errorf("catalog: encode: %w", err)
+	}
+	f := c.raft.Apply(b, 10*time.Second)
+	if err := f.Error(); err != nil {
+		switch {
+		case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost):
+			return nil, fmt.Errorf("%w: %w", ErrNoLeader, err)
+		case errors.Is(err, raft.ErrEnqueueTimeout):
+			return nil, fmt.Errorf("%w: %w", ErrNoLeader, err)
+		}
+		return nil, fmt.Errorf("catalog: apply: %w", err)
+	}
+	if err, ok := f.Response().(error); ok {
+		return nil, err
+	}
+	return f.Response(), nil
+}
+
+// RegisterDataset records a dataset and its manifest. Registering the same
+// name with the same source again returns the existing entry unchanged; a
+// different source is ErrConflict. Must run on the leader.
+func (c *Catalog) RegisterDataset(name, src string, entries []source.Entry) (*Dataset, bool, error) {
+	c.mu.Lock() // one registration at a time keeps chunk streams from interleaving
+	defer c.mu.Unlock()
+	token := newToken()
+	res, err := c.apply(&command{Op: opBegin, Name: name, Source: src, Token: token, Count: len(entries)})
+	if err != nil {
+		return nil, false, err
+	}
+	if br := res.(beginResult); br.existing != nil {
+		return br.existing, false, nil
+	}
+	for _, ch := range chunks(entries, maxChunkKeyBytes) {
+		if _, err := c.apply(&command{Op: opChunk, Name: name, Token: token, Chunk: NewManifest(ch)}); err != nil {
+			return nil, false, err
+		}
+	}
+	res, err = c.apply(&command{Op: opCommit, Name: name, Token: token})
+	if err != nil {
+		return nil, false, err
+	}
+	return res.(*Dataset), true, nil
+}
+
+// DeleteDataset removes a dataset. Must run on the leader.
+func (c *Catalog) DeleteDataset(name string) error {
+	_, err := c.apply(&command{Op: opDeleteDataset, Name: name})
+	return err
+}
+
+// Dataset returns a committed dataset from the local replica.
+func (c *Catalog) Dataset(name string) (*Dataset, bool) {
+	c.fsm.mu.RLock()
+	defer c.fsm.mu.RUnlock()
+	d, ok := c.fsm.st.Datasets[name]
+	return d, ok
+}
+
+// Datasets lists committed datasets by name.
+func (c *Catalog) Datasets() []*Dataset {
+	c.fsm.mu.RLock()
+	defer c.fsm.mu.RUnlock()
+	return byName(c.fsm.st.Datasets)
+}
+
+// byName returns a map's values in the order of their keys (the names).
+func byName[T any](m map[string]T) []T {
+	names := slices.Sorted(maps.Keys(m))
+	out := make([]T, len(names))
+	for i, n := range names {
+		out[i] = m[n]
+	}
+	return out
+}
+
+// PutJob registers or replaces a job (idempotent for an identical spec).
+func (c *Catalog) PutJob(j Job) (*Job, error) {
+	res, err := c.apply(&command{Op: opPutJob, Name: j.Name, Job: &j})
+	if err != nil {
+		return nil, err
+	}
+	return res.(*Job), nil
+}
+
+// DeleteJob removes a job.
+func (c *Catalog) DeleteJob(name string) error {
+	_, err := c.apply(&command{Op: opDeleteJob, Name: name})
+	return err
+}
+
+// Job returns a job from the local replica.
+func (c *Catalog) Job(name string) (*Job, bool) {
+	c.fsm.mu.RLock()
+	defer c.fsm.mu.RUnlock()
+	j, ok := c.fsm.st.Jobs[name]
+	return j, ok
+}
+
+// Jobs lists jobs by name.
+func (c *Catalog) Jobs() []*Job {
+	c.fsm.mu.RLock()
+	defer c.fsm.mu.RUnlock()
+	return byName(c.fsm.st.Jobs)
+}
+
+// slogWriter routes raft's hclog lines into the node's structured log.
+type slogWriter struct{ log *slog.Logger }
+
+func (w slogWriter) Write(p []byte) (int, error) {
+	w.log.Warn(strings.TrimSpace(string(p)), "component", "raft")
+	return len(p), nil
+}
+
+// PinEpoch fixes the member set of a job's epoch; the first pin wins and is
+// returned. Leader only.
+func (c *Catalog) PinEpoch(job string, epoch uint64, members []string) ([]string, error) {
+	res, err := c.apply(&command{Op: opPinEpoch, Name: job, Epoch: epoch, Members: members})
+	if err != nil {
+		return nil, err
+	}
+	return res.([]string), nil
+}
+
+// EpochMembers returns the pinned member set of a job's epoch.
+func (c *Catalog) EpochMembers(job string, epoch uint64) ([]string, bool) {
+	c.fsm.mu.RLock()
+	defer c.fsm.mu.RUnlock()
+	m, ok := c.fsm.st.Pins[job][epoch]
+	return m, ok
+}
+
+// LatestEpoch returns the highest pinned epoch of a job.
+func (c *Catalog) LatestEpoch(job string) (uint64, bool) {
+	c.fsm.mu.RLock()
+	defer c.fsm.mu.RUnlock()
+	var latest uint64
+	found := false
+	for e := range c.fsm.st.Pins[job] {
+		if !found || e > latest {
+			latest, found = e, true
+		}
+	}
+	return latest, found
+}
+
+func newToken() string {
+	b := make([]byte, 12)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// Server is a raft configuration entry.
+type Server struct {
+	ID      string
+	Address string
+	Voter   bool
+}
+
+// Servers returns the current raft configuration.
+func (c *Catalog) Servers() ([]Server, error) {
+	f := c.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return nil, err
+	}
+	var out []Server
+	for _, s := range f.Configuration().Servers {
+		out = append(out, Server{ID: string(s.ID), Address: string(s.Address), Voter: s.Suffrage == raft.Voter})
+	}
+	return out, nil
+}
+
+// AddServer adds (or re-addresses) a member; voter or non-voter. Leader only.
+func (c *Catalog) AddServer(id, addr string, voter bool) error {
+	var f raft.IndexFuture
+	if voter {
+		f = c.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(addr), 0, 10*time.Second)
+	} else {
+		f = c.raft.AddNonvoter(raft.ServerID(id), raft.ServerAddress(addr), 0, 10*time.Second)
+	}
+	return f.Error()
+}
+
+// RemoveServer removes a member from the raft configuration. Leader only.
+func (c *Catalog) RemoveServer(id string) error {
+	return c.raft.RemoveServer(raft.ServerID(id), 0, 10*time.Second).Error()
+}

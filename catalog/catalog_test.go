@@ -1,0 +1,136 @@
+package catalog
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"stallfree/source"
+)
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func openLeader(t *testing.T, dir, addr string) *Catalog {
+	t.Helper()
+	c, err := Open(Config{NodeID: "n1", Bind: addr, Dir: dir, Bootstrap: true, Fast: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The only voter leads once an election has run (Leader() may name it a
+	// moment before its state says so, so poll the state itself).
+	for deadline := time.Now().Add(10 * time.Second); !c.IsLeader(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("never became leader (leader %q)", c.Leader())
+		}
+	}
+	return c
+}
+
+func entries(n int) []source.Entry {
+	out := make([]source.Entry, n)
+	for i := range out {
+		out[i] = source.Entry{Key: fmt.Sprintf("train/n%08d/img_%08d.JPEG", i/1300, i), Size: int64(100 + i%5000)}
+	}
+	return out
+}
+
+func TestRegisterRestartAndIdempotence(t *testing.T) {
+	dir, addr := t.TempDir(), freeAddr(t)
+	c := openLeader(t, dir, addr)
+	d, created, err := c.RegisterDataset("imgs", "dir:///data", entries(1000))
+	if err != nil || !created {
+		t.Fatalf("register: %v %v", created, err)
+	}
+	if d.Manifest.Len() != 1000 || d.Manifest.Key(7) != entries(1000)[7].Key {
+		t.Fatalf("manifest wrong")
+	}
+	again, created, err := c.RegisterDataset("imgs", "dir:///data", entries(1000))
+	if err != nil || created || again.Version != d.Version || again.ID != d.ID {
+		t.Fatalf("re-register: %v %v %+v", created, err, again)
+	}
+	if _, _, err := c.RegisterDataset("imgs", "dir:///other", entries(3)); !errors.Is(err, ErrConflict) {
+		t.Fatalf("conflict: %v", err)
+	}
+	if _, err := c.PutJob(Job{Name: "j", Dataset: "imgs", Seed: 1, WorldSize: 2, BatchSize: 4, Ranks: []string{"a", "b"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.PutJob(Job{Name: "k", Dataset: "nope"}); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("job on unknown dataset: %v", err)
+	}
+	// Half the history goes into a snapshot, the rest stays in the log: a restart
+	// must replay both.
+	if err := c.raft.Snapshot().Error(); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := c.RegisterDataset("second", "dir:///s", entries(10)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	c2 := openLeader(t, dir, addr)
+	defer c2.Close()
+	got, ok := c2.Dataset("imgs")
+	if !ok || got.Manifest.Len() != 1000 || got.ID != d.ID || got.Source != "dir:///data" {
+		t.Fatalf("after restart: %+v", got)
+	}
+	if _, ok := c2.Dataset("second"); !ok {
+		t.Fatal("log entries after the snapshot were lost")
+	}
+	if j, ok := c2.Job("j"); !ok || j.WorldSize != 2 {
+		t.Fatal("job lost")
+	}
+	if err := c2.DeleteDataset("imgs"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c2.DeleteDataset("imgs"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("double delete: %v", err)
+	}
+}
+
+func TestImageNetSizedManifestStaysUnderEntryLimit(t *testing.T) {
+	es := entries(1_281_167)
+	parts := chunks(es, maxChunkKeyBytes)
+	total := 0
+	for _, p := range parts {
+		b, err := msgpack.Marshal(&command{Op: opChunk, Name: "imagenet", Token: newToken(), Chunk: NewManifest(p)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(b) >= 1<<20 {
+			t.Fatalf("raft entry of %d bytes", len(b))
+		}
+		total += len(p)
+	}
+	if total != len(es) || len(parts) < 2 {
+		t.Fatalf("%d entries in %d chunks", total, len(parts))
+	}
+	m := &Manifest{}
+	for _, p := range parts {
+		m.appendChunk(NewManifest(p))
+	}
+	for _, i := range []int{0, 1, 640_000, len(es) - 1} {
+		if m.Key(i) != es[i].Key || m.Size(i) != es[i].Size {
+			t.Fatalf("entry %d differs after chunking", i)
+		}
+		if j, ok := m.Index(es[i].Key); !ok || j != i {
+			t.Fatalf("Index(%q) = %d %v", es[i].Key, j, ok)
+		}
+	}
+	if _, ok := m.Index("train/zzz"); ok {
+		t.Fatal("found a key that is not there")
+	}
+}

@@ -1,0 +1,282 @@
+package catalog
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"sync"
+
+	"github.com/hashicorp/raft"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+var (
+	// ErrNotFound: no such dataset or job.
+	ErrNotFound = errors.New("not found")
+	// ErrConflict: the name is taken by something different.
+	ErrConflict = errors.New("conflict")
+)
+
+// Dataset is an immutable, committed catalog entry.
+type Dataset struct {
+	ID       uint32    `msgpack:"id"`
+	Name     string    `msgpack:"name"`
+	Source   string    `msgpack:"source"`
+	Version  uint64    `msgpack:"version"` // raft index of the commit
+	Manifest *Manifest `msgpack:"manifest"`
+}
+
+// Job is a registered training job: which dataset, how it is shuffled and
+// batched, and which node each rank runs on.
+type Job struct {
+	Name      string   `msgpack:"name" json:"name"`
+	Dataset   string   `msgpack:"dataset" json:"dataset"`
+	Seed      uint64   `msgpack:"seed" json:"seed"`
+	WorldSize int      `msgpack:"world_size" json:"world_size"`
+	BatchSize int      `msgpack:"batch_size" json:"batch_size"`
+	Ranks     []string `msgpack:"ranks" json:"ranks"`
+	Version   uint64   `msgpack:"version" json:"version"`
+}
+
+type opType uint8
+
+const (
+	opBegin opType = iota + 1
+	opChunk
+	opCommit
+	opDeleteDataset
+	opPutJob
+	opDeleteJob
+	opPinEpoch
+)
+
+// keptEpochPins bounds the pinned epochs remembered per job.
+const keptEpochPins = 16
+
+type command struct {
+	Op     opType    `msgpack:"op"`
+	Name   string    `msgpack:"name"`
+	Source string    `msgpack:"source,omitempty"`
+	Token  string    `msgpack:"token,omitempty"`
+	Count  int       `msgpack:"count,omitempty"`
+	Chunk  *Manifest `msgpack:"chunk,omitempty"`
+	Job    *Job      `msgpack:"job,omitempty"`
+	Epoch  uint64    `msgpack:"epoch,omitempty"`
+	// Members of a pinned epoch.
+	Members []string `msgpack:"members,omitempty"`
+}
+
+type pending struct {
+	ID       uint32    `msgpack:"id"`
+	Source   string    `msgpack:"source"`
+	Token    string    `msgpack:"token"`
+	Count    int       `msgpack:"count"`
+	Manifest *Manifest `msgpack:"manifest"`
+}
+
+type state struct {
+	NextID   uint32              `msgpack:"next_id"`
+	Datasets map[string]*Dataset `msgpack:"datasets"`
+	Pending  map[string]*pending `msgpack:"pending"`
+	Jobs     map[string]*Job     `msgpack:"jobs"`
+	// Pins fix, per job and epoch, the member set whose ring the epoch's
+	// locality-aware order is computed from, so every node computes the same
+	// order even while membership changes.
+	Pins map[string]map[uint64][]string `msgpack:"pins"`
+}
+
+func newState() *state {
+	return &state{NextID: 1, Datasets: map[string]*Dataset{}, Pending: map[string]*pending{}, Jobs: map[string]*Job{},
+		Pins: map[string]map[uint64][]string{}}
+}
+
+// fsm applies catalog commands. Readers take the RLock; committed datasets and
+// jobs are never mutated after publication, so they can be handed out freely.
+type fsm struct {
+	mu       sync.RWMutex
+	st       *state
+	onChange func()
+}
+
+// beginResult tells the registering node whether to upload a manifest.
+type beginResult struct {
+	existing *Dataset
+}
+
+func (f *fsm) Apply(l *raft.Log) any {
+	var c command
+	if err := msgpack.Unmarshal(l.Data, &c); err != nil {
+		return fmt.Errorf("catalog: decode command: %w", err)
+	}
+	f.mu.Lock()
+	res := f.apply(l.Index, &c)
+	f.mu.Unlock()
+	if f.onChange != nil {
+		f.onChange()
+	}
+	return res
+}
+
+func (f *fsm) apply(index uint64, c *command) any {
+	st := f.st
+	switch c.Op {
+	case opBegin:
+		if d, ok := st.Datasets[c.Name]; ok {
+			if d.Source == c.Source {
+				return beginResult{existing: d}
+			}
+			return fmt.Errorf("%w: dataset %q is registered with source %s", ErrConflict, c.Name, d.Source)
+		}
+		// A newer registration of the same name supersedes an abandoned one.
+		p := &pending{Source: c.Source, Token: c.Token, Count: c.Count, Manifest: &Manifest{}}
+		if old, ok := st.Pending[c.Name]; ok {
+			p.ID = old.ID
+		} else {
+			p.ID = st.NextID
+			st.NextID++
+		}
+		st.Pending[c.Name] = p
+		return beginResult{}
+	case opChunk:
+		p, ok := st.Pending[c.Name]
+		if !ok || p.Token != c.Token || c.Chunk == nil {
+			return fmt.Errorf("%w: registration of %q was superseded", ErrConflict, c.Name)
+		}
+		p.Manifest.appendChunk(c.Chunk)
+		return nil
+	case opCommit:
+		p, ok := st.Pending[c.Name]
+		if !ok || p.Token != c.Token {
+			return fmt.Errorf("%w: registration of %q was superseded", ErrConflict, c.Name)
+		}
+		if p.Manifest.Len() != p.Count {
+			return fmt.Errorf("catalog: %q manifest has %d of %d entries", c.Name, p.Manifest.Len(), p.Count)
+		}
+		delete(st.Pending, c.Name)
+		d := &Dataset{ID: p.ID, Name: c.Name, Source: p.Source, Version: index, Manifest: p.Manifest}
+		st.Datasets[c.Name] = d
+		return d
+	case opDeleteDataset:
+		if _, ok := st.Datasets[c.Name]; !ok {
+			return fmt.Errorf("%w: dataset %q", ErrNotFound, c.Name)
+		}
+		delete(st.Datasets, c.Name)
+		return nil
+	case opPutJob:
+		j := *c.Job
+		if old, ok := st.Jobs[j.Name]; ok {
+			j.Version = old.Version
+			if jobEqual(old, &j) {
+				return old
+			}
+		}
+		if _, ok := st.Datasets[j.Dataset]; !ok {
+			return fmt.Errorf("%w: dataset %q", ErrNotFound, j.Dataset)
+		}
+		j.Version = index
+		st.Jobs[j.Name] = &j
+		delete(st.Pins, j.Name) // a changed job starts with fresh orders
+		return &j
+	case opDeleteJob:
+		if _, ok := st.Jobs[c.Name]; !ok {
+			return fmt.Errorf("%w: job %q", ErrNotFound, c.Name)
+		}
+		delete(st.Jobs, c.Name)
+		delete(st.Pins, c.Name)
+		return nil
+	case opPinEpoch:
+		if _, ok := st.Jobs[c.Name]; !ok {
+			return fmt.Errorf("%w: job %q", ErrNotFound, c.Name)
+		}
+		pins := st.Pins[c.Name]
+		if pins == nil {
+			pins = map[uint64][]string{}
+			st.Pins[c.Name] = pins
+		}
+		if m, ok := pins[c.Epoch]; ok { // first pin wins
+			return m
+		}
+		pins[c.Epoch] = c.Members
+		for len(pins) > keptEpochPins {
+			oldest := c.Epoch
+			for e := range pins {
+				oldest = min(oldest, e)
+			}
+			delete(pins, oldest)
+		}
+		return c.Members
+	}
+	return fmt.Errorf("catalog: unknown op %d", c.Op)
+}
+
+func jobEqual(a, b *Job) bool {
+	return a.Name == b.Name && a.Dataset == b.Dataset && a.Seed == b.Seed && a.WorldSize == b.WorldSize &&
+		a.BatchSize == b.BatchSize && slices.Equal(a.Ranks, b.Ranks) && a.Version == b.Version
+}
+
+func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	// Committed entries are immutable, so copying the maps is enough; pending
+	// manifests still grow and are copied whole.
+	cp := &state{NextID: f.st.NextID, Datasets: maps.Clone(f.st.Datasets), Jobs: maps.Clone(f.st.Jobs), Pending: map[string]*pending{},
+		Pins: map[string]map[uint64][]string{}}
+	for j, p := range f.st.Pins {
+		cp.Pins[j] = maps.Clone(p)
+	}
+	for k, p := range f.st.Pending {
+		pc := *p
+		m := *p.Manifest
+		m.Ends, m.Sizes = slices.Clone(m.Ends), slices.Clone(m.Sizes)
+		pc.Manifest = &m
+		cp.Pending[k] = &pc
+	}
+	return &snapshot{st: cp}, nil
+}
+
+func (f *fsm) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	st := newState()
+	if err := msgpack.NewDecoder(bufio.NewReader(rc)).Decode(st); err != nil {
+		return fmt.Errorf("catalog: restore: %w", err)
+	}
+	if st.Datasets == nil {
+		st.Datasets = map[string]*Dataset{}
+	}
+	if st.Pending == nil {
+		st.Pending = map[string]*pending{}
+	}
+	if st.Jobs == nil {
+		st.Jobs = map[string]*Job{}
+	}
+	if st.Pins == nil {
+		st.Pins = map[string]map[uint64][]string{}
+	}
+	f.mu.Lock()
+	f.st = st
+	f.mu.Unlock()
+	if f.onChange != nil {
+		f.onChange()
+	}
+	return nil
+}
+
+type snapshot struct{ st *state }
+
+func (s *snapshot) Persist(sink raft.SnapshotSink) error {
+	bw := bufio.NewWriter(sink)
+	if err := msgpack.NewEncoder(bw).Encode(s.st); err != nil {
+		sink.Cancel()
+		return fmt.Errorf("catalog: persist: %w", err)
+	}
+	if err := bw.Flush(); err != nil {
+		sink.Cancel()
+		return fmt.Errorf("catalog: persist: %w", err)
+	}
+	return sink.Close()
+}
+
+func (s *snapshot) Release() {}

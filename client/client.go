@@ -1,0 +1,211 @@
+// Package client is a Go client for a node's HTTP API (DESIGN §4), used by
+// cachectl and the integration tests.
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"stallfree/api"
+)
+
+// Client talks to one node.
+type Client struct {
+	Base  string // e.g. http://127.0.0.1:7070
+	Token string
+	HTTP  *http.Client
+}
+
+// New returns a client for base with pooled keep-alive connections.
+func New(base, token string) *Client {
+	if !strings.Contains(base, "://") {
+		base = "http://" + base
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost = 64
+	return &Client{Base: strings.TrimSuffix(base, "/"), Token: token, HTTP: &http.Client{Transport: tr, Timeout: 10 * time.Minute}}
+}
+
+// Error is a non-2xx answer.
+type Error struct {
+	Status  int
+	Message string
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("HTTP %d: %s", e.Status, e.Message) }
+
+// Do sends a request and returns the response, turning non-2xx into *Error.
+func (c *Client) Do(ctx context.Context, method, path string, body any) (*http.Response, error) {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return nil, err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.Base+path, rd)
+	if err != nil {
+		return nil, err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.Token)
+	}
+	resp, err := c.HTTP.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode >= 300 {
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+		var e struct {
+			Error string `json:"error"`
+		}
+		msg := strings.TrimSpace(string(b))
+		if json.Unmarshal(b, &e) == nil && e.Error != "" {
+			msg = e.Error
+		}
+		return nil, &Error{Status: resp.StatusCode, Message: msg}
+	}
+	return resp, nil
+}
+
+// JSON sends body (if any) and decodes the answer into out (if any).
+func (c *Client) JSON(ctx context.Context, method, path string, body, out any) error {
+	resp, err := c.Do(ctx, method, path, body)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if out == nil {
+		_, err = io.Copy(io.Discard, resp.Body)
+		return err
+	}
+	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+// The API's bodies, shared with the server.
+type (
+	Stats    = api.Stats
+	Member   = api.Member
+	Cluster  = api.Cluster
+	Progress = api.Progress
+	Dataset  = api.Dataset
+)
+
+// Item is one fetched item.
+type Item struct {
+	Key   string `msgpack:"key"`
+	Data  []byte `msgpack:"data"`
+	Cache string `msgpack:"-"`
+}
+
+func (c *Client) item(ctx context.Context, path string) (Item, error) {
+	resp, err := c.Do(ctx, http.MethodGet, path, nil)
+	if err != nil {
+		return Item{}, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return Item{Key: resp.Header.Get("X-Key"), Data: b, Cache: resp.Header.Get("X-Cache")}, err
+}
+
+// ItemByKey fetches one item by key.
+func (c *Client) ItemByKey(ctx context.Context, dataset, key string) (Item, error) {
+	segs := strings.Split(key, "/")
+	for i, s := range segs {
+		segs[i] = url.PathEscape(s)
+	}
+	return c.item(ctx, "/v1/datasets/"+url.PathEscape(dataset)+"/items/"+strings.Join(segs, "/"))
+}
+
+// ItemByIndex fetches the i-th item of the manifest.
+func (c *Client) ItemByIndex(ctx context.Context, dataset string, i int) (Item, error) {
+	return c.item(ctx, fmt.Sprintf("/v1/datasets/%s/index/%d", url.PathEscape(dataset), i))
+}
+
+// ItemByIndexUncached reads the i-th item from storage without touching the
+// cache (?cache=bypass).
+func (c *Client) ItemByIndexUncached(ctx context.Context, dataset string, i int) (Item, error) {
+	return c.item(ctx, fmt.Sprintf("/v1/datasets/%s/index/%d?cache=bypass", url.PathEscape(dataset), i))
+}
+
+// Batch fetches several items in one request, in order.
+func (c *Client) Batch(ctx context.Context, dataset string, indices []int) ([]Item, error) {
+	resp, err := c.Do(ctx, http.MethodPost, "/v1/datasets/"+url.PathEscape(dataset)+"/batch", map[string]any{"indices": indices})
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var items []Item
+	err = msgpack.NewDecoder(resp.Body).Decode(&items)
+	return items, err
+}
+
+// PutDataset registers a dataset (idempotent).
+func (c *Client) PutDataset(ctx context.Context, name, source string) (Dataset, error) {
+	var d Dataset
+	err := c.JSON(ctx, http.MethodPut, "/v1/datasets/"+url.PathEscape(name), map[string]string{"source": source}, &d)
+	return d, err
+}
+
+// Dataset describes one dataset.
+func (c *Client) Dataset(ctx context.Context, name string) (*Dataset, error) {
+	var d Dataset
+	if err := c.JSON(ctx, http.MethodGet, "/v1/datasets/"+url.PathEscape(name), nil, &d); err != nil {
+		return nil, err
+	}
+	return &d, nil
+}
+
+// Datasets lists datasets.
+func (c *Client) Datasets(ctx context.Context) ([]Dataset, error) {
+	var out []Dataset
+	err := c.JSON(ctx, http.MethodGet, "/v1/datasets", nil, &out)
+	return out, err
+}
+
+// DeleteDataset removes a dataset.
+func (c *Client) DeleteDataset(ctx context.Context, name string) error {
+	return c.JSON(ctx, http.MethodDelete, "/v1/datasets/"+url.PathEscape(name), nil, nil)
+}
+
+// Stats fetches this node's stats.
+func (c *Client) Stats(ctx context.Context) (Stats, error) {
+	var s Stats
+	err := c.JSON(ctx, http.MethodGet, "/v1/stats", nil, &s)
+	return s, err
+}
+
+// Cluster fetches the member list.
+func (c *Client) Cluster(ctx context.Context) (Cluster, error) {
+	var cl Cluster
+	err := c.JSON(ctx, http.MethodGet, "/v1/cluster", nil, &cl)
+	return cl, err
+}
+
+// StartWarmup starts (or joins) a warm-up.
+func (c *Client) StartWarmup(ctx context.Context, dataset string) (Progress, error) {
+	var p Progress
+	err := c.JSON(ctx, http.MethodPost, "/v1/datasets/"+url.PathEscape(dataset)+"/warmup", nil, &p)
+	return p, err
+}
+
+// Warmup reports warm-up progress.
+func (c *Client) Warmup(ctx context.Context, dataset string) (Progress, error) {
+	var p Progress
+	err := c.JSON(ctx, http.MethodGet, "/v1/datasets/"+url.PathEscape(dataset)+"/warmup", nil, &p)
+	return p, err
+}

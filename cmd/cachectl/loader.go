@@ -1,0 +1,124 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+
+	"github.com/dustin/go-humanize"
+
+	"stallfree/client"
+	"stallfree/stall"
+)
+
+// gendata writes a synthetic image-like dataset: N files in class folders,
+// sizes spread around the mean like JPEGs are.
+func (a *app) gendata(args []string) error {
+	fs := flag.NewFlagSet("gendata", flag.ContinueOnError)
+	items := fs.Int("items", 2000, "number of files")
+	size := fs.String("size", "110KiB", "mean file size")
+	classes := fs.Int("classes", 10, "number of class folders")
+	seed := fs.Uint64("seed", 1, "random seed")
+	if len(args) < 1 {
+		return usageError{"gendata DIR [--items N --size 110KiB --classes C]"}
+	}
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	mean, err := humanize.ParseBytes(*size)
+	if err != nil {
+		return fmt.Errorf("--size: %w", err)
+	}
+	r := rand.New(rand.NewPCG(*seed, 42))
+	var total uint64
+	for i := range *items {
+		dir := filepath.Join(args[0], fmt.Sprintf("class%03d", i%max(*classes, 1)))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+		n := int(float64(mean) * (0.5 + r.Float64())) // uniform in [0.5, 1.5) x mean
+		b := make([]byte, n)
+		for j := 0; j < n; j += 8 {
+			v := r.Uint64()
+			for k := 0; k < 8 && j+k < n; k++ {
+				b[j+k] = byte(v >> (8 * k))
+			}
+		}
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("img_%07d.bin", i)), b, 0o644); err != nil {
+			return err
+		}
+		total += uint64(n)
+	}
+	fmt.Fprintf(a.out, "wrote %d items (%s) to %s\n", *items, humanize.IBytes(total), args[0])
+	return nil
+}
+
+// epoch reads a whole dataset in a fresh random order with several workers,
+// like a data loader, and reports throughput and where items came from. With
+// --verify DIR every item is compared with the file it came from.
+func (a *app) epoch(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("epoch", flag.ContinueOnError)
+	workers := fs.Int("workers", 8, "concurrent requests")
+	epochs := fs.Int("epochs", 1, "number of epochs")
+	seed := fs.Uint64("seed", 1, "shuffle seed")
+	verify := fs.String("verify", "", "directory holding the dataset's files, to check every byte")
+	if len(args) < 1 {
+		return usageError{"epoch NAME [--epochs N --workers W --verify DIR]"}
+	}
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	name := args[0]
+	d, err := a.c.Dataset(ctx, name)
+	if err != nil {
+		return err
+	}
+	var check func(client.Item) bool
+	if *verify != "" {
+		check = func(it client.Item) bool {
+			want, err := os.ReadFile(filepath.Join(*verify, filepath.FromSlash(it.Key)))
+			return err == nil && bytes.Equal(want, it.Data)
+		}
+	}
+	type result struct {
+		Epoch   int     `json:"epoch"`
+		Items   int     `json:"items"`
+		Bytes   int64   `json:"bytes"`
+		Seconds float64 `json:"seconds"`
+		Hit     int     `json:"hit"`
+		Peer    int     `json:"peer"`
+		Miss    int     `json:"miss"`
+		Wrong   int     `json:"wrong"`
+	}
+	var results []result
+	for e := range *epochs {
+		order := rand.New(rand.NewPCG(*seed, uint64(e))).Perm(d.Items)
+		rd, err := stall.Read(ctx, a.c, name, order, stall.ReadOptions{Workers: *workers, Check: check})
+		if err != nil {
+			return err
+		}
+		res := result{Epoch: e, Items: len(order), Bytes: rd.Bytes, Seconds: rd.Elapsed.Seconds(),
+			Hit: rd.Count("hit"), Peer: rd.Count("peer"), Miss: rd.Count("miss"), Wrong: rd.Wrong}
+		results = append(results, res)
+		if !a.json {
+			fmt.Fprintf(a.out, "epoch %d: %d items, %s in %.2fs = %.0f items/s, %s/s; hit %d, peer %d, miss %d",
+				e, res.Items, humanize.IBytes(uint64(res.Bytes)), res.Seconds, float64(res.Items)/res.Seconds,
+				humanize.IBytes(uint64(float64(res.Bytes)/res.Seconds)), res.Hit, res.Peer, res.Miss)
+			if *verify != "" {
+				fmt.Fprintf(a.out, "; wrong bytes in %d items", res.Wrong)
+			}
+			fmt.Fprintln(a.out)
+		}
+		if res.Wrong > 0 {
+			return fmt.Errorf("epoch %d: %d items differ from the source", e, res.Wrong)
+		}
+	}
+	if a.json {
+		return a.printJSON(results)
+	}
+	return nil
+}

@@ -1,0 +1,342 @@
+// Command cachectl manages a Stallfree cluster through any node's HTTP API.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/dustin/go-humanize"
+	"github.com/schollz/progressbar/v3"
+
+	"stallfree/client"
+)
+
+const usage = `usage: cachectl [--node URL] [--token-file F] [--json] <command>
+
+commands:
+  members                      the cluster's members and their state
+  health                       exit 0 when the node answers /healthz (for container health checks)
+  datasets add NAME SOURCE     register a dataset (dir:///abs/path or a path)
+  datasets ls                  list datasets
+  datasets rm NAME             remove a dataset
+  warmup NAME                  load a dataset into the cluster's memory, with progress
+  stats                        per-node cache statistics, cluster-wide
+  jobs add|ls|rm               training jobs (see cachectl jobs add -h)
+  sample JOB --epoch E --rank R   a rank's locality-aware order
+  epoch NAME [--epochs N --workers W --verify DIR]
+                               read a dataset in random order like a loader; report throughput and hit mix
+  bench JOB [--epochs N --workers W --gpu-time 20ms]
+                               simulate the job's loaders: throughput, hit mix, remote fraction, stall per epoch
+  analyze DATASET [--gpu-rate ITEMS/S]
+                               DS-Analyzer: ingestion rates (memory, cluster, cold), fetch stall, what-if by cache size
+  gendata DIR [--items N --size 110KiB]
+                               write a synthetic dataset (for demos and benchmarks)
+`
+
+type app struct {
+	c    *client.Client
+	json bool
+	out  io.Writer
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "cachectl:", err)
+		var ue usageError
+		if errors.As(err, &ue) {
+			fmt.Fprint(os.Stderr, usage)
+			os.Exit(2)
+		}
+		os.Exit(1)
+	}
+}
+
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func run(ctx context.Context, args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("cachectl", flag.ContinueOnError)
+	fs.Usage = func() { fmt.Fprint(os.Stderr, usage); fs.PrintDefaults() }
+	nodeURL := fs.String("node", envOr("STALLFREE_NODE", "http://127.0.0.1:7070"), "node URL (env STALLFREE_NODE)")
+	tokenFile := fs.String("token-file", os.Getenv("STALLFREE_TOKEN_FILE"), "file with the bearer token (env STALLFREE_TOKEN_FILE)")
+	asJSON := fs.Bool("json", false, "print JSON instead of tables")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	token := ""
+	if *tokenFile != "" {
+		b, err := os.ReadFile(*tokenFile)
+		if err != nil {
+			return fmt.Errorf("--token-file: %w", err)
+		}
+		token = strings.TrimSpace(string(b))
+	}
+	a := &app{c: client.New(*nodeURL, token), json: *asJSON, out: out}
+	rest := fs.Args()
+	if len(rest) == 0 {
+		return usageError{"no command"}
+	}
+	switch rest[0] {
+	case "members":
+		return a.members(ctx)
+	case "health":
+		return a.health(ctx)
+	case "datasets":
+		return a.datasets(ctx, rest[1:])
+	case "warmup":
+		if len(rest) != 2 {
+			return usageError{"warmup NAME"}
+		}
+		return a.warmup(ctx, rest[1])
+	case "stats":
+		return a.stats(ctx)
+	case "jobs":
+		return a.jobs(ctx, rest[1:])
+	case "sample":
+		return a.sample(ctx, rest[1:])
+	case "epoch":
+		return a.epoch(ctx, rest[1:])
+	case "gendata":
+		return a.gendata(rest[1:])
+	case "bench":
+		return a.bench(ctx, rest[1:])
+	case "analyze":
+		return a.analyze(ctx, rest[1:])
+	}
+	return usageError{fmt.Sprintf("unknown command %q", rest[0])}
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func (a *app) printJSON(v any) error {
+	enc := json.NewEncoder(a.out)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func (a *app) table(header string, rows func(w io.Writer)) {
+	w := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, header)
+	rows(w)
+	w.Flush()
+}
+
+func (a *app) members(ctx context.Context) error {
+	cl, err := a.c.Cluster(ctx)
+	if err != nil {
+		return err
+	}
+	if a.json {
+		return a.printJSON(cl)
+	}
+	a.table("NAME\tSTATE\tHTTP\tPEER\tSHARE\tITEMS\tBYTES\tCAPACITY\tRAFT\tROLE", func(w io.Writer) {
+		for _, m := range cl.Members {
+			role := ""
+			if m.Name == cl.Leader {
+				role = "leader"
+			}
+			if m.Name == cl.Self {
+				role = strings.TrimPrefix(role+",self", ",")
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%.1f%%\t%d\t%s\t%s\t%s\t%s\n", m.Name, m.State, m.HTTP, m.Peer, 100*m.Share,
+				m.Items, humanize.IBytes(m.Bytes), humanize.IBytes(m.Capacity), m.Raft, role)
+		}
+	})
+	return nil
+}
+
+func (a *app) health(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	return a.c.JSON(ctx, "GET", "/healthz", nil, nil)
+}
+
+func (a *app) datasets(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		return usageError{"datasets add|ls|rm"}
+	}
+	switch {
+	case args[0] == "add" && len(args) == 3:
+		d, err := a.c.PutDataset(ctx, args[1], args[2])
+		if err != nil {
+			return err
+		}
+		if a.json {
+			return a.printJSON(d)
+		}
+		fmt.Fprintf(a.out, "dataset %s: %d items, %s from %s (version %d)\n", d.Name, d.Items, humanize.IBytes(uint64(d.Bytes)), d.Source, d.Version)
+		return nil
+	case args[0] == "ls" && len(args) == 1:
+		ds, err := a.c.Datasets(ctx)
+		if err != nil {
+			return err
+		}
+		if a.json {
+			return a.printJSON(ds)
+		}
+		a.table("NAME\tITEMS\tBYTES\tVERSION\tSOURCE", func(w io.Writer) {
+			for _, d := range ds {
+				fmt.Fprintf(w, "%s\t%d\t%s\t%d\t%s\n", d.Name, d.Items, humanize.IBytes(uint64(d.Bytes)), d.Version, d.Source)
+			}
+		})
+		return nil
+	case args[0] == "rm" && len(args) == 2:
+		return a.c.DeleteDataset(ctx, args[1])
+	}
+	return usageError{"datasets add NAME SOURCE | ls | rm NAME"}
+}
+
+// memberClients returns a client per alive member, or just the given node
+// when the cluster answer names no HTTP addresses.
+func (a *app) memberClients(ctx context.Context) ([]*client.Client, []string, error) {
+	cl, err := a.c.Cluster(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	var cs []*client.Client
+	var names []string
+	for _, m := range cl.Members {
+		if m.State != "alive" || m.HTTP == "" {
+			continue
+		}
+		c := client.New(m.HTTP, a.c.Token)
+		if m.Name == cl.Self {
+			c = a.c
+		}
+		cs = append(cs, c)
+		names = append(names, m.Name)
+	}
+	if len(cs) == 0 {
+		return []*client.Client{a.c}, []string{cl.Self}, nil
+	}
+	return cs, names, nil
+}
+
+// warmup starts a warm-up on every member (each loads the items it owns) and
+// shows their combined progress until all are done.
+func (a *app) warmup(ctx context.Context, name string) error {
+	cs, names, err := a.memberClients(ctx)
+	if err != nil {
+		return err
+	}
+	for _, c := range cs {
+		if _, err := c.StartWarmup(ctx, name); err != nil {
+			return err
+		}
+	}
+	var bar *progressbar.ProgressBar
+	start := time.Now()
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		var sum client.Progress
+		running, full := false, false
+		for i, c := range cs {
+			p, err := c.Warmup(ctx, name)
+			if err != nil {
+				return fmt.Errorf("%s: %w", names[i], err)
+			}
+			if p.Error != "" {
+				return fmt.Errorf("warm-up on %s: %s", names[i], p.Error)
+			}
+			sum.Done += p.Done
+			sum.Total += p.Total
+			sum.Bytes += p.Bytes
+			running = running || p.Running
+			full = full || p.Full
+		}
+		if bar == nil && !a.json {
+			bar = progressbar.NewOptions64(sum.Total, progressbar.OptionSetDescription("warm-up "+name),
+				progressbar.OptionShowCount(), progressbar.OptionShowIts(), progressbar.OptionSetItsString("items"),
+				progressbar.OptionSetPredictTime(true), progressbar.OptionSetWriter(os.Stderr),
+				progressbar.OptionThrottle(100*time.Millisecond), progressbar.OptionFullWidth())
+		}
+		if bar != nil {
+			bar.Describe(fmt.Sprintf("warm-up %s (%s)", name, humanize.IBytes(uint64(sum.Bytes))))
+			_ = bar.Set64(sum.Done)
+		}
+		if !running {
+			el := time.Since(start)
+			if a.json {
+				return a.printJSON(map[string]any{"done": sum.Done, "total": sum.Total, "bytes": sum.Bytes, "full": full, "seconds": el.Seconds()})
+			}
+			if bar != nil {
+				_ = bar.Finish()
+			}
+			fmt.Fprintf(a.out, "\nwarmed %d of %d items (%s) in %.1fs, %s/s\n", sum.Done, sum.Total,
+				humanize.IBytes(uint64(sum.Bytes)), el.Seconds(), humanize.IBytes(uint64(float64(sum.Bytes)/max(el.Seconds(), 1e-3))))
+			if full {
+				fmt.Fprintln(a.out, "the cache is full: the rest is served from storage (MinIO keeps what it holds)")
+			}
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
+
+func (a *app) stats(ctx context.Context) error {
+	cs, names, err := a.memberClients(ctx)
+	if err != nil {
+		return err
+	}
+	var all []client.Stats
+	var tot client.Stats
+	for i, c := range cs {
+		s, err := c.Stats(ctx)
+		if err != nil {
+			return fmt.Errorf("%s: %w", names[i], err)
+		}
+		all = append(all, s)
+		tot.ItemsCached += s.ItemsCached
+		tot.BytesCached += s.BytesCached
+		tot.CapacityBytes += s.CapacityBytes
+		tot.HitsLocal += s.HitsLocal
+		tot.HitsPeer += s.HitsPeer
+		tot.Misses += s.Misses
+		tot.SourceReads += s.SourceReads
+		tot.SourceBytes += s.SourceBytes
+		tot.PeerBytesIn += s.PeerBytesIn
+		tot.PeerBytesOut += s.PeerBytesOut
+		tot.LoaderWaitSeconds += s.LoaderWaitSeconds
+		tot.LoaderBatches += s.LoaderBatches
+	}
+	if a.json {
+		return a.printJSON(all)
+	}
+	tot.Name = "TOTAL"
+	a.table("NODE\tPOLICY\tITEMS\tCACHED\tCAPACITY\tHITS\tPEER\tMISSES\tHIT%\tSRC READS\tSRC BYTES\tPEER IN\tPEER OUT\tLOADER WAIT", func(w io.Writer) {
+		for _, s := range append(all, tot) {
+			req := s.HitsLocal + s.HitsPeer + s.Misses
+			pct := 0.0
+			if req > 0 {
+				pct = 100 * float64(s.HitsLocal+s.HitsPeer) / float64(req)
+			}
+			fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%d\t%d\t%d\t%.1f\t%d\t%s\t%s\t%s\t%.2fs/%d batches\n", s.Name, s.Policy, s.ItemsCached,
+				humanize.IBytes(s.BytesCached), humanize.IBytes(s.CapacityBytes), s.HitsLocal, s.HitsPeer, s.Misses, pct,
+				s.SourceReads, humanize.IBytes(s.SourceBytes), humanize.IBytes(s.PeerBytesIn), humanize.IBytes(s.PeerBytesOut),
+				s.LoaderWaitSeconds, s.LoaderBatches)
+		}
+	})
+	return nil
+}

@@ -1,0 +1,279 @@
+// Command cachenode runs one Stallfree cache node. Every flag can also be set
+// as STALLFREE_<FLAG> (dashes become underscores); repeatable flags take a
+// comma-separated list there.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	_ "net/http/pprof"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/dustin/go-humanize"
+
+	"stallfree/httpapi"
+	"stallfree/node"
+)
+
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, ",") }
+func (l *listFlag) Set(v string) error {
+	*l = append(*l, v)
+	return nil
+}
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "cachenode:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	host, _ := os.Hostname()
+	fs := flag.NewFlagSet("cachenode", flag.ContinueOnError)
+	var (
+		name      = fs.String("name", host, "stable node name, unique in the cluster")
+		httpAddr  = fs.String("http", "127.0.0.1:7070", "HTTP API listen address")
+		peerAddr  = fs.String("peer", "127.0.0.1:7071", "peer transport listen address")
+		gossip    = fs.String("gossip", "127.0.0.1:7946", "gossip (memberlist) listen address")
+		raftAddr  = fs.String("raft", "127.0.0.1:7072", "raft listen address")
+		advertise = fs.String("advertise", "", "IP or host name other nodes use to reach this one (default: the gossip listen host, or this host's name when that is 0.0.0.0)")
+		join      = fs.String("join", "", "comma-separated gossip addresses of existing members")
+		bootstrap = fs.Bool("bootstrap", false, "form a new raft cluster (first node only)")
+		dataDir   = fs.String("data-dir", "", "directory for raft logs and state (default stallfree-data/NAME)")
+		memory    = fs.String("memory", "4GiB", "cache memory budget (payload plus per-item overhead)")
+		policy    = fs.String("policy", "minio", "cache policy: minio, lru or clairvoyant")
+		tokenFile = fs.String("token-file", "", "file holding the HTTP bearer token; when set, every /v1 call needs it")
+		keyFile   = fs.String("cluster-key-file", "", "file holding the cluster key (gossip encryption, peer authentication)")
+		srcRate   = fs.String("source-rate", "0", "throttle each source to this many bytes/s, e.g. 100MB (0 = off; for simulating slow storage)")
+		fast      = fs.Bool("fast-timers", false, "short raft and gossip timers for loopback tests and demos")
+		peerWait  = fs.Duration("peer-timeout", 2*time.Second, "longest wait for a peer before reading storage instead")
+		logLevel  = fs.String("log-level", "info", "debug, info, warn or error")
+		pprofAddr = fs.String("pprof", "", "serve net/http/pprof on this address (off when empty)")
+		datasets  listFlag
+		allow     listFlag
+	)
+	fs.Var(&datasets, "dataset", "NAME=SOURCE to register at start (repeatable, idempotent)")
+	fs.Var(&allow, "allow-source", "only sources under this prefix may be registered (repeatable)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := applyEnv(fs); err != nil {
+		return err
+	}
+
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("node", *name)
+
+	mem, err := humanize.ParseBytes(*memory)
+	if err != nil {
+		return fmt.Errorf("--memory: %w", err)
+	}
+	rate, err := humanize.ParseBytes(*srcRate)
+	if err != nil {
+		return fmt.Errorf("--source-rate: %w", err)
+	}
+	token := ""
+	if *tokenFile != "" {
+		if token, err = readSecret(*tokenFile); err != nil {
+			return fmt.Errorf("--token-file: %w", err)
+		}
+	}
+	var clusterKey []byte
+	if *keyFile != "" {
+		k, err := readSecret(*keyFile)
+		if err != nil {
+			return fmt.Errorf("--cluster-key-file: %w", err)
+		}
+		clusterKey = []byte(k)
+	}
+	var seeds []string
+	for s := range strings.SplitSeq(*join, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			seeds = append(seeds, s)
+		}
+	}
+	advIP, err := advertiseIP(*advertise, *gossip)
+	if err != nil {
+		return err
+	}
+	if *dataDir == "" {
+		*dataDir = "stallfree-data/" + *name
+	}
+	httpAdv, err := advertised(*httpAddr, advIP)
+	if err != nil {
+		return fmt.Errorf("--http: %w", err)
+	}
+	peerAdv, err := advertised(*peerAddr, advIP)
+	if err != nil {
+		return fmt.Errorf("--peer: %w", err)
+	}
+	raftAdv, err := advertised(*raftAddr, advIP)
+	if err != nil {
+		return fmt.Errorf("--raft: %w", err)
+	}
+
+	setGC(mem)
+	n, err := node.New(node.Config{
+		Name: *name, HTTPAdvert: httpAdv, PeerAdvert: peerAdv, RaftBind: *raftAddr, RaftAdvert: raftAdv,
+		DataDir: *dataDir, Bootstrap: *bootstrap, Memory: mem, Policy: *policy, AllowSources: allow,
+		SourceRate: int64(rate), FastRaft: *fast, Logger: log,
+		GossipBind: *gossip, Advertise: advIP, Join: seeds, PeerBind: *peerAddr, ClusterKey: clusterKey, PeerTimeout: *peerWait,
+	})
+	if err != nil {
+		return err
+	}
+	defer n.Close()
+
+	if *pprofAddr != "" {
+		go func() { log.Warn("pprof", "err", http.ListenAndServe(*pprofAddr, nil)) }()
+	}
+	ln, err := net.Listen("tcp", *httpAddr)
+	if err != nil {
+		return fmt.Errorf("--http: %w", err)
+	}
+	srv := httpapi.New(n, token, log)
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	log.Info("serving", "http", ln.Addr().String(), "memory", humanize.IBytes(mem), "policy", *policy, "data_dir", *dataDir)
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if len(datasets) > 0 {
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		err := n.RegisterAtStart(rctx, datasets)
+		cancel()
+		if err != nil {
+			log.Error("registering --dataset", "err", err)
+		}
+	}
+	select {
+	case <-ctx.Done():
+	case err := <-serveErr:
+		return err
+	}
+	log.Info("shutting down")
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return srv.Shutdown(sctx)
+}
+
+// setGC tunes the collector for a cache whose items live off-heap (the store's
+// arena): the Go heap holds only metadata and per-request garbage, so instead
+// of collecting whenever that small heap doubles (many times a second under
+// load, each peer fetch allocating an item's worth), collect when it reaches a
+// fixed headroom. The headroom bounds RSS at cached bytes plus 128 MiB plus
+// 1/32 of --memory (4 GiB cached: 1.06x).
+func setGC(memory uint64) {
+	debug.SetGCPercent(-1)
+	debug.SetMemoryLimit(int64(HeapHeadroom(memory)))
+}
+
+// HeapHeadroom is the Go heap a node with this much cache memory may use.
+func HeapHeadroom(memory uint64) uint64 { return 128<<20 + memory/32 }
+
+// applyEnv fills every flag not given on the command line from STALLFREE_<FLAG>.
+func applyEnv(fs *flag.FlagSet) error {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		if set[f.Name] {
+			return
+		}
+		v, ok := os.LookupEnv("STALLFREE_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_")))
+		if !ok {
+			return
+		}
+		vals := []string{v}
+		if _, repeatable := f.Value.(*listFlag); repeatable {
+			vals = strings.Split(v, ",")
+		}
+		for _, x := range vals {
+			if err := f.Value.Set(x); err != nil {
+				errs = append(errs, fmt.Errorf("STALLFREE_%s: %w", strings.ToUpper(f.Name), err))
+			}
+		}
+	})
+	return errors.Join(errs...)
+}
+
+func readSecret(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	s := strings.TrimSpace(string(b))
+	if s == "" {
+		return "", fmt.Errorf("%s is empty", path)
+	}
+	return s, nil
+}
+
+// advertiseIP turns --advertise into the IP other nodes dial. A host name is
+// resolved once at start (in a container, its own name gives its address);
+// without --advertise the gossip listen host is used, and when that is
+// 0.0.0.0 the node's own host name is resolved.
+func advertiseIP(advertise, gossip string) (string, error) {
+	host := advertise
+	if host == "" {
+		h, _, err := net.SplitHostPort(gossip)
+		if err != nil {
+			return "", fmt.Errorf("--gossip: %w", err)
+		}
+		host = h
+		if ip := net.ParseIP(h); ip != nil && ip.IsUnspecified() {
+			if host, err = os.Hostname(); err != nil {
+				return "", fmt.Errorf("--advertise: %w", err)
+			}
+		}
+	}
+	if ip := net.ParseIP(host); ip != nil {
+		return host, nil
+	}
+	ips, err := net.LookupIP(host)
+	if err != nil {
+		return "", fmt.Errorf("--advertise %q: %w", host, err)
+	}
+	for _, ip := range ips {
+		if ip4 := ip.To4(); ip4 != nil && !ip4.IsLoopback() {
+			return ip4.String(), nil
+		}
+	}
+	for _, ip := range ips {
+		if ip.To4() != nil {
+			return ip.String(), nil
+		}
+	}
+	return "", fmt.Errorf("--advertise %q resolves to no IPv4 address", host)
+}
+
+// advertised is the address other nodes should dial for a listen address.
+func advertised(listen, advertise string) (string, error) {
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return "", err
+	}
+	if advertise != "" {
+		host = advertise
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		return "", fmt.Errorf("listening on %q needs --advertise", listen)
+	}
+	return net.JoinHostPort(host, port), nil
+}

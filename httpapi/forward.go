@@ -1,0 +1,94 @@
+package httpapi
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// forwardedHeader marks a request relayed by another node, so that it is
+// never relayed again.
+const forwardedHeader = "X-Stallfree-Forwarded"
+
+// forwardIfFollower sends a catalog write to the raft leader's HTTP API and
+// relays its answer (raft itself does not forward). It reports whether the
+// request was handled here.
+func (s *Server) forwardIfFollower(ctx *fasthttp.RequestCtx) bool {
+	if s.node.Catalog().IsLeader() {
+		return false
+	}
+	addr := s.node.LeaderHTTP()
+	if addr == "" {
+		writeError(ctx, fasthttp.StatusServiceUnavailable, "no raft leader (no quorum): catalog writes are unavailable")
+		return true
+	}
+	if len(ctx.Request.Header.Peek(forwardedHeader)) > 0 {
+		// A leader that is not the leader by the time the request arrives: do
+		// not bounce it around, let the client retry.
+		writeError(ctx, fasthttp.StatusServiceUnavailable, "raft leadership is moving; retry")
+		return true
+	}
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseResponse(resp)
+	if err := s.relay(ctx, addr, resp); err != nil {
+		writeError(ctx, fasthttp.StatusServiceUnavailable, "forward to raft leader: "+err.Error())
+		return true
+	}
+	// Read your writes: answer only once this node has applied the change too.
+	if idx, err := strconv.ParseUint(string(resp.Header.Peek(appliedHeader)), 10, 64); err == nil {
+		wctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		s.node.Catalog().WaitFor(wctx, func() bool { return s.node.Catalog().AppliedIndex() >= idx })
+		cancel()
+	}
+	resp.CopyTo(&ctx.Response)
+	return true
+}
+
+// relayUnknown answers a read that names a dataset or job this follower does
+// not know with the leader's answer. A follower restarted moments ago learns
+// the commit index, and so applies even the log it holds on disk, only when
+// the leader next replicates to it, which raft's backoff can delay by
+// seconds; a 404 meanwhile would be wrong. It reports whether ctx was
+// answered; when the leader cannot be asked, the caller answers from the
+// local catalog.
+func (s *Server) relayUnknown(ctx *fasthttp.RequestCtx) bool {
+	if s.node.Catalog().IsLeader() || len(ctx.Request.Header.Peek(forwardedHeader)) > 0 {
+		return false
+	}
+	addr := s.node.LeaderHTTP()
+	// A restarted follower hears from the leader a moment after it serves.
+	for deadline := time.Now().Add(followerGrace); addr == "" && time.Now().Before(deadline); addr = s.node.LeaderHTTP() {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if addr == "" {
+		return false
+	}
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseResponse(resp)
+	if err := s.relay(ctx, addr, resp); err != nil {
+		s.log.Debug("relay to leader", "err", err)
+		return false
+	}
+	resp.CopyTo(&ctx.Response)
+	return true
+}
+
+// relay sends a copy of the request to the node serving HTTP at addr.
+func (s *Server) relay(ctx *fasthttp.RequestCtx, addr string, resp *fasthttp.Response) error {
+	req := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(req)
+	ctx.Request.CopyTo(req)
+	req.SetRequestURI("http://" + addr + string(ctx.URI().PathOriginal()))
+	req.SetHost(addr)
+	req.Header.Set(forwardedHeader, s.node.Name())
+	return s.forwarder.DoTimeout(req, resp, 10*time.Minute)
+}
+
+// appliedHeader carries the leader's applied raft index after a write.
+const appliedHeader = "X-Stallfree-Index"
+
+func (s *Server) markApplied(ctx *fasthttp.RequestCtx) {
+	ctx.Response.Header.Set(appliedHeader, strconv.FormatUint(s.node.Catalog().AppliedIndex(), 10))
+}

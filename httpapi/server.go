@@ -1,0 +1,481 @@
+// Package httpapi serves the public HTTP API (DESIGN §4) with fasthttp.
+package httpapi
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"runtime/debug"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttpadaptor"
+
+	"stallfree/api"
+	"stallfree/catalog"
+	"stallfree/node"
+	"stallfree/source"
+)
+
+// MaxBodySize bounds request bodies (batch requests, registrations); larger
+// ones get 413 before the handler runs.
+const MaxBodySize = 1 << 20
+
+var errNoLeader = errors.New("no raft leader")
+
+// MaxBatch bounds the items of one batch request.
+const MaxBatch = 4096
+
+// Server is the HTTP front of one node.
+type Server struct {
+	node    *node.Node
+	token   []byte
+	log     *slog.Logger
+	srv     *fasthttp.Server
+	metrics fasthttp.RequestHandler
+	readers sync.Pool
+	// forwarder carries catalog writes from a follower to the raft leader.
+	forwarder *fasthttp.Client
+}
+
+// New builds the server; token may be empty (no auth).
+func New(n *node.Node, token string, log *slog.Logger) *Server {
+	s := &Server{node: n, token: []byte(token), log: log}
+	s.metrics = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(n.Registry(), promhttp.HandlerOpts{}))
+	s.readers.New = func() any { return &itemReader{} }
+	s.forwarder = &fasthttp.Client{Name: "stallfree-forward", ReadTimeout: 10 * time.Minute, MaxResponseBodySize: 64 << 20}
+	s.srv = &fasthttp.Server{
+		Handler:            s.recovering(s.handle),
+		ErrorHandler:       s.parseError,
+		Name:               "stallfree",
+		ReadTimeout:        30 * time.Second,
+		WriteTimeout:       60 * time.Second,
+		IdleTimeout:        2 * time.Minute,
+		MaxRequestBodySize: MaxBodySize,
+		NoDefaultDate:      true,
+		Logger:             slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+	}
+	return s
+}
+
+// Serve serves on ln until Shutdown.
+func (s *Server) Serve(ln net.Listener) error { return s.srv.Serve(gatherListener{ln}) }
+
+// Shutdown stops accepting and waits for in-flight requests.
+func (s *Server) Shutdown(ctx context.Context) error { return s.srv.ShutdownWithContext(ctx) }
+
+func (s *Server) parseError(ctx *fasthttp.RequestCtx, err error) {
+	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, fmt.Sprintf("request body over %d bytes", MaxBodySize))
+		return
+	}
+	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+		// Clients dial connections they may never use (Go's transport does).
+		// A 400 written when such a connection times out would arrive as an
+		// unsolicited response on the client's idle channel; just hang up.
+		ctx.Conn().Close()
+		return
+	}
+	writeError(ctx, fasthttp.StatusBadRequest, "malformed request: "+err.Error())
+}
+
+func writeError(ctx *fasthttp.RequestCtx, code int, msg string) {
+	ctx.Response.Reset()
+	ctx.SetStatusCode(code)
+	ctx.SetContentType("application/json")
+	b, _ := json.Marshal(map[string]string{"error": msg})
+	ctx.SetBody(b)
+}
+
+func writeJSON(ctx *fasthttp.RequestCtx, code int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		writeError(ctx, fasthttp.StatusInternalServerError, err.Error())
+		return
+	}
+	ctx.SetStatusCode(code)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(b)
+}
+
+// statusOf maps domain errors to the contract's status codes.
+func statusOf(err error) int {
+	switch {
+	case errors.Is(err, catalog.ErrNotFound):
+		return fasthttp.StatusNotFound
+	case errors.Is(err, catalog.ErrConflict):
+		return fasthttp.StatusConflict
+	case errors.Is(err, catalog.ErrNoLeader), errors.Is(err, catalog.ErrNotLeader), errors.Is(err, errNoLeader):
+		return fasthttp.StatusServiceUnavailable
+	case errors.Is(err, node.ErrForbiddenSource):
+		return fasthttp.StatusForbidden
+	case errors.Is(err, node.ErrBadRequest), errors.Is(err, source.ErrBadKey):
+		return fasthttp.StatusBadRequest
+	case errors.Is(err, source.ErrChanged):
+		return fasthttp.StatusBadGateway
+	}
+	return fasthttp.StatusInternalServerError
+}
+
+func fail(ctx *fasthttp.RequestCtx, err error) { writeError(ctx, statusOf(err), err.Error()) }
+
+// recovering keeps a panicking handler from killing the process (fasthttp
+// does not recover).
+func (s *Server) recovering(h fasthttp.RequestHandler) fasthttp.RequestHandler {
+	return func(ctx *fasthttp.RequestCtx) {
+		defer func() {
+			if r := recover(); r != nil {
+				s.log.Error("handler panic", "path", string(ctx.URI().PathOriginal()), "panic", r, "stack", string(debug.Stack()))
+				writeError(ctx, fasthttp.StatusInternalServerError, "internal error")
+			}
+		}()
+		h(ctx)
+	}
+}
+
+func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	seg := splitPath(ctx.URI().PathOriginal())
+	method := string(ctx.Method())
+	if len(seg) == 1 && method == fasthttp.MethodGet {
+		switch seg[0] {
+		case "healthz":
+			ctx.SetContentType("text/plain")
+			ctx.SetBodyString("ok\n")
+			return
+		case "metrics":
+			s.metrics(ctx)
+			return
+		}
+	}
+	if len(seg) < 2 || seg[0] != "v1" {
+		writeError(ctx, fasthttp.StatusNotFound, "no such route")
+		return
+	}
+	if !s.authorized(ctx) {
+		ctx.Response.Header.Set("WWW-Authenticate", "Bearer")
+		writeError(ctx, fasthttp.StatusUnauthorized, "missing or wrong bearer token")
+		return
+	}
+	switch seg[1] {
+	case "stats":
+		if len(seg) == 2 && method == fasthttp.MethodGet {
+			writeJSON(ctx, 200, s.node.Stats())
+			return
+		}
+	case "cluster":
+		if len(seg) == 2 && method == fasthttp.MethodGet {
+			writeJSON(ctx, 200, s.node.Cluster())
+			return
+		}
+	case "datasets":
+		s.datasets(ctx, method, seg[2:])
+		return
+	case "jobs":
+		s.jobs(ctx, method, seg[2:])
+		return
+	case "loader":
+		if len(seg) == 3 && seg[2] == "wait" && method == fasthttp.MethodPost {
+			s.loaderWait(ctx)
+			return
+		}
+	}
+	writeError(ctx, fasthttp.StatusNotFound, "no such route")
+}
+
+func (s *Server) authorized(ctx *fasthttp.RequestCtx) bool {
+	if len(s.token) == 0 {
+		return true
+	}
+	h := ctx.Request.Header.Peek("Authorization")
+	const prefix = "Bearer "
+	if len(h) <= len(prefix) || string(h[:len(prefix)]) != prefix {
+		return false
+	}
+	return subtle.ConstantTimeCompare(h[len(prefix):], s.token) == 1
+}
+
+func methodNotAllowed(ctx *fasthttp.RequestCtx) {
+	writeError(ctx, fasthttp.StatusMethodNotAllowed, "method not allowed")
+}
+
+func (s *Server) datasets(ctx *fasthttp.RequestCtx, method string, seg []string) {
+	if len(seg) == 0 {
+		if method != fasthttp.MethodGet {
+			methodNotAllowed(ctx)
+			return
+		}
+		out := []api.Dataset{}
+		for _, d := range s.node.Catalog().Datasets() {
+			out = append(out, info(d))
+		}
+		writeJSON(ctx, 200, out)
+		return
+	}
+	name, err := decodeSegment("dataset", seg[0])
+	if err != nil {
+		writeError(ctx, fasthttp.StatusBadRequest, err.Error())
+		return
+	}
+	if len(seg) == 1 {
+		switch method {
+		case fasthttp.MethodPut:
+			s.putDataset(ctx, name)
+		case fasthttp.MethodGet:
+			if d, ok := s.dataset(ctx, name); ok {
+				writeJSON(ctx, 200, info(d))
+			}
+		case fasthttp.MethodDelete:
+			s.catalogDelete(ctx, func() error { return s.node.Catalog().DeleteDataset(name) })
+		default:
+			methodNotAllowed(ctx)
+		}
+		return
+	}
+	d, ok := s.dataset(ctx, name)
+	if !ok {
+		return
+	}
+	switch seg[1] {
+	case "items":
+		if method != fasthttp.MethodGet {
+			methodNotAllowed(ctx)
+			return
+		}
+		key, err := decodeKey(seg[2:])
+		if err != nil {
+			fail(ctx, err)
+			return
+		}
+		i, ok := d.Manifest.Index(key)
+		if !ok {
+			writeError(ctx, fasthttp.StatusNotFound, fmt.Sprintf("dataset %s has no key %q", d.Name, key))
+			return
+		}
+		s.serveItem(ctx, d, i)
+		return
+	case "index":
+		if len(seg) != 3 || method != fasthttp.MethodGet {
+			break
+		}
+		i, err := strconv.Atoi(seg[2])
+		if err != nil || i < 0 || i >= d.Manifest.Len() {
+			writeError(ctx, fasthttp.StatusBadRequest, fmt.Sprintf("index %q: want an integer in [0,%d)", seg[2], d.Manifest.Len()))
+			return
+		}
+		switch cache := string(ctx.QueryArgs().Peek("cache")); cache {
+		case "":
+			s.serveItem(ctx, d, i)
+		case "bypass":
+			s.serveUncached(ctx, d, i)
+		default:
+			writeError(ctx, fasthttp.StatusBadRequest, fmt.Sprintf("cache=%q: the only option is bypass", cache))
+		}
+		return
+	case "batch":
+		if len(seg) != 2 || method != fasthttp.MethodPost {
+			break
+		}
+		s.batch(ctx, d)
+		return
+	case "warmup":
+		if len(seg) != 2 {
+			break
+		}
+		switch method {
+		case fasthttp.MethodPost:
+			writeJSON(ctx, fasthttp.StatusAccepted, s.node.StartWarmup(d))
+		case fasthttp.MethodGet:
+			writeJSON(ctx, 200, s.node.WarmupProgress(d))
+		default:
+			methodNotAllowed(ctx)
+		}
+		return
+	}
+	writeError(ctx, fasthttp.StatusNotFound, "no such route")
+}
+
+// followerGrace is how long a follower waits for a dataset or job it does not
+// know yet: a registration acknowledged by the leader reaches followers a
+// moment later, and a client that just registered should not see 404.
+const followerGrace = time.Second
+
+// lookupDataset finds a dataset, giving a follower a moment to catch up.
+func (s *Server) lookupDataset(name string) (*catalog.Dataset, bool) {
+	cat := s.node.Catalog()
+	d, ok := cat.Dataset(name)
+	if !ok && !cat.IsLeader() {
+		wctx, cancel := context.WithTimeout(context.Background(), followerGrace)
+		cat.WaitFor(wctx, func() bool { d, ok = cat.Dataset(name); return ok })
+		cancel()
+	}
+	return d, ok
+}
+
+// catalogDelete runs a catalog deletion on the leader (forwarding from a
+// follower) and answers 204.
+func (s *Server) catalogDelete(ctx *fasthttp.RequestCtx, del func() error) {
+	if s.forwardIfFollower(ctx) {
+		return
+	}
+	if err := del(); err != nil {
+		fail(ctx, err)
+		return
+	}
+	s.markApplied(ctx)
+	ctx.SetStatusCode(fasthttp.StatusNoContent)
+}
+
+// dataset finds the dataset a request names; when this node does not know
+// it, the request is answered (by the leader, or with 404) and ok is false.
+func (s *Server) dataset(ctx *fasthttp.RequestCtx, name string) (*catalog.Dataset, bool) {
+	if d, ok := s.node.Catalog().Dataset(name); ok {
+		return d, true
+	}
+	if s.relayUnknown(ctx) {
+		return nil, false
+	}
+	d, ok := s.lookupDataset(name)
+	if !ok {
+		writeError(ctx, fasthttp.StatusNotFound, fmt.Sprintf("no dataset %q", name))
+	}
+	return d, ok
+}
+
+func info(d *catalog.Dataset) api.Dataset {
+	return api.Dataset{Name: d.Name, Source: d.Source, Items: d.Manifest.Len(), Bytes: d.Manifest.TotalBytes(), Version: d.Version, ID: d.ID}
+}
+
+func decodeStrict(body []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("malformed JSON body: %w", err)
+	}
+	if dec.More() {
+		return errors.New("malformed JSON body: trailing data")
+	}
+	return nil
+}
+
+func (s *Server) putDataset(ctx *fasthttp.RequestCtx, name string) {
+	var req struct {
+		Source string `json:"source"`
+	}
+	if err := decodeStrict(ctx.PostBody(), &req); err != nil {
+		writeError(ctx, fasthttp.StatusBadRequest, err.Error())
+		return
+	}
+	if req.Source == "" {
+		writeError(ctx, fasthttp.StatusBadRequest, `body needs {"source": "dir:///abs/path"}`)
+		return
+	}
+	// Refuse a forbidden source here, before anything is forwarded or listed.
+	if _, err := s.node.CheckSource(req.Source); err != nil {
+		fail(ctx, err)
+		return
+	}
+	if s.forwardIfFollower(ctx) {
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	d, created, err := s.node.RegisterDataset(rctx, name, req.Source)
+	if err != nil {
+		fail(ctx, err)
+		return
+	}
+	code := fasthttp.StatusOK
+	if created {
+		code = fasthttp.StatusCreated
+	}
+	s.markApplied(ctx)
+	writeJSON(ctx, code, info(d))
+}
+
+// itemReader streams pinned store bytes into fasthttp's writer and unpins
+// them when fasthttp closes it, after the last byte is written.
+type itemReader struct {
+	item node.Item
+	off  int
+	pool *sync.Pool
+	conn *gatherConn
+}
+
+func (r *itemReader) Read(p []byte) (int, error) {
+	if r.off >= len(r.item.Data) {
+		return 0, io.EOF
+	}
+	n := copy(p, r.item.Data[r.off:])
+	r.off += n
+	return n, nil
+}
+
+// WriteTo hands the item to the socket. A large item goes out together with
+// the response headers in one writev(2), straight from the store's memory:
+// no copy into fasthttp's buffer and no separate packet for the headers.
+func (r *itemReader) WriteTo(w io.Writer) (int64, error) {
+	if bw, ok := w.(*bufio.Writer); ok && r.conn != nil && r.off == 0 && len(r.item.Data) >= gatherMin {
+		n, err := r.conn.writeAfter(bw, r.item.Data)
+		r.off += int(n)
+		return n, err
+	}
+	n, err := w.Write(r.item.Data[r.off:])
+	r.off += n
+	return int64(n), err
+}
+
+func (r *itemReader) Close() error {
+	r.item.Release()
+	r.item, r.off, r.conn = node.Item{}, 0, nil
+	r.pool.Put(r)
+	return nil
+}
+
+// serveUncached reads an item from storage without touching the cache
+// (?cache=bypass): cachectl analyze measures the cold ingestion rate with it
+// without evicting or filling anything.
+func (s *Server) serveUncached(ctx *fasthttp.RequestCtx, d *catalog.Dataset, i int) {
+	rctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	data, sum, err := s.node.ReadUncached(rctx, d, i)
+	if err != nil {
+		fail(ctx, err)
+		return
+	}
+	h := &ctx.Response.Header
+	h.Set("X-Cache", "miss")
+	h.Set("X-Key", d.Manifest.Key(i))
+	h.Set("ETag", `"`+strconv.FormatUint(sum, 16)+`"`)
+	ctx.SetContentType("application/octet-stream")
+	s.node.ServedBytes(len(data))
+	ctx.Response.SetBodyRaw(data)
+}
+
+func (s *Server) serveItem(ctx *fasthttp.RequestCtx, d *catalog.Dataset, i int) {
+	// No deadline here: a hit needs none, and fills bound themselves.
+	it, err := s.node.Get(context.Background(), d, i)
+	if err != nil {
+		fail(ctx, err)
+		return
+	}
+	h := &ctx.Response.Header
+	h.Set("X-Cache", string(it.Cache))
+	h.Set("X-Key", it.Key)
+	h.Set("ETag", `"`+strconv.FormatUint(it.Sum, 16)+`"`)
+	ctx.SetContentType("application/octet-stream")
+	s.node.ServedBytes(len(it.Data))
+	r := s.readers.Get().(*itemReader)
+	r.item, r.pool = it, &s.readers
+	r.conn, _ = ctx.Conn().(*gatherConn)
+	ctx.SetBodyStream(r, len(it.Data))
+}

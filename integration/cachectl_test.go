@@ -1,0 +1,115 @@
+package integration
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// cachectl drives a real two-node cluster end to end, with a token.
+func TestCachectl(t *testing.T) {
+	dir, _ := dataset(t, 120, 4000)
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	os.WriteFile(tokenFile, []byte("s3cret\n"), 0o600)
+	n1 := startNode(t, nodeOpts{name: "n1", bootstrap: true, token: tokenFile})
+	n2 := startNode(t, nodeOpts{name: "n2", join: []string{n1.gossip}, token: tokenFile})
+	ctl := func(node *proc, args ...string) (string, error) {
+		cmd := exec.Command(filepath.Join(binDir, "cachectl"), append([]string{"--node", "http://" + node.http, "--token-file", tokenFile}, args...)...)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	must := func(node *proc, args ...string) string {
+		t.Helper()
+		out, err := ctl(node, args...)
+		if err != nil {
+			t.Fatalf("cachectl %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return out
+	}
+	waitFor(t, 30*time.Second, "two members with a leader", func() bool {
+		out, err := ctl(n2, "--json", "members")
+		var cl struct {
+			Leader  string
+			Members []struct{ State string }
+		}
+		return err == nil && json.Unmarshal([]byte(out), &cl) == nil && cl.Leader != "" && len(cl.Members) == 2 &&
+			cl.Members[0].State == "alive" && cl.Members[1].State == "alive"
+	})
+	if out := must(n2, "datasets", "add", "ds", dir); !strings.Contains(out, "120 items") {
+		t.Fatalf("datasets add: %s", out)
+	}
+	if out := must(n1, "datasets", "ls"); !strings.Contains(out, "ds") || !strings.Contains(out, "dir://"+dir) {
+		t.Fatalf("datasets ls: %s", out)
+	}
+	var wp struct{ Done, Total int64 }
+	if err := json.Unmarshal([]byte(must(n1, "--json", "warmup", "ds")), &wp); err != nil || wp.Done != 120 || wp.Total != 120 {
+		t.Fatalf("warmup: %+v %v", wp, err)
+	}
+	var stats []struct {
+		ItemsCached int    `json:"items_cached"`
+		SourceReads uint64 `json:"source_reads"`
+	}
+	if err := json.Unmarshal([]byte(must(n2, "--json", "stats")), &stats); err != nil || len(stats) != 2 ||
+		stats[0].ItemsCached+stats[1].ItemsCached != 120 || stats[0].SourceReads+stats[1].SourceReads != 120 {
+		t.Fatalf("stats: %+v %v", stats, err)
+	}
+	if out := must(n2, "epoch", "ds", "--verify", dir); !strings.Contains(out, "wrong bytes in 0 items") || !strings.Contains(out, "miss 0") {
+		t.Fatalf("epoch: %s", out)
+	}
+	must(n1, "jobs", "add", "train", "--dataset", "ds", "--seed", "3", "--world-size", "2", "--batch-size", "8", "--ranks", "n1,n2")
+	if out := must(n2, "jobs", "ls"); !strings.Contains(out, "train") {
+		t.Fatalf("jobs ls: %s", out)
+	}
+	seen := map[string]bool{}
+	for r, node := range []*proc{n1, n2} {
+		lines := strings.Fields(must(node, "sample", "train", "--epoch", "0", "--rank", string(rune('0'+r))))
+		if len(lines) != 60 {
+			t.Fatalf("rank %d: %d indices", r, len(lines))
+		}
+		for _, l := range lines {
+			if seen[l] {
+				t.Fatalf("index %s in both ranks", l)
+			}
+			seen[l] = true
+		}
+	}
+	var bench []struct {
+		Items int `json:"items"`
+		Miss  int `json:"misses"`
+	}
+	if err := json.Unmarshal([]byte(must(n1, "--json", "bench", "train", "--epochs", "1", "--gpu-time", "1ms")), &bench); err != nil ||
+		len(bench) != 1 || bench[0].Items != 120 || bench[0].Miss != 0 {
+		t.Fatalf("bench: %+v %v", bench, err)
+	}
+	var an struct {
+		Model struct {
+			Rates struct {
+				Cold   float64 `json:"cold_items_per_s"`
+				Cached float64 `json:"cached_items_per_s"`
+			} `json:"rates"`
+		} `json:"model"`
+	}
+	if err := json.Unmarshal([]byte(must(n1, "--json", "analyze", "ds", "--sample", "50")), &an); err != nil ||
+		an.Model.Rates.Cold <= 0 || an.Model.Rates.Cached <= 0 {
+		t.Fatalf("analyze: %+v %v", an, err)
+	}
+	must(n1, "jobs", "rm", "train")
+	must(n2, "datasets", "rm", "ds")
+	if out, err := ctl(n1, "datasets", "rm", "ds"); err == nil || !strings.Contains(out, "404") {
+		t.Fatalf("second rm: %v %s", err, out)
+	}
+	// A wrong token is refused with a clear error and exit status 1.
+	bad := filepath.Join(t.TempDir(), "bad")
+	os.WriteFile(bad, []byte("nope"), 0o600)
+	out, err := exec.Command(filepath.Join(binDir, "cachectl"), "--node", "http://"+n1.http, "--token-file", bad, "stats").CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(out), "401") {
+		t.Fatalf("wrong token: %v %s", err, out)
+	}
+	if _, err := exec.Command(filepath.Join(binDir, "cachectl"), "frobnicate").CombinedOutput(); err == nil {
+		t.Fatal("unknown command accepted")
+	}
+}

@@ -1,0 +1,301 @@
+// Package membership tracks the cluster's live nodes with hashicorp/memberlist
+// gossip. Each node advertises its addresses and capacity in its metadata.
+package membership
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// Meta is what a node tells the others about itself (msgpack, well under
+// memberlist's 512-byte limit).
+type Meta struct {
+	Incarnation int64  `msgpack:"i"` // process start time: tells a restart from the old process
+	HTTP        string `msgpack:"h"`
+	Peer        string `msgpack:"p"`
+	Raft        string `msgpack:"r"`
+	Capacity    uint64 `msgpack:"c"`
+}
+
+// State of a member as reported by /v1/cluster.
+type State string
+
+// Member states.
+const (
+	Alive   State = "alive"
+	Suspect State = "suspect"
+	Dead    State = "dead"
+	Left    State = "left"
+)
+
+// Member is one node as this node sees it.
+type Member struct {
+	Name  string
+	Addr  string // gossip address
+	State State
+	Meta  Meta
+	Since time.Time // when the state was last seen to change
+}
+
+// Config configures gossip.
+type Config struct {
+	Name      string
+	Bind      string // host:port for gossip (UDP and TCP)
+	Advertise string // IP others use; required when Bind is unspecified
+	Join      []string
+	SecretKey []byte // 16, 24 or 32 bytes: AES-GCM on all gossip
+	Meta      Meta
+	Fast      bool // loopback timers for tests
+	Logger    *slog.Logger
+	// RejoinInterval re-contacts seeds and lost members so a cluster heals
+	// after a partition longer than memberlist remembers the dead.
+	RejoinInterval time.Duration
+}
+
+// Membership is safe for concurrent use.
+type Membership struct {
+	ml      *memberlist.Memberlist
+	cfg     Config
+	log     *slog.Logger
+	mu      sync.Mutex
+	members map[string]*Member
+	changed chan struct{}
+	stop    chan struct{}
+	wg      sync.WaitGroup
+}
+
+// Join starts gossip and contacts the seeds (failing to reach them is not
+// fatal: the rejoin loop keeps trying).
+func Join(cfg Config) (*Membership, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	host, portStr, err := net.SplitHostPort(cfg.Bind)
+	if err != nil {
+		return nil, fmt.Errorf("membership: --gossip %q: %w", cfg.Bind, err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return nil, fmt.Errorf("membership: --gossip port %q: %w", portStr, err)
+	}
+	mc := memberlist.DefaultLANConfig()
+	if cfg.Fast {
+		mc = memberlist.DefaultLocalConfig()
+		mc.ProbeInterval = 200 * time.Millisecond
+		mc.ProbeTimeout = 100 * time.Millisecond
+		mc.SuspicionMult = 2
+		mc.GossipInterval = 50 * time.Millisecond
+		mc.PushPullInterval = 2 * time.Second
+		mc.GossipToTheDeadTime = 5 * time.Second
+	}
+	mc.Name = cfg.Name
+	mc.BindAddr, mc.BindPort = host, port
+	adv := cfg.Advertise
+	if adv == "" {
+		adv = host
+	}
+	if ip := net.ParseIP(adv); ip == nil || ip.IsUnspecified() {
+		return nil, fmt.Errorf("membership: advertise address %q must be an IP (set --advertise)", adv)
+	}
+	mc.AdvertiseAddr, mc.AdvertisePort = adv, port
+	mc.SecretKey = cfg.SecretKey
+	// A node restarted in a container gets a new IP under the same name.
+	mc.DeadNodeReclaimTime = 10 * time.Second
+	mc.Logger = slog.NewLogLogger(cfg.Logger.With("component", "memberlist").Handler(), slog.LevelDebug)
+	m := &Membership{cfg: cfg, log: cfg.Logger, members: map[string]*Member{}, changed: make(chan struct{}, 1), stop: make(chan struct{})}
+	mc.Delegate = delegate{m}
+	mc.Events = events{m}
+	ml, err := memberlist.Create(mc)
+	if err != nil {
+		return nil, fmt.Errorf("membership: %w", err)
+	}
+	m.ml = ml
+	if len(cfg.Join) > 0 {
+		if _, err := ml.Join(cfg.Join); err != nil {
+			m.log.Warn("joining seeds failed; will retry", "seeds", cfg.Join, "err", err)
+		}
+	}
+	if m.cfg.RejoinInterval == 0 {
+		m.cfg.RejoinInterval = 10 * time.Second
+		if cfg.Fast {
+			m.cfg.RejoinInterval = time.Second
+		}
+	}
+	m.wg.Add(1)
+	go m.rejoinLoop()
+	return m, nil
+}
+
+// Leave tells the cluster this node is going and stops gossip.
+func (m *Membership) Leave(timeout time.Duration) error {
+	close(m.stop)
+	m.wg.Wait()
+	err := m.ml.Leave(timeout)
+	if serr := m.ml.Shutdown(); err == nil {
+		err = serr
+	}
+	return err
+}
+
+// Changed is signalled (coalesced) whenever a member joins, leaves, fails or
+// updates its metadata.
+func (m *Membership) Changed() <-chan struct{} { return m.changed }
+
+// Name is the local node's name.
+func (m *Membership) Name() string { return m.cfg.Name }
+
+// Members returns every known member, alive or not, sorted by name.
+// memberlist reports suspect members as alive; their state here comes from
+// the node list.
+func (m *Membership) Members() []Member {
+	suspect := map[string]bool{}
+	for _, n := range m.ml.Members() {
+		if n.State == memberlist.StateSuspect {
+			suspect[n.Name] = true
+		}
+	}
+	m.mu.Lock()
+	out := make([]Member, 0, len(m.members))
+	for _, mem := range m.members {
+		c := *mem
+		if c.State == Alive && suspect[c.Name] {
+			c.State = Suspect
+		}
+		out = append(out, c)
+	}
+	m.mu.Unlock()
+	slices.SortFunc(out, func(a, b Member) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// Alive returns the names of members gossip considers alive (suspects
+// included: they own items until declared dead, and callers fall back on
+// their own when a fetch times out).
+func (m *Membership) Alive() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for _, mem := range m.members {
+		if mem.State == Alive {
+			out = append(out, mem.Name)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Get returns a member by name.
+func (m *Membership) Get(name string) (Member, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	mem, ok := m.members[name]
+	if !ok {
+		return Member{}, false
+	}
+	return *mem, true
+}
+
+func (m *Membership) notify() {
+	select {
+	case m.changed <- struct{}{}:
+	default:
+	}
+}
+
+func (m *Membership) update(n *memberlist.Node, st State) {
+	var meta Meta
+	if err := msgpack.Unmarshal(n.Meta, &meta); err != nil && len(n.Meta) > 0 {
+		m.log.Warn("ignoring member with unreadable metadata", "member", n.Name, "err", err)
+		return
+	}
+	m.mu.Lock()
+	old, ok := m.members[n.Name]
+	if !ok || old.State != st || old.Meta != meta {
+		m.members[n.Name] = &Member{Name: n.Name, Addr: n.Address(), State: st, Meta: meta, Since: time.Now()}
+	}
+	m.mu.Unlock()
+	m.notify()
+}
+
+// rejoinLoop re-contacts seeds and every member once seen but now missing.
+// Bare memberlist forgets the other side of a long partition for good.
+func (m *Membership) rejoinLoop() {
+	defer m.wg.Done()
+	// A node that has no one yet (its seeds were not up when it started)
+	// retries every second; one that has peers re-contacts lost ones at the
+	// configured interval.
+	t := time.NewTicker(min(time.Second, m.cfg.RejoinInterval))
+	defer t.Stop()
+	last := time.Now()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-t.C:
+		}
+		if m.ml.NumMembers() > 1 && time.Since(last) < m.cfg.RejoinInterval {
+			continue
+		}
+		last = time.Now()
+		alive := map[string]bool{}
+		for _, n := range m.ml.Members() {
+			alive[n.Address()] = true
+		}
+		var targets []string
+		for _, s := range m.cfg.Join {
+			if !alive[s] {
+				targets = append(targets, s)
+			}
+		}
+		m.mu.Lock()
+		for _, mem := range m.members {
+			if mem.State != Alive && mem.State != Left && !alive[mem.Addr] && !slices.Contains(targets, mem.Addr) {
+				targets = append(targets, mem.Addr)
+			}
+		}
+		m.mu.Unlock()
+		if len(targets) > 0 {
+			if n, err := m.ml.Join(targets); err == nil && n > 0 {
+				m.log.Debug("rejoined", "contacted", n)
+			}
+		}
+	}
+}
+
+type delegate struct{ m *Membership }
+
+func (d delegate) NodeMeta(limit int) []byte {
+	b, err := msgpack.Marshal(d.m.cfg.Meta)
+	if err != nil || len(b) > limit {
+		// Never exceed the limit: memberlist panics on oversized metadata.
+		d.m.log.Error("node metadata too large; advertising none", "bytes", len(b), "limit", limit)
+		return nil
+	}
+	return b
+}
+func (delegate) NotifyMsg([]byte)                           {}
+func (delegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
+func (delegate) LocalState(join bool) []byte                { return nil }
+func (delegate) MergeRemoteState(buf []byte, join bool)     {}
+
+// events must not block: memberlist calls them from its gossip goroutines.
+type events struct{ m *Membership }
+
+func (e events) NotifyJoin(n *memberlist.Node)   { e.m.update(n, Alive) }
+func (e events) NotifyUpdate(n *memberlist.Node) { e.m.update(n, Alive) }
+func (e events) NotifyLeave(n *memberlist.Node) {
+	st := Dead
+	if n.State == memberlist.StateLeft {
+		st = Left
+	}
+	e.m.update(n, st)
+}

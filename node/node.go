@@ -1,0 +1,532 @@
+// Package node is one Stallfree cache node: it ties the catalog, the store,
+// the sources and (in a cluster) the ring and peer transport together, and
+// decides where each item comes from.
+package node
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
+	"golang.org/x/sync/singleflight"
+
+	"stallfree/catalog"
+	"stallfree/source"
+	"stallfree/store"
+)
+
+// Errors the API maps to status codes.
+var (
+	ErrForbiddenSource = errors.New("source not allowed")
+	ErrBadRequest      = errors.New("bad request")
+)
+
+// Config is everything a node needs; cmd/cachenode fills it from flags.
+type Config struct {
+	Name         string
+	HTTPAdvert   string // host:port clients and peers use for HTTP
+	PeerAdvert   string // host:port of the peer transport
+	RaftBind     string
+	RaftAdvert   string
+	DataDir      string
+	Bootstrap    bool
+	Memory       uint64
+	Policy       string
+	AllowSources []string
+	SourceRate   int64 // bytes/s per source, 0 = unlimited (for simulating slow storage)
+	FastRaft     bool
+	Logger       *slog.Logger
+
+	// Cluster settings. With no GossipBind the node runs alone.
+	GossipBind  string
+	Advertise   string // IP others use to reach this node
+	Join        []string
+	PeerBind    string
+	ClusterKey  []byte        // raw --cluster-key-file contents; empty = no encryption or authentication
+	PeerTimeout time.Duration // bound on a peer fetch before falling back to storage
+	// DeadGrace is how long a member stays dead before it leaves the raft configuration.
+	DeadGrace time.Duration
+}
+
+// Node is safe for concurrent use.
+type Node struct {
+	cfg      Config
+	log      *slog.Logger
+	cat      *catalog.Catalog
+	store    *store.Store
+	registry *prometheus.Registry
+	counters counters
+	flight   singleflight.Group
+
+	mu      sync.Mutex
+	sources map[uint32]source.Source
+	warmups map[string]*warmup
+
+	cl *cluster // nil when running alone
+
+	plans      plans
+	jobMetrics *jobMetrics
+	sched      *schedule    // clairvoyant policy only
+	clair      *clairvoyant // clairvoyant policy only
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// New opens the catalog and the store.
+func New(cfg Config) (*Node, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	var (
+		pol   store.Policy
+		sched *schedule
+		clair *clairvoyant
+		err   error
+	)
+	if cfg.Policy == "clairvoyant" {
+		sched = newSchedule()
+		clair = newClairvoyant(sched)
+		pol = clair
+	} else if pol, err = store.NewPolicy(cfg.Policy); err != nil {
+		return nil, err
+	}
+	allowed := make([]string, len(cfg.AllowSources))
+	for i, p := range cfg.AllowSources {
+		norm, err := source.Normalize(p)
+		if err != nil {
+			return nil, fmt.Errorf("--allow-source: %w", err)
+		}
+		allowed[i] = norm
+	}
+	cfg.AllowSources = allowed
+	st, err := store.New(cfg.Memory, pol)
+	if err != nil {
+		return nil, err
+	}
+	cat, err := catalog.Open(catalog.Config{NodeID: cfg.Name, Bind: cfg.RaftBind, Advertise: cfg.RaftAdvert,
+		Dir: cfg.DataDir, Bootstrap: cfg.Bootstrap, Logger: cfg.Logger, Fast: cfg.FastRaft})
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	n := &Node{cfg: cfg, log: cfg.Logger, cat: cat, store: st, sources: map[uint32]source.Source{},
+		warmups: map[string]*warmup{}, ctx: ctx, cancel: cancel, sched: sched, clair: clair}
+	n.registry = n.registerMetrics()
+	n.jobMetrics = newJobMetrics(n.registry)
+	if cfg.GossipBind != "" {
+		if n.cl, err = startCluster(n); err != nil {
+			cancel()
+			cat.Close()
+			st.Close()
+			return nil, err
+		}
+	}
+	if sched != nil {
+		sched.register(n.registry)
+		n.wg.Add(1)
+		go n.prefetchLoop()
+	}
+	n.wg.Add(1)
+	go n.watchCatalog()
+	return n, nil
+}
+
+// Close stops background work and releases everything.
+func (n *Node) Close() error {
+	if n.cl != nil {
+		n.cl.close()
+	}
+	n.cancel()
+	n.wg.Wait()
+	err := n.cat.Close()
+	n.mu.Lock()
+	for id, s := range n.sources {
+		s.Close()
+		delete(n.sources, id)
+	}
+	n.mu.Unlock()
+	n.store.Close()
+	return err
+}
+
+// Name is the node's stable name.
+func (n *Node) Name() string { return n.cfg.Name }
+
+// Catalog exposes the replicated catalog for reads.
+func (n *Node) Catalog() *catalog.Catalog { return n.cat }
+
+// Registry holds the node's Prometheus metrics.
+func (n *Node) Registry() *prometheus.Registry { return n.registry }
+
+// watchCatalog drops cached items and source handles of deleted datasets.
+func (n *Node) watchCatalog() {
+	defer n.wg.Done()
+	for {
+		// Take the channel before looking, so a change made while this pass
+		// runs wakes the next one.
+		updated := n.cat.Updated()
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-updated:
+		}
+		if n.sched != nil {
+			n.refreshSchedule() // a newly pinned epoch: start reading ahead now
+		}
+		live := map[uint32]bool{}
+		for _, d := range n.cat.Datasets() {
+			live[d.ID] = true
+		}
+		n.mu.Lock()
+		for id, s := range n.sources {
+			if !live[id] {
+				s.Close()
+				delete(n.sources, id)
+				n.store.DeleteDataset(id)
+			}
+		}
+		n.mu.Unlock()
+	}
+}
+
+// CheckSource normalizes spec and applies --allow-source.
+func (n *Node) CheckSource(spec string) (string, error) {
+	norm, err := source.Normalize(spec)
+	if err != nil {
+		return "", fmt.Errorf("%w: %w", ErrBadRequest, err)
+	}
+	if len(n.cfg.AllowSources) == 0 {
+		return norm, nil
+	}
+	for _, p := range n.cfg.AllowSources {
+		if norm == p || strings.HasPrefix(norm, strings.TrimSuffix(p, "/")+"/") {
+			return norm, nil
+		}
+	}
+	return "", fmt.Errorf("%w: %s is outside every --allow-source prefix", ErrForbiddenSource, norm)
+}
+
+// RegisterDataset lists the source and records the dataset in the catalog.
+// It must run on the raft leader (the API forwards otherwise).
+func (n *Node) RegisterDataset(ctx context.Context, name, spec string) (*catalog.Dataset, bool, error) {
+	norm, err := n.CheckSource(spec)
+	if err != nil {
+		return nil, false, err
+	}
+	if d, ok := n.cat.Dataset(name); ok {
+		if d.Source == norm {
+			return d, false, nil
+		}
+		return nil, false, fmt.Errorf("%w: dataset %q is registered with source %s", catalog.ErrConflict, name, d.Source)
+	}
+	src, err := source.Open(norm, source.Options{})
+	if err != nil {
+		return nil, false, fmt.Errorf("%w: %w", ErrBadRequest, err)
+	}
+	defer src.Close()
+	entries, err := src.List(ctx)
+	if err != nil {
+		return nil, false, fmt.Errorf("%w: %w", ErrBadRequest, err)
+	}
+	if len(entries) > 1<<31 {
+		return nil, false, fmt.Errorf("%w: %d items is more than one dataset may hold", ErrBadRequest, len(entries))
+	}
+	return n.cat.RegisterDataset(name, norm, entries)
+}
+
+// RegisterAtStart registers --dataset flags once the catalog has a leader.
+// Followers leave registration to the leader's own flags or to cachectl.
+func (n *Node) RegisterAtStart(ctx context.Context, specs []string) error {
+	for _, spec := range specs {
+		name, src, ok := strings.Cut(spec, "=")
+		if !ok || name == "" || src == "" {
+			return fmt.Errorf("--dataset %q: want NAME=SOURCE", spec)
+		}
+		for {
+			if err := n.cat.WaitLeader(ctx); err != nil {
+				return err
+			}
+			if !n.cat.IsLeader() {
+				if _, ok := n.cat.Dataset(name); ok {
+					break
+				}
+				if n.cat.Leader() != n.cfg.Name { // raft may name this node a moment before it leads
+					return fmt.Errorf("--dataset %s: this node is not the raft leader; register on the leader (%s)", name, n.cat.Leader())
+				}
+			}
+			d, created, err := n.RegisterDataset(ctx, name, src)
+			if errors.Is(err, catalog.ErrNoLeader) || errors.Is(err, catalog.ErrNotLeader) {
+				select { // leadership is settling
+				case <-ctx.Done():
+					return fmt.Errorf("--dataset %s: %w", name, err)
+				case <-time.After(20 * time.Millisecond):
+				}
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("--dataset %s: %w", name, err)
+			}
+			n.log.Info("dataset", "name", name, "source", d.Source, "items", d.Manifest.Len(), "created", created)
+			break
+		}
+	}
+	return nil
+}
+
+func (n *Node) source(d *catalog.Dataset) (source.Source, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if s, ok := n.sources[d.ID]; ok {
+		return s, nil
+	}
+	s, err := source.Open(d.Source, source.Options{BytesPerSecond: n.cfg.SourceRate})
+	if err != nil {
+		return nil, err
+	}
+	n.sources[d.ID] = s
+	return s, nil
+}
+
+// Cache tells where an item came from, as in the X-Cache header.
+type Cache string
+
+// Where an item came from.
+const (
+	Hit  Cache = "hit"
+	Peer Cache = "peer"
+	Miss Cache = "miss"
+)
+
+// Item is an item ready to serve: either pinned store bytes (release with
+// Release) or bytes owned by the caller.
+type Item struct {
+	Key   string
+	Data  []byte
+	Sum   uint64
+	Cache Cache
+	ref   store.Ref
+}
+
+// Release unpins store bytes; Data must not be used afterwards.
+func (it *Item) Release() { it.ref.Release() }
+
+// Get returns item index of dataset d: from this node's memory, from the
+// owner's memory over the peer transport, or from storage.
+func (n *Node) Get(ctx context.Context, d *catalog.Dataset, index int) (Item, error) {
+	if index < 0 || index >= d.Manifest.Len() {
+		return Item{}, fmt.Errorf("%w: index %d out of range [0,%d)", ErrBadRequest, index, d.Manifest.Len())
+	}
+	k := store.MakeKey(d.ID, uint32(index))
+	key := d.Manifest.Key(index)
+	n.observe(d.ID, index, "")
+	if ref, ok := n.store.Get(k); ok {
+		n.counters.hitsLocal.Add(1)
+		return Item{Key: key, Data: ref.Data, Sum: ref.Sum, Cache: Hit, ref: ref}, nil
+	}
+	f, err := n.fetch(ctx, d, index)
+	if err != nil {
+		return Item{}, err
+	}
+	n.count(f.cache)
+	return Item{Key: key, Data: f.data, Sum: f.sum, Cache: f.cache}, nil
+}
+
+func (n *Node) count(c Cache) {
+	switch c {
+	case Hit:
+		n.counters.hitsLocal.Add(1)
+	case Peer:
+		n.counters.hitsPeer.Add(1)
+	default:
+		n.counters.misses.Add(1)
+	}
+}
+
+// resident returns a copy of an item that became resident between a caller's
+// store lookup and its flight (a flight that just finished filled it).
+func (n *Node) resident(k store.Key) (filled, bool) {
+	ref, ok := n.store.Get(k)
+	if !ok {
+		return filled{}, false
+	}
+	defer ref.Release()
+	return filled{data: bytes.Clone(ref.Data), sum: ref.Sum, cache: Hit}, true
+}
+
+// shared runs fill once for an item however many callers want it at the
+// same time (single flight), unless a flight that just ended left it resident.
+func (n *Node) shared(ctx context.Context, d *catalog.Dataset, index int, fill func(context.Context) (filled, error)) (filled, error) {
+	k := store.MakeKey(d.ID, uint32(index))
+	v, err, _ := n.flight.Do(strconv.FormatUint(uint64(k), 36), func() (any, error) {
+		if f, ok := n.resident(k); ok {
+			return f, nil
+		}
+		// A flight is shared, so it must not die with the first caller's request.
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+		defer cancel()
+		return fill(fctx)
+	})
+	if err != nil {
+		return filled{}, fmt.Errorf("dataset %s item %d: %w", d.Name, index, err)
+	}
+	return v.(filled), nil
+}
+
+// fetch gets an item this node does not hold: from its owner, or when this
+// node owns it, from its previous owner's memory or from storage.
+func (n *Node) fetch(ctx context.Context, d *catalog.Dataset, index int) (filled, error) {
+	return n.shared(ctx, d, index, func(ctx context.Context) (filled, error) {
+		owner, self := n.owner(d, index)
+		if !self {
+			if f, ok := n.cl.fromOwner(ctx, owner, d, index); ok {
+				return f, nil
+			}
+			// The owner is gone or hung: read storage here, and do not cache
+			// what this node does not own.
+			return n.readSource(ctx, d, index, false)
+		}
+		if f, ok := n.cl.handoff(ctx, d, index); ok {
+			return f, nil
+		}
+		return n.readSource(ctx, d, index, true)
+	})
+}
+
+// fetchForPeer fills an item a peer asked for, never asking another owner
+// (no request bounces between nodes): from storage once, shared with local
+// callers, and cached only if this node owns it.
+func (n *Node) fetchForPeer(ctx context.Context, d *catalog.Dataset, index int) (filled, error) {
+	return n.shared(ctx, d, index, func(ctx context.Context) (filled, error) {
+		_, self := n.owner(d, index)
+		if self {
+			if f, ok := n.cl.handoff(ctx, d, index); ok {
+				return f, nil
+			}
+		}
+		return n.readSource(ctx, d, index, self)
+	})
+}
+
+type filled struct {
+	data  []byte
+	sum   uint64
+	cache Cache
+}
+
+// ReadUncached reads an item from storage and neither admits it nor counts
+// it as a loader miss (it does count as a storage read).
+func (n *Node) ReadUncached(ctx context.Context, d *catalog.Dataset, index int) ([]byte, uint64, error) {
+	if index < 0 || index >= d.Manifest.Len() {
+		return nil, 0, fmt.Errorf("%w: index %d out of range", ErrBadRequest, index)
+	}
+	f, err := n.readSource(ctx, d, index, false)
+	return f.data, f.sum, err
+}
+
+// readSource reads one item from storage and admits it when cache is set.
+func (n *Node) readSource(ctx context.Context, d *catalog.Dataset, index int, cache bool) (filled, error) {
+	src, err := n.source(d)
+	if err != nil {
+		return filled{}, err
+	}
+	data, err := src.Read(ctx, d.Manifest.Key(index), d.Manifest.Size(index))
+	if err != nil {
+		return filled{}, err
+	}
+	n.counters.sourceReads.Add(1)
+	n.counters.sourceBytes.Add(uint64(len(data)))
+	sum := xxhash.Sum64(data)
+	if cache {
+		if err := n.store.Put(store.MakeKey(d.ID, uint32(index)), data, sum); err != nil && !errors.Is(err, store.ErrNotAdmitted) {
+			return filled{}, err
+		}
+	}
+	return filled{data: data, sum: sum, cache: Miss}, nil
+}
+
+// owner returns the member owning item index and whether that is this node.
+func (n *Node) owner(d *catalog.Dataset, index int) (string, bool) {
+	if n.cl == nil {
+		return n.cfg.Name, true
+	}
+	o := n.cl.ring().Owner(d.Name, d.Manifest.Key(index))
+	return o, o == "" || o == n.cfg.Name
+}
+
+// GetMany returns several items in order; on error, those already fetched
+// are released. Items owned by one peer travel in one transport request.
+func (n *Node) GetMany(ctx context.Context, d *catalog.Dataset, indices []int) ([]Item, error) {
+	return n.GetManyFor(ctx, d, indices, "")
+}
+
+// GetManyFor is GetMany on behalf of a registered job, whose read-ahead
+// schedule the request advances.
+func (n *Node) GetManyFor(ctx context.Context, d *catalog.Dataset, indices []int, job string) ([]Item, error) {
+	for _, i := range indices {
+		if i < 0 || i >= d.Manifest.Len() {
+			return nil, fmt.Errorf("%w: index %d out of range [0,%d)", ErrBadRequest, i, d.Manifest.Len())
+		}
+	}
+	out := make([]Item, len(indices))
+	release := func() {
+		for j := range out {
+			out[j].Release()
+		}
+	}
+	var missing []int // positions in out
+	for j, i := range indices {
+		n.observe(d.ID, i, job)
+		if ref, ok := n.store.Get(store.MakeKey(d.ID, uint32(i))); ok {
+			n.counters.hitsLocal.Add(1)
+			out[j] = Item{Key: d.Manifest.Key(i), Data: ref.Data, Sum: ref.Sum, Cache: Hit, ref: ref}
+		} else {
+			missing = append(missing, j)
+		}
+	}
+	if len(missing) == 0 {
+		return out, nil
+	}
+	if n.cl != nil {
+		missing = n.cl.batchFromOwners(ctx, d, indices, missing, out)
+	}
+	// What is left is owned here or could not be fetched from its owner.
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(16)
+	for _, j := range missing {
+		g.Go(func() error {
+			f, err := n.fetch(gctx, d, indices[j])
+			if err != nil {
+				return err
+			}
+			n.count(f.cache)
+			out[j] = Item{Key: d.Manifest.Key(indices[j]), Data: f.data, Sum: f.sum, Cache: f.cache}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		release()
+		return nil, err
+	}
+	return out, nil
+}
+
+// ServedBytes counts bytes sent to clients.
+func (n *Node) ServedBytes(b int) { n.counters.bytesServed.Add(uint64(b)) }
+
+// ReportLoaderWait records time a training loop waited for data.
+func (n *Node) ReportLoaderWait(d time.Duration, batches uint64) {
+	n.counters.loaderWaitNs.Add(uint64(d))
+	n.counters.loaderBatches.Add(batches)
+}

@@ -1,0 +1,78 @@
+package node
+
+import (
+	"regexp"
+	"stallfree/api"
+
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// counters are the node's cumulative figures. /v1/stats and /metrics read the
+// same atomics, so the two can never disagree.
+type counters struct {
+	hitsLocal     atomic.Uint64
+	hitsPeer      atomic.Uint64
+	misses        atomic.Uint64
+	sourceReads   atomic.Uint64
+	sourceBytes   atomic.Uint64
+	peerBytesIn   atomic.Uint64
+	peerBytesOut  atomic.Uint64
+	bytesServed   atomic.Uint64
+	peerFailures  atomic.Uint64
+	loaderWaitNs  atomic.Uint64
+	loaderBatches atomic.Uint64
+}
+
+// Stats returns this node's figures.
+func (n *Node) Stats() api.Stats {
+	st := n.store.Stats()
+	c := &n.counters
+	return api.Stats{
+		Name: n.cfg.Name, ItemsCached: st.Items, BytesCached: st.Bytes, CapacityBytes: st.Capacity,
+		HitsLocal: c.hitsLocal.Load(), HitsPeer: c.hitsPeer.Load(), Misses: c.misses.Load(),
+		SourceReads: c.sourceReads.Load(), SourceBytes: c.sourceBytes.Load(),
+		PeerBytesIn: c.peerBytesIn.Load(), PeerBytesOut: c.peerBytesOut.Load(),
+		Policy: st.Policy, UsedBytes: st.Used, Evictions: st.Evicted, BytesServed: c.bytesServed.Load(),
+		PeerFailures: c.peerFailures.Load(), LoaderWaitSeconds: float64(c.loaderWaitNs.Load()) / 1e9,
+		LoaderBatches: c.loaderBatches.Load(),
+	}
+}
+
+func (n *Node) registerMetrics() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	// The GC pause histogram (go_sched_pauses_total_gc_seconds) gives pause
+	// percentiles; the default summary only has quartiles and the maximum.
+	pauses := collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/sched/pauses/total/gc:seconds$`)}
+	reg.MustRegister(collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(pauses)),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	counter := func(name, help string, v *atomic.Uint64) {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "stallfree_" + name, Help: help},
+			func() float64 { return float64(v.Load()) }))
+	}
+	c := &n.counters
+	counter("hits_local_total", "Requests served from this node's memory.", &c.hitsLocal)
+	counter("hits_peer_total", "Requests served from a peer's memory.", &c.hitsPeer)
+	counter("misses_total", "Requests that needed a storage read.", &c.misses)
+	counter("source_reads_total", "Reads from backing storage.", &c.sourceReads)
+	counter("source_bytes_total", "Bytes read from backing storage.", &c.sourceBytes)
+	counter("peer_bytes_in_total", "Item bytes received from peers.", &c.peerBytesIn)
+	counter("peer_bytes_out_total", "Item bytes sent to peers.", &c.peerBytesOut)
+	counter("served_bytes_total", "Item bytes sent to HTTP clients.", &c.bytesServed)
+	counter("peer_failures_total", "Peer fetches that failed and fell back to storage.", &c.peerFailures)
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "stallfree_loader_wait_seconds",
+		Help: "Total time training loops reported waiting for data."},
+		func() float64 { return float64(c.loaderWaitNs.Load()) / 1e9 }))
+	counter("loader_batches_total", "Batches training loops reported through the stall meter.", &c.loaderBatches)
+	gauge := func(name, help string, f func(api.Stats) float64) {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "stallfree_" + name, Help: help},
+			func() float64 { return f(n.Stats()) }))
+	}
+	gauge("items_cached", "Items resident in this node's store.", func(s api.Stats) float64 { return float64(s.ItemsCached) })
+	gauge("bytes_cached", "Payload bytes resident in this node's store.", func(s api.Stats) float64 { return float64(s.BytesCached) })
+	gauge("used_bytes", "Bytes charged against the memory budget (payload + per-item overhead).", func(s api.Stats) float64 { return float64(s.UsedBytes) })
+	gauge("capacity_bytes", "The store's memory budget.", func(s api.Stats) float64 { return float64(s.CapacityBytes) })
+	return reg
+}

@@ -1,0 +1,147 @@
+package node
+
+import (
+	"stallfree/api"
+
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+
+	"stallfree/catalog"
+	"stallfree/store"
+)
+
+// warmConcurrency overlaps storage latency without starving loaders.
+const warmConcurrency = 8
+
+type warmup struct {
+	version uint64
+	done    atomic.Int64
+	total   int64
+	bytes   atomic.Int64
+	running atomic.Bool
+	full    atomic.Bool
+	mu      sync.Mutex
+	err     string
+}
+
+func (w *warmup) progress() api.Progress {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return api.Progress{Done: w.done.Load(), Total: w.total, Bytes: w.bytes.Load(), Running: w.running.Load(), Full: w.full.Load(), Error: w.err}
+}
+
+// StartWarmup loads every item of d into the cache in the background; a call
+// while one runs returns its progress. When the store stops admitting (MinIO
+// full), warming stops: reading the rest would only cost storage bandwidth.
+func (n *Node) StartWarmup(d *catalog.Dataset) api.Progress {
+	n.mu.Lock()
+	w, ok := n.warmups[d.Name]
+	if ok && w.version == d.Version && w.running.Load() {
+		n.mu.Unlock()
+		return w.progress()
+	}
+	owned := n.ownedIndices(d)
+	w = &warmup{version: d.Version, total: int64(len(owned))}
+	w.running.Store(true)
+	n.warmups[d.Name] = w
+	n.mu.Unlock()
+
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		defer w.running.Store(false)
+		if err := n.warm(n.ctx, d, owned, w); err != nil {
+			w.mu.Lock()
+			w.err = err.Error()
+			w.mu.Unlock()
+			n.log.Warn("warm-up failed", "dataset", d.Name, "err", err)
+		}
+	}()
+	return w.progress()
+}
+
+// WarmupProgress reports the last warm-up of a dataset.
+func (n *Node) WarmupProgress(d *catalog.Dataset) api.Progress {
+	n.mu.Lock()
+	w, ok := n.warmups[d.Name]
+	n.mu.Unlock()
+	if !ok || w.version != d.Version {
+		return api.Progress{Total: int64(len(n.ownedIndices(d)))}
+	}
+	return w.progress()
+}
+
+var errFull = errors.New("store full")
+
+// ownedIndices lists the items this node owns: in a cluster each member warms
+// its own share, so warming on every member loads the dataset exactly once.
+func (n *Node) ownedIndices(d *catalog.Dataset) []int {
+	var out []int
+	for i := range d.Manifest.Len() {
+		if _, self := n.owner(d, i); self {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+func (n *Node) warm(ctx context.Context, d *catalog.Dataset, owned []int, w *warmup) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	next := make(chan int)
+	var wg sync.WaitGroup
+	errc := make(chan error, warmConcurrency)
+	for range warmConcurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				if err := n.warmOne(ctx, d, i, w); err != nil {
+					errc <- err
+					cancel()
+					return
+				}
+			}
+		}()
+	}
+feed:
+	for _, i := range owned {
+		select {
+		case next <- i:
+		case <-ctx.Done():
+			break feed
+		}
+	}
+	close(next)
+	wg.Wait()
+	select {
+	case err := <-errc:
+		if errors.Is(err, errFull) {
+			w.full.Store(true)
+			return nil
+		}
+		return err
+	default:
+		return ctx.Err()
+	}
+}
+
+func (n *Node) warmOne(ctx context.Context, d *catalog.Dataset, i int, w *warmup) error {
+	k := store.MakeKey(d.ID, uint32(i))
+	if !n.store.Contains(k) {
+		f, err := n.fetch(ctx, d, i)
+		if err != nil {
+			return err
+		}
+		if !n.store.Contains(k) {
+			return errFull
+		}
+		w.bytes.Add(int64(len(f.data)))
+	} else {
+		w.bytes.Add(d.Manifest.Size(i))
+	}
+	w.done.Add(1)
+	return nil
+}

@@ -1,0 +1,86 @@
+package partition
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+)
+
+func names(r *rand.Rand, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("node-%08x", r.Uint32())
+	}
+	return out
+}
+
+func TestOwnerIsPureFunctionOfMemberSet(t *testing.T) {
+	a, _ := New([]string{"n1", "n2", "n3"})
+	b, _ := New([]string{"n3", "n1", "n2", "n1"})
+	if a.Version() != b.Version() {
+		t.Fatal("same set, different versions")
+	}
+	for i := range 1000 {
+		k := fmt.Sprintf("k%d", i)
+		if a.Owner("ds", k) != b.Owner("ds", k) {
+			t.Fatalf("owner of %s differs with member order", k)
+		}
+	}
+	c, _ := New([]string{"n1", "n2"})
+	if c.Version() == a.Version() {
+		t.Fatal("different sets, same version")
+	}
+	if e, _ := New(nil); e.Owner("ds", "k") != "" {
+		t.Fatal("empty ring has an owner")
+	}
+}
+
+// A join to 8 nodes moves at most 1.25/9 of the keys (DESIGN §5), and only
+// keys that the ring diff says moved.
+func TestJoinMovesLittle(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 1))
+	worst := 0.0
+	for trial := range 20 {
+		ms := names(r, 9)
+		before, err := New(ms[:8])
+		if err != nil {
+			t.Fatal(err)
+		}
+		after, _ := New(ms)
+		moved := Moved(before, after)
+		worst = max(worst, moved)
+		if moved > 1.25/9 {
+			t.Errorf("trial %d: %.3f of partitions moved", trial, moved)
+		}
+		// Key-level check: the keys whose owner changed are the moved partitions' keys.
+		changed := 0
+		for i := range 20000 {
+			k := fmt.Sprintf("train/%d.jpg", i)
+			if before.Owner("imagenet", k) != after.Owner("imagenet", k) {
+				changed++
+			}
+		}
+		if f := float64(changed) / 20000; f > 1.25/9+0.01 {
+			t.Errorf("trial %d: %.3f of keys moved", trial, f)
+		}
+	}
+	t.Logf("worst fraction of partitions moved on a join to 9 over 20 name sets: %.3f (goal %.3f)", worst, 1.25/9)
+}
+
+func TestBalanced(t *testing.T) {
+	r := rand.New(rand.NewPCG(2, 2))
+	for _, n := range []int{2, 3, 4, 8} {
+		for range 10 {
+			ring, err := New(names(r, n))
+			if err != nil {
+				t.Fatal(err)
+			}
+			fair := 1 / float64(n)
+			for m, s := range ring.Shares() {
+				if s < 0.9*fair || s > Load*fair+1.0/PartitionCount {
+					t.Errorf("%d nodes: %s owns %.4f (fair %.4f)", n, m, s, fair)
+				}
+			}
+		}
+	}
+}

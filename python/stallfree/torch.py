@@ -1,0 +1,112 @@
+"""PyTorch integration: a map-style dataset, a locality-aware sampler and a
+stall meter."""
+
+import time
+
+import torch.utils.data
+
+from .client import Client
+
+
+class CachedDataset(torch.utils.data.Dataset):
+    """Items of a Stallfree dataset by manifest index.
+
+    Safe in DataLoader worker processes: each process opens its own
+    connections on first use. ``transform`` turns the item's bytes into a
+    sample (decode, augment); by default the bytes are returned.
+    """
+
+    def __init__(self, url, dataset, transform=None, token=None):
+        self.url, self.name, self.transform, self.token = url, dataset, transform, token
+        self._client = None
+        self._len = int(self.client.dataset(dataset)["items"])
+
+    @property
+    def client(self):
+        if self._client is None:
+            self._client = Client(self.url, token=self.token)
+        return self._client
+
+    def __getstate__(self):  # workers get a fresh client, not the parent's sockets
+        s = dict(self.__dict__)
+        s["_client"] = None
+        return s
+
+    def __len__(self):
+        return self._len
+
+    def __getitem__(self, i):
+        data = self.client.index(self.name, int(i))
+        return self.transform(data) if self.transform else data
+
+
+class LocalitySampler(torch.utils.data.Sampler):
+    """This rank's locality-aware order for a registered job.
+
+    Like ``DistributedSampler``: call ``set_epoch(e)`` before each epoch; every
+    rank gets ``floor(N / world_size)`` indices, the ranks of an epoch are
+    disjoint, and every global minibatch is the set plain seeded sampling
+    gives, but each rank mostly gets samples its own node holds.
+    """
+
+    def __init__(self, url, job, rank, token=None):
+        self.client = Client(url, token=token)
+        self.job, self.rank, self.epoch = job, int(rank), 0
+        spec = self.client.job(job)
+        n = int(self.client.dataset(spec["dataset"])["items"])
+        self._len = n // int(spec["world_size"])
+
+    def set_epoch(self, epoch):
+        self.epoch = int(epoch)
+
+    def __iter__(self):
+        return iter(self.client.rank_order(self.job, self.epoch, self.rank))
+
+    def __len__(self):
+        return self._len
+
+    def __getstate__(self):
+        s = dict(self.__dict__)
+        s["client"] = Client(self.client.urls, token=self.client.token)
+        return s
+
+
+class StallMeter:
+    """Wraps a DataLoader iterator and measures how long the training loop
+    waits for each batch: the data stall. Reports to the node every
+    ``report_every`` batches and at the end (``stallfree_loader_wait_seconds``).
+
+        meter = StallMeter(url, loader, job="resnet", rank=0)
+        for batch in meter: train(batch)
+        print(meter.wait_seconds, meter.batches)
+    """
+
+    def __init__(self, url, iterable, job="", rank=0, token=None, report_every=20):
+        self.client = Client(url, token=token)
+        self.iterable, self.job, self.rank = iterable, job, int(rank)
+        self.report_every = report_every
+        self.wait_seconds, self.batches = 0.0, 0
+        self._pending_s, self._pending_b = 0.0, 0
+
+    def __iter__(self):
+        it = iter(self.iterable)
+        while True:
+            t0 = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                self.flush()
+                return
+            waited = time.perf_counter() - t0
+            self.wait_seconds += waited
+            self.batches += 1
+            self._pending_s += waited
+            self._pending_b += 1
+            if self._pending_b >= self.report_every:
+                self.flush()
+            yield batch
+
+    def flush(self):
+        if self._pending_b:
+            self.client.report_wait(self._pending_s, self._pending_b, self.job, self.rank)
+            self._pending_s, self._pending_b = 0.0, 0

@@ -1,0 +1,141 @@
+"""A real torch DataLoader (2 worker processes) over a real two-node cluster."""
+
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import torch.utils.data  # noqa: E402
+
+from stallfree import Client, StallfreeError  # noqa: E402
+from stallfree.torch import CachedDataset, LocalitySampler, StallMeter  # noqa: E402
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+BIN = os.environ.get("STALLFREE_BIN", os.path.join(ROOT, "bin", "cachenode"))
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def wait_until(cond, timeout, what):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            if cond():
+                return
+        except Exception:  # noqa: BLE001 - not up yet
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Cluster:
+    def __init__(self, tmp, n=2):
+        self.nodes, self.procs = [], []
+        seed_gossip = None
+        for i in range(n):
+            name = f"py{i + 1}"
+            http, gossip = free_port(), free_port()
+            args = [BIN, "--name", name, "--http", f"127.0.0.1:{http}", "--peer", f"127.0.0.1:{free_port()}",
+                    "--gossip", f"127.0.0.1:{gossip}", "--raft", f"127.0.0.1:{free_port()}",
+                    "--data-dir", os.path.join(tmp, name), "--memory", "64MiB", "--fast-timers", "--log-level", "warn"]
+            args += ["--bootstrap"] if seed_gossip is None else ["--join", f"127.0.0.1:{seed_gossip}"]
+            seed_gossip = seed_gossip or gossip
+            log = open(os.path.join(tmp, name + ".log"), "w")
+            self.procs.append(subprocess.Popen(args, stdout=log, stderr=log))
+            self.nodes.append((name, f"http://127.0.0.1:{http}"))
+        c = Client(self.nodes[0][1])
+        wait_until(lambda: sum(m["state"] == "alive" for m in c.json("GET", "/v1/cluster")["members"]) == n
+                   and c.json("GET", "/v1/cluster")["leader"], 30, "cluster")
+
+    def stop(self):
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            p.wait(timeout=15)
+
+
+class LoaderTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="stallfree-py")
+        self.data = os.path.join(self.tmp, "data")
+        rnd = random.Random(1)
+        self.files = {}
+        for i in range(203):
+            key = f"c{i % 4}/s{i:04d}.bin"
+            b = rnd.randbytes(500 + rnd.randrange(3000))
+            os.makedirs(os.path.join(self.data, os.path.dirname(key)), exist_ok=True)
+            with open(os.path.join(self.data, key), "wb") as f:
+                f.write(b)
+            self.files[key] = b
+        self.keys = sorted(self.files)
+        self.cluster = Cluster(self.tmp)
+
+    def tearDown(self):
+        self.cluster.stop()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def test_two_ranks_two_epochs(self):
+        (n1, url1), (n2, url2) = self.cluster.nodes
+        c = Client(url2)
+        wait_until(lambda: c.json("PUT", "/v1/datasets/ds", {"source": self.data}), 30, "registration")
+        c.json("PUT", "/v1/jobs/train", {"dataset": "ds", "seed": 9, "world_size": 2, "batch_size": 8, "ranks": [n1, n2]})
+        self.assertEqual(Client(url1).item("ds", self.keys[5]), self.files[self.keys[5]])
+        self.assertEqual(Client(url1).batch("ds", [3, 1])[1], (self.keys[1], self.files[self.keys[1]]))
+        with self.assertRaises(StallfreeError) as e:
+            c.item("ds", "no/such/key")
+        self.assertEqual(e.exception.status, 404)
+
+        waited_batches = 0
+        for epoch in range(2):
+            orders = []
+            for rank, (_, url) in enumerate(self.cluster.nodes):
+                dataset = CachedDataset(url, "ds")
+                sampler = LocalitySampler(url, "train", rank)
+                sampler.set_epoch(epoch)
+                loader = torch.utils.data.DataLoader(dataset, batch_size=8, sampler=sampler, num_workers=2,
+                                                     collate_fn=list)
+                order = list(iter(sampler))
+                self.assertEqual(len(order), len(sampler))
+                self.assertEqual(len(order), len(self.files) // 2)
+                samples = [s for batch in StallMeter(url, loader, job="train", rank=rank, report_every=5) for s in batch]
+                waited_batches += (len(order) + 7) // 8
+                self.assertEqual(len(samples), len(order))
+                for i, s in zip(order, samples):
+                    self.assertEqual(s, self.files[self.keys[i]], f"epoch {epoch} rank {rank} index {i}")
+                orders.append(order)
+            self.assertFalse(set(orders[0]) & set(orders[1]), "ranks share samples")
+            self.assertEqual(len(orders[0]), len(orders[1]))
+
+        reported = sum(Client(url).stats()["loader_batches"] for _, url in self.cluster.nodes)
+        waited = sum(Client(url).stats()["loader_wait_seconds"] for _, url in self.cluster.nodes)
+        self.assertEqual(reported, waited_batches)
+        self.assertGreater(waited, 0)
+        metrics = Client(url1).request("GET", "/metrics")[1].decode()
+        self.assertIn("stallfree_loader_wait_seconds", metrics)
+
+    def test_failover_to_another_node(self):
+        (_, url1), (_, url2) = self.cluster.nodes
+        c = Client(url2)
+        wait_until(lambda: c.json("PUT", "/v1/datasets/ds", {"source": self.data}), 30, "registration")
+        client = Client(url2)
+        self.assertEqual(client.index("ds", 0), self.files[self.keys[0]])  # learns the members
+        self.cluster.procs[1].kill()
+        self.cluster.procs[1].wait()
+        self.assertEqual(client.index("ds", 7), self.files[self.keys[7]])
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,119 @@
+package source
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// Dir serves the regular files below a directory.
+type Dir struct {
+	root    *os.Root
+	path    string
+	limiter *rate.Limiter
+}
+
+// OpenDir opens the directory at path.
+func OpenDir(path string, opt Options) (*Dir, error) {
+	real, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return nil, fmt.Errorf("source %s: %w", path, err)
+	}
+	root, err := os.OpenRoot(real)
+	if err != nil {
+		return nil, fmt.Errorf("source %s: %w", path, err)
+	}
+	d := &Dir{root: root, path: real}
+	if opt.BytesPerSecond > 0 {
+		// A small bucket (1/20 s of bandwidth): an idle source must not bank
+		// seconds of reads and then serve them at memory speed.
+		burst := int(min(max(opt.BytesPerSecond/20, 4<<10), 1<<20))
+		d.limiter = rate.NewLimiter(rate.Limit(opt.BytesPerSecond), burst)
+		d.limiter.AllowN(time.Now(), burst) // start empty
+	}
+	return d, nil
+}
+
+// Close releases the directory handle.
+func (d *Dir) Close() error { return d.root.Close() }
+
+// List walks the tree. Symlinks are followed only when they resolve to a
+// regular file inside the root; files whose names cannot be keys are skipped.
+func (d *Dir) List(ctx context.Context) ([]Entry, error) {
+	var out []Entry
+	err := filepath.WalkDir(d.path, func(p string, de fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if de.IsDir() {
+			return nil
+		}
+		rel, err := filepath.Rel(d.path, p)
+		if err != nil {
+			return err
+		}
+		key := filepath.ToSlash(rel)
+		if ValidKey(key) != nil {
+			return nil
+		}
+		// Stat through the root: it follows symlinks but refuses any that leave it.
+		fi, err := d.root.Stat(rel)
+		if err != nil || !fi.Mode().IsRegular() {
+			return nil
+		}
+		if fi.Size() > MaxItemSize {
+			return fmt.Errorf("source %s: %s is %d bytes, over the %d-byte item limit", d.path, key, fi.Size(), MaxItemSize)
+		}
+		out = append(out, Entry{Key: key, Size: fi.Size()})
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", d.path, err)
+	}
+	slices.SortFunc(out, func(a, b Entry) int { return strings.Compare(a.Key, b.Key) })
+	return out, nil
+}
+
+// Read returns the file's bytes and fails with ErrChanged when its size no
+// longer matches the manifest.
+func (d *Dir) Read(ctx context.Context, key string, size int64) ([]byte, error) {
+	if err := ValidKey(key); err != nil {
+		return nil, err
+	}
+	if size < 0 || size > MaxItemSize {
+		return nil, fmt.Errorf("read %s: size %d out of range", key, size)
+	}
+	for left := int(size); d.limiter != nil && left > 0; {
+		n := min(left, d.limiter.Burst())
+		if err := d.limiter.WaitN(ctx, n); err != nil {
+			return nil, fmt.Errorf("read %s: %w", key, err)
+		}
+		left -= n
+	}
+	f, err := d.root.Open(filepath.FromSlash(key))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", key, err)
+	}
+	defer f.Close()
+	buf := make([]byte, size+1)
+	n, err := io.ReadFull(f, buf)
+	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("read %s: %w", key, err)
+	}
+	if int64(n) != size {
+		return nil, fmt.Errorf("read %s: %w (manifest says %d bytes)", key, ErrChanged, size)
+	}
+	return buf[:n], nil
+}

@@ -1,0 +1,110 @@
+// Package source reads items from backing storage, the slow tier Stallfree
+// exists to hide. Every read goes through a manifest taken at registration, so
+// no request can name an object the manifest does not hold.
+package source
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"unicode/utf8"
+)
+
+// MaxItemSize bounds one item; items are read whole into memory.
+const MaxItemSize = 256 << 20
+
+var (
+	// ErrBadKey means a key is not a clean relative path.
+	ErrBadKey = errors.New("invalid key")
+	// ErrChanged means the object no longer matches the manifest.
+	ErrChanged = errors.New("object changed since registration")
+)
+
+// Entry is one manifest line.
+type Entry struct {
+	Key  string
+	Size int64
+}
+
+// Source is backing storage. Implementations are safe for concurrent use.
+type Source interface {
+	// List returns every object, sorted bytewise by key.
+	List(ctx context.Context) ([]Entry, error)
+	// Read returns the object's bytes, which must be exactly size long.
+	Read(ctx context.Context, key string, size int64) ([]byte, error)
+	Close() error
+}
+
+// Options tune how a source is opened.
+type Options struct {
+	// BytesPerSecond throttles reads (0 = unlimited), to simulate slow storage.
+	BytesPerSecond int64
+}
+
+// Normalize turns a user's source spec into the canonical form stored in the
+// catalog: "dir:///abs/path". A plain path is taken as a directory.
+func Normalize(spec string) (string, error) {
+	if strings.ContainsRune(spec, 0) || !utf8.ValidString(spec) {
+		return "", fmt.Errorf("source %q: invalid characters", spec)
+	}
+	path := spec
+	if rest, ok := strings.CutPrefix(spec, "dir://"); ok {
+		path = rest
+		if !filepath.IsAbs(path) {
+			return "", fmt.Errorf("source %q: dir:// needs an absolute path (dir:///abs/path)", spec)
+		}
+	} else if strings.Contains(spec, "://") {
+		return "", fmt.Errorf("source %q: unsupported scheme (want dir:// or a path)", spec)
+	}
+	if path == "" {
+		return "", fmt.Errorf("source: empty path")
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", fmt.Errorf("source %q: %w", spec, err)
+	}
+	return "dir://" + abs, nil
+}
+
+// Open opens a normalized or plain source spec.
+func Open(spec string, opt Options) (Source, error) {
+	norm, err := Normalize(spec)
+	if err != nil {
+		return nil, err
+	}
+	return OpenDir(strings.TrimPrefix(norm, "dir://"), opt)
+}
+
+// ValidKey reports whether key is a clean relative path: valid UTF-8, no NUL
+// or other control characters, no leading "/", no empty, "." or ".." segments. Both the HTTP API and the
+// directory walker use it, so a key that can be listed can be requested.
+func ValidKey(key string) error {
+	if key == "" || len(key) > 4096 {
+		return fmt.Errorf("%w: empty or longer than 4096 bytes", ErrBadKey)
+	}
+	if !utf8.ValidString(key) {
+		return fmt.Errorf("%w: not valid UTF-8", ErrBadKey)
+	}
+	if strings.IndexByte(key, 0) >= 0 {
+		return fmt.Errorf("%w: contains NUL", ErrBadKey)
+	}
+	// Control characters could split the X-Key response header; files named
+	// with them are left out of manifests.
+	if strings.IndexFunc(key, func(r rune) bool { return r < 0x20 || r == 0x7f }) >= 0 {
+		return fmt.Errorf("%w: contains a control character", ErrBadKey)
+	}
+	if key[0] == '/' {
+		return fmt.Errorf("%w: absolute path", ErrBadKey)
+	}
+	for seg := range strings.SplitSeq(key, "/") {
+		switch seg {
+		case "":
+			return fmt.Errorf("%w: empty path segment", ErrBadKey)
+		case ".", "..":
+			return fmt.Errorf("%w: %q segment", ErrBadKey, seg)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,148 @@
+package source
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+func write(t *testing.T, root, rel string, data []byte) {
+	t.Helper()
+	p := filepath.Join(root, rel)
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestDirManifestAndSymlinks(t *testing.T) {
+	root := t.TempDir()
+	outside := t.TempDir()
+	write(t, outside, "secret", []byte("do not serve"))
+	write(t, root, "b/2.bin", []byte("two"))
+	write(t, root, "a.bin", []byte("a"))
+	write(t, root, "B.bin", []byte("upper"))
+	write(t, root, "empty", nil)
+	must(t, os.Symlink(filepath.Join(outside, "secret"), filepath.Join(root, "escape")))
+	must(t, os.Symlink("a.bin", filepath.Join(root, "alias")))
+	must(t, os.Symlink(outside, filepath.Join(root, "dirlink")))
+
+	d, err := Open("dir://"+root, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	got, err := d.List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for _, e := range got {
+		keys = append(keys, e.Key)
+	}
+	want := []string{"B.bin", "a.bin", "alias", "b/2.bin", "empty"}
+	if !slices.Equal(keys, want) {
+		t.Fatalf("keys %q, want %q", keys, want)
+	}
+	b, err := d.Read(context.Background(), "b/2.bin", 3)
+	if err != nil || string(b) != "two" {
+		t.Fatalf("read: %q %v", b, err)
+	}
+	if _, err := d.Read(context.Background(), "escape", 12); err == nil {
+		t.Fatal("read through an escaping symlink")
+	}
+	if _, err := d.Read(context.Background(), "../"+filepath.Base(outside)+"/secret", 12); !errors.Is(err, ErrBadKey) {
+		t.Fatalf("path trick: %v", err)
+	}
+	if _, err := d.Read(context.Background(), "a.bin", 5); !errors.Is(err, ErrChanged) {
+		t.Fatalf("size mismatch: %v", err)
+	}
+	if b, err := d.Read(context.Background(), "empty", 0); err != nil || len(b) != 0 {
+		t.Fatalf("empty: %q %v", b, err)
+	}
+}
+
+func TestNormalize(t *testing.T) {
+	for spec, ok := range map[string]bool{
+		"dir:///data": true, "/data": true, "rel/dir": true, "dir://rel": false,
+		"s3://bucket": false, "": false, "/da\x00ta": false,
+	} {
+		got, err := Normalize(spec)
+		if (err == nil) != ok {
+			t.Errorf("Normalize(%q) = %q, %v", spec, got, err)
+		}
+		if err == nil && !strings.HasPrefix(got, "dir:///") {
+			t.Errorf("Normalize(%q) = %q", spec, got)
+		}
+	}
+}
+
+func TestRateLimit(t *testing.T) {
+	root := t.TempDir()
+	write(t, root, "x", bytes.Repeat([]byte{1}, 50_000))
+	d, err := OpenDir(root, Options{BytesPerSecond: 500_000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	for range 3 {
+		if _, err := d.Read(context.Background(), "x", 50_000); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// 150 kB at 500 kB/s takes about 0.3 s; this only checks the limiter is engaged.
+	if el := time.Since(start); el < 200*time.Millisecond {
+		t.Fatalf("3 reads took %v: limiter not applied", el)
+	}
+}
+
+func TestValidKey(t *testing.T) {
+	for key, ok := range map[string]bool{
+		"a": true, "a/b.jpg": true, "n01440764/x.JPEG": true, "..a": true,
+		"": false, "/etc/passwd": false, "a/../b": false, "..": false, "./a": false,
+		"a//b": false, "a/": false, "a\x00b": false, "\xff": false, "a\nb": false, "a\rX-Evil: 1": false, "tab\there": false,
+	} {
+		if err := ValidKey(key); (err == nil) != ok {
+			t.Errorf("ValidKey(%q) = %v", key, err)
+		}
+	}
+}
+
+func FuzzValidKey(f *testing.F) {
+	for _, s := range []string{"a/b", "../x", "/abs", "a\x00", "\xff\xfe", "a//b", "./a"} {
+		f.Add(s)
+	}
+	root := f.TempDir()
+	d, err := OpenDir(root, Options{})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, key string) {
+		if ValidKey(key) != nil {
+			return
+		}
+		// An accepted key never leaves the root once joined to it.
+		full := filepath.Join(root, filepath.FromSlash(key))
+		if rel, err := filepath.Rel(root, full); err != nil || rel == ".." || strings.HasPrefix(rel, "../") || filepath.IsAbs(rel) {
+			t.Fatalf("key %q escapes to %q", key, full)
+		}
+		if _, err := d.Read(context.Background(), key, 1); err == nil {
+			t.Fatalf("key %q read from an empty root", key)
+		}
+	})
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,115 @@
+package store
+
+import (
+	"fmt"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/google/btree"
+)
+
+// align keeps every item on a cache-line boundary; it also bounds the number of
+// distinct free-extent sizes, which keeps best-fit search cheap.
+const align = 64
+
+func alignUp(n uint64) uint64 { return (n + align - 1) &^ (align - 1) }
+
+// arena is an off-heap region carved into variable-size extents. It lives in an
+// anonymous mapping, so its bytes are invisible to the garbage collector and RSS
+// grows only with the pages actually written.
+type arena struct {
+	mem       []byte
+	bySize    *btree.BTreeG[extent]
+	byOff     map[uint64]uint64 // free extent start -> length
+	byEnd     map[uint64]uint64 // free extent end -> start
+	freeBytes uint64
+}
+
+type extent struct{ off, n uint64 }
+
+func lessBySize(a, b extent) bool {
+	if a.n != b.n {
+		return a.n < b.n
+	}
+	return a.off < b.off
+}
+
+func newArena(size uint64) (*arena, error) {
+	size = alignUp(size)
+	if size == 0 {
+		size = align
+	}
+	mem, err := syscall.Mmap(-1, 0, int(size), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE|syscall.MAP_NORESERVE)
+	if err != nil {
+		return nil, fmt.Errorf("store: reserve %d bytes: %w", size, err)
+	}
+	// Items are read at random across the whole arena: huge pages cut the TLB
+	// misses of serving them (advice only; ignored where THP is off).
+	_ = unix.Madvise(mem, unix.MADV_HUGEPAGE)
+	a := &arena{
+		mem:    mem,
+		bySize: btree.NewG(16, lessBySize),
+		byOff:  make(map[uint64]uint64),
+		byEnd:  make(map[uint64]uint64),
+	}
+	a.insertFree(0, size)
+	return a, nil
+}
+
+func (a *arena) close() error {
+	if a.mem == nil {
+		return nil
+	}
+	err := syscall.Munmap(a.mem)
+	a.mem = nil
+	return err
+}
+
+// alloc returns the offset of n free bytes (n already aligned) using best fit,
+// which keeps large holes intact for large items.
+func (a *arena) alloc(n uint64) (uint64, bool) {
+	var found extent
+	ok := false
+	a.bySize.AscendGreaterOrEqual(extent{n: n}, func(e extent) bool {
+		found, ok = e, true
+		return false
+	})
+	if !ok {
+		return 0, false
+	}
+	a.removeFree(found)
+	if found.n > n {
+		a.insertFree(found.off+n, found.n-n)
+	}
+	return found.off, true
+}
+
+// free returns an extent and merges it with free neighbours so that churn does
+// not fragment the arena into pieces too small for the next item.
+func (a *arena) free(off, n uint64) {
+	if start, ok := a.byEnd[off]; ok {
+		prev := extent{start, a.byOff[start]}
+		a.removeFree(prev)
+		off, n = prev.off, prev.n+n
+	}
+	if nextN, ok := a.byOff[off+n]; ok {
+		a.removeFree(extent{off + n, nextN})
+		n += nextN
+	}
+	a.insertFree(off, n)
+}
+
+func (a *arena) insertFree(off, n uint64) {
+	a.bySize.ReplaceOrInsert(extent{off, n})
+	a.byOff[off] = n
+	a.byEnd[off+n] = off
+	a.freeBytes += n
+}
+
+func (a *arena) removeFree(e extent) {
+	a.bySize.Delete(e)
+	delete(a.byOff, e.off)
+	delete(a.byEnd, e.off+e.n)
+	a.freeBytes -= e.n
+}

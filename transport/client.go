@@ -1,0 +1,260 @@
+package transport
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// ErrClosed means the connection failed while a request was pending.
+var ErrClosed = errors.New("transport: connection closed")
+
+// connsPerPeer spreads load over a few TCP streams per peer.
+const connsPerPeer = 2
+
+// DialTimeout bounds connecting plus the handshake.
+const DialTimeout = time.Second
+
+// Result is one fetched item.
+type Result struct {
+	Data  []byte
+	Sum   uint64
+	Found bool
+}
+
+// Client fetches items from peers over pooled, multiplexed connections.
+type Client struct {
+	key    []byte
+	mu     sync.Mutex
+	peers  map[string][]*conn
+	next   atomic.Uint64
+	closed bool
+}
+
+// NewClient returns a client that authenticates with key.
+func NewClient(key []byte) *Client { return &Client{key: key, peers: map[string][]*conn{}} }
+
+// Close closes every pooled connection.
+func (c *Client) Close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	for addr, cs := range c.peers {
+		for _, cn := range cs {
+			cn.fail(ErrClosed)
+		}
+		delete(c.peers, addr)
+	}
+}
+
+// Forget drops the pooled connections to addr (a dead or replaced peer).
+func (c *Client) Forget(addr string) {
+	c.mu.Lock()
+	cs := c.peers[addr]
+	delete(c.peers, addr)
+	c.mu.Unlock()
+	for _, cn := range cs {
+		cn.fail(ErrClosed)
+	}
+}
+
+// Get sends req to the peer at addr and returns one Result per index. Each
+// item's bytes are checked against the checksum the peer sent.
+func (c *Client) Get(ctx context.Context, addr string, req *Request) ([]Result, error) {
+	if len(req.Indices) == 0 || len(req.Indices) > MaxItems {
+		return nil, fmt.Errorf("transport: %d indices per request (1..%d)", len(req.Indices), MaxItems)
+	}
+	cn, err := c.conn(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	h := &Header{Op: OpGet, Dataset: req.Dataset, DatasetVersion: req.DatasetVersion, Indices: req.Indices, Ring: req.Ring}
+	if req.Handoff {
+		h.Flags |= FlagHandoff
+	}
+	resp, payload, err := cn.roundTrip(ctx, h)
+	if err != nil {
+		return nil, err
+	}
+	if resp.Status != StatusOK {
+		return nil, fmt.Errorf("transport: peer %s: %s", addr, resp.Err)
+	}
+	if len(resp.Sizes) != len(req.Indices) || len(resp.Sums) != len(req.Indices) {
+		cn.fail(ErrFrame)
+		return nil, fmt.Errorf("%w: %d sizes for %d indices", ErrFrame, len(resp.Sizes), len(req.Indices))
+	}
+	out := make([]Result, len(req.Indices))
+	off := int64(0)
+	for i, sz := range resp.Sizes {
+		if sz < 0 {
+			continue
+		}
+		if off+sz > int64(len(payload)) {
+			cn.fail(ErrFrame)
+			return nil, fmt.Errorf("%w: sizes exceed payload", ErrFrame)
+		}
+		data := payload[off : off+sz : off+sz]
+		off += sz
+		if xxhash.Sum64(data) != resp.Sums[i] {
+			return nil, fmt.Errorf("transport: item %d from %s fails its checksum", req.Indices[i], addr)
+		}
+		out[i] = Result{Data: data, Sum: resp.Sums[i], Found: true}
+	}
+	if off != int64(len(payload)) {
+		cn.fail(ErrFrame)
+		return nil, fmt.Errorf("%w: %d stray payload bytes", ErrFrame, int64(len(payload))-off)
+	}
+	return out, nil
+}
+
+func (c *Client) conn(ctx context.Context, addr string) (*conn, error) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, ErrClosed
+	}
+	cs := c.peers[addr]
+	live := cs[:0]
+	for _, cn := range cs {
+		if !cn.dead.Load() {
+			live = append(live, cn)
+		}
+	}
+	c.peers[addr] = live
+	if len(live) >= connsPerPeer {
+		cn := live[c.next.Add(1)%uint64(len(live))]
+		c.mu.Unlock()
+		return cn, nil
+	}
+	c.mu.Unlock()
+
+	cn, err := dial(ctx, addr, c.key)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		cn.fail(ErrClosed)
+		return nil, ErrClosed
+	}
+	c.peers[addr] = append(c.peers[addr], cn)
+	return cn, nil
+}
+
+type response struct {
+	h       *Header
+	payload []byte
+	err     error
+}
+
+// conn is one multiplexed connection: writers take wmu, a single reader
+// goroutine routes responses to waiters by request id.
+type conn struct {
+	nc      net.Conn
+	bw      *bufio.Writer
+	wmu     sync.Mutex
+	mu      sync.Mutex
+	pending map[uint64]chan response
+	nextID  uint64
+	dead    atomic.Bool
+	err     error
+}
+
+func dial(ctx context.Context, addr string, key []byte) (*conn, error) {
+	d := net.Dialer{Timeout: DialTimeout}
+	dctx, cancel := context.WithTimeout(ctx, DialTimeout+handshakeTTL)
+	defer cancel()
+	nc, err := d.DialContext(dctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("transport: dial %s: %w", addr, err)
+	}
+	if dl, ok := dctx.Deadline(); ok {
+		nc.SetDeadline(dl)
+	}
+	if err := clientHandshake(nc, key); err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("transport: %s: %w", addr, err)
+	}
+	nc.SetDeadline(time.Time{})
+	cn := &conn{nc: nc, bw: bufio.NewWriterSize(nc, 64<<10), pending: map[uint64]chan response{}}
+	go cn.readLoop(bufio.NewReaderSize(nc, 64<<10))
+	return cn, nil
+}
+
+func (cn *conn) readLoop(br *bufio.Reader) {
+	for {
+		h, payload, err := readFrame(br, MaxPayload)
+		if err != nil {
+			cn.fail(err)
+			return
+		}
+		cn.mu.Lock()
+		ch, ok := cn.pending[h.ID]
+		delete(cn.pending, h.ID)
+		cn.mu.Unlock()
+		if ok {
+			ch <- response{h: h, payload: payload}
+		}
+	}
+}
+
+func (cn *conn) fail(err error) {
+	cn.mu.Lock()
+	if cn.dead.Swap(true) {
+		cn.mu.Unlock()
+		return
+	}
+	cn.err = err
+	pend := cn.pending
+	cn.pending = map[uint64]chan response{}
+	cn.mu.Unlock()
+	cn.nc.Close()
+	for _, ch := range pend {
+		ch <- response{err: fmt.Errorf("%w: %w", ErrClosed, err)}
+	}
+}
+
+func (cn *conn) roundTrip(ctx context.Context, h *Header) (*Header, []byte, error) {
+	ch := make(chan response, 1)
+	cn.mu.Lock()
+	if cn.dead.Load() {
+		err := cn.err
+		cn.mu.Unlock()
+		return nil, nil, fmt.Errorf("%w: %w", ErrClosed, err)
+	}
+	cn.nextID++
+	h.ID = cn.nextID
+	cn.pending[h.ID] = ch
+	cn.mu.Unlock()
+
+	cn.wmu.Lock()
+	dl, ok := ctx.Deadline()
+	if !ok {
+		dl = time.Now().Add(frameTimeout)
+	}
+	cn.nc.SetWriteDeadline(dl)
+	err := writeFrame(cn.bw, h, nil)
+	cn.wmu.Unlock()
+	if err != nil {
+		cn.fail(err)
+		return nil, nil, fmt.Errorf("transport: send: %w", err)
+	}
+	select {
+	case r := <-ch:
+		return r.h, r.payload, r.err
+	case <-ctx.Done():
+		// A peer that does not answer in time may be hung (paused, half-open
+		// TCP): drop the connection so later requests dial afresh rather than
+		// queue behind it.
+		cn.fail(ctx.Err())
+		return nil, nil, fmt.Errorf("transport: waiting for peer: %w", ctx.Err())
+	}
+}

@@ -1,0 +1,192 @@
+package transport
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+)
+
+// Request is a decoded peer request.
+type Request struct {
+	Dataset        string
+	DatasetVersion uint64
+	Indices        []uint32
+	Ring           uint64
+	Handoff        bool
+}
+
+// Item is one item of a response. Release, when set, is called once its bytes
+// are on the wire (pinned store bytes are written without a copy).
+type Item struct {
+	Data    []byte
+	Sum     uint64
+	Found   bool
+	Release func()
+}
+
+// Handler answers a request with one Item per index, in order.
+type Handler func(ctx context.Context, req *Request) ([]Item, error)
+
+// Per-connection bounds.
+const (
+	maxInFlightPerConn = 64
+	idleTimeout        = 5 * time.Minute
+	frameTimeout       = 30 * time.Second
+)
+
+// Server accepts authenticated peer connections.
+type Server struct {
+	key     []byte
+	handler Handler
+	log     *slog.Logger
+	ln      net.Listener
+	ctx     context.Context
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	conns   map[net.Conn]struct{}
+}
+
+// NewServer returns a server; call Serve.
+func NewServer(key []byte, h Handler, log *slog.Logger) *Server {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Server{key: key, handler: h, log: log, ctx: ctx, cancel: cancel, conns: map[net.Conn]struct{}{}}
+}
+
+// Serve accepts connections on ln until Close.
+func (s *Server) Serve(ln net.Listener) error {
+	s.mu.Lock()
+	s.ln = ln
+	s.mu.Unlock()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if s.ctx.Err() != nil {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return err
+		}
+		s.mu.Lock()
+		s.conns[c] = struct{}{}
+		s.mu.Unlock()
+		s.wg.Add(1)
+		go s.serveConn(c)
+	}
+}
+
+// Close stops accepting, closes every connection and waits for handlers.
+func (s *Server) Close() error {
+	s.cancel()
+	s.mu.Lock()
+	if s.ln != nil {
+		s.ln.Close()
+	}
+	for c := range s.conns {
+		c.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	return nil
+}
+
+func (s *Server) serveConn(c net.Conn) {
+	defer s.wg.Done()
+	defer func() {
+		c.Close()
+		s.mu.Lock()
+		delete(s.conns, c)
+		s.mu.Unlock()
+	}()
+	if err := serverHandshake(c, s.key); err != nil {
+		s.log.Warn("peer connection refused", "remote", c.RemoteAddr().String(), "err", err)
+		return
+	}
+	br := bufio.NewReaderSize(c, 64<<10)
+	bw := bufio.NewWriterSize(c, 64<<10)
+	var wmu sync.Mutex
+	sem := make(chan struct{}, maxInFlightPerConn)
+	var inflight sync.WaitGroup
+	defer inflight.Wait()
+	for {
+		c.SetReadDeadline(time.Now().Add(idleTimeout))
+		// Requests carry no payload: any declared payload is a protocol error.
+		h, _, err := readFrame(br, 0)
+		if err != nil {
+			if !errors.Is(err, net.ErrClosed) && s.ctx.Err() == nil && !isEOF(err) {
+				s.log.Warn("dropping peer connection", "remote", c.RemoteAddr().String(), "err", err)
+			}
+			return
+		}
+		if h.Op != OpGet || len(h.Indices) == 0 {
+			s.log.Warn("dropping peer connection: bad request", "remote", c.RemoteAddr().String(), "op", h.Op)
+			return
+		}
+		select {
+		case sem <- struct{}{}:
+		case <-s.ctx.Done():
+			return
+		}
+		inflight.Add(1)
+		go func() {
+			defer inflight.Done()
+			defer func() { <-sem }()
+			s.answer(c, bw, &wmu, h)
+		}()
+	}
+}
+
+func (s *Server) answer(c net.Conn, bw *bufio.Writer, wmu *sync.Mutex, h *Header) {
+	ctx, cancel := context.WithTimeout(s.ctx, frameTimeout)
+	defer cancel()
+	req := &Request{Dataset: h.Dataset, DatasetVersion: h.DatasetVersion, Indices: h.Indices, Ring: h.Ring, Handoff: h.Flags&FlagHandoff != 0}
+	items, err := s.handler(ctx, req)
+	defer func() {
+		for _, it := range items {
+			if it.Release != nil {
+				it.Release()
+			}
+		}
+	}()
+	resp := &Header{ID: h.ID, Op: h.Op}
+	var payload [][]byte
+	if err != nil || len(items) != len(h.Indices) {
+		resp.Status = StatusError
+		if err != nil {
+			resp.Err = err.Error()
+		} else {
+			resp.Err = "handler returned the wrong number of items"
+		}
+	} else {
+		resp.Sizes = make([]int64, len(items))
+		resp.Sums = make([]uint64, len(items))
+		for i, it := range items {
+			if !it.Found {
+				resp.Sizes[i] = -1
+				continue
+			}
+			resp.Sizes[i] = int64(len(it.Data))
+			resp.Sums[i] = it.Sum
+			payload = append(payload, it.Data)
+		}
+	}
+	wmu.Lock()
+	defer wmu.Unlock()
+	c.SetWriteDeadline(time.Now().Add(frameTimeout))
+	if err := writeFrameTo(c, bw, resp, payload); err != nil {
+		c.Close() // the reader loop sees the close and ends the connection
+	}
+}
+
+func isEOF(err error) bool {
+	var ne net.Error
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || (errors.As(err, &ne) && ne.Timeout())
+}
