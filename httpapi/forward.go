@@ -57,11 +57,7 @@ func (s *Server) relayUnknown(ctx *fasthttp.RequestCtx) bool {
 	if s.node.Catalog().IsLeader() || len(ctx.Request.Header.Peek(forwardedHeader)) > 0 {
 		return false
 	}
-	addr := s.node.LeaderHTTP()
-	// A restarted follower hears from the leader a moment after it serves.
-	for deadline := time.Now().Add(followerGrace); addr == "" && time.Now().Before(deadline); addr = s.node.LeaderHTTP() {
-		time.Sleep(20 * time.Millisecond)
-	}
+	addr := s.awaitLeader()
 	if addr == "" {
 		return false
 	}
@@ -73,6 +69,17 @@ func (s *Server) relayUnknown(ctx *fasthttp.RequestCtx) bool {
 	}
 	resp.CopyTo(&ctx.Response)
 	return true
+}
+
+// awaitLeader returns the leader's HTTP address, waiting up to followerGrace
+// for one: a restarted follower hears from the leader a moment after it
+// starts serving. "" when there is none.
+func (s *Server) awaitLeader() string {
+	addr := s.node.LeaderHTTP()
+	for deadline := time.Now().Add(followerGrace); addr == "" && time.Now().Before(deadline); addr = s.node.LeaderHTTP() {
+		time.Sleep(20 * time.Millisecond)
+	}
+	return addr
 }
 
 // relay sends a copy of the request to the node serving HTTP at addr.

@@ -12,6 +12,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/url"
 	"runtime/debug"
 	"strconv"
 	"sync"
@@ -231,7 +232,7 @@ func (s *Server) datasets(ctx *fasthttp.RequestCtx, method string, seg []string)
 		case fasthttp.MethodPut:
 			s.putDataset(ctx, name)
 		case fasthttp.MethodGet:
-			if d, ok := s.dataset(ctx, name); ok {
+			if d, ok := s.dataset(ctx, name, true); ok {
 				writeJSON(ctx, 200, info(d))
 			}
 		case fasthttp.MethodDelete:
@@ -241,7 +242,7 @@ func (s *Server) datasets(ctx *fasthttp.RequestCtx, method string, seg []string)
 		}
 		return
 	}
-	d, ok := s.dataset(ctx, name)
+	d, ok := s.dataset(ctx, name, seg[1] != "warmup")
 	if !ok {
 		return
 	}
@@ -309,16 +310,44 @@ func (s *Server) datasets(ctx *fasthttp.RequestCtx, method string, seg []string)
 // moment later, and a client that just registered should not see 404.
 const followerGrace = time.Second
 
-// lookupDataset finds a dataset, giving a follower a moment to catch up.
+// catchUpWait bounds how long a follower waits for a dataset the leader
+// already has: raft's replication backoff to a restarted follower reaches
+// about ten seconds.
+const catchUpWait = 15 * time.Second
+
+// lookupDataset finds a dataset, giving a follower a moment to catch up, and
+// longer when the leader confirms the dataset exists.
 func (s *Server) lookupDataset(name string) (*catalog.Dataset, bool) {
 	cat := s.node.Catalog()
 	d, ok := cat.Dataset(name)
-	if !ok && !cat.IsLeader() {
-		wctx, cancel := context.WithTimeout(context.Background(), followerGrace)
-		cat.WaitFor(wctx, func() bool { d, ok = cat.Dataset(name); return ok })
-		cancel()
+	if ok || cat.IsLeader() {
+		return d, ok
 	}
+	wait := followerGrace
+	if s.leaderHas("/v1/datasets/" + url.PathEscape(name)) {
+		wait = catchUpWait
+	}
+	wctx, cancel := context.WithTimeout(context.Background(), wait)
+	cat.WaitFor(wctx, func() bool { d, ok = cat.Dataset(name); return ok })
+	cancel()
 	return d, ok
+}
+
+// leaderHas reports whether the raft leader answers 200 to GET path.
+func (s *Server) leaderHas(path string) bool {
+	addr := s.awaitLeader()
+	if addr == "" || s.node.Catalog().IsLeader() {
+		return false
+	}
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + addr + path)
+	req.Header.Set(forwardedHeader, s.node.Name())
+	if len(s.token) > 0 {
+		req.Header.Set("Authorization", "Bearer "+string(s.token))
+	}
+	return s.forwarder.DoTimeout(req, resp, 5*time.Second) == nil && resp.StatusCode() == fasthttp.StatusOK
 }
 
 // catalogDelete runs a catalog deletion on the leader (forwarding from a
@@ -336,12 +365,14 @@ func (s *Server) catalogDelete(ctx *fasthttp.RequestCtx, del func() error) {
 }
 
 // dataset finds the dataset a request names; when this node does not know
-// it, the request is answered (by the leader, or with 404) and ok is false.
-func (s *Server) dataset(ctx *fasthttp.RequestCtx, name string) (*catalog.Dataset, bool) {
+// it, the request is answered and ok is false. Reads any member answers alike
+// (relay) are answered by the leader then; node-local operations (warm-up)
+// get 404 once the follower grace has passed.
+func (s *Server) dataset(ctx *fasthttp.RequestCtx, name string, relay bool) (*catalog.Dataset, bool) {
 	if d, ok := s.node.Catalog().Dataset(name); ok {
 		return d, true
 	}
-	if s.relayUnknown(ctx) {
+	if relay && s.relayUnknown(ctx) {
 		return nil, false
 	}
 	d, ok := s.lookupDataset(name)

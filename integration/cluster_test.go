@@ -433,6 +433,13 @@ func TestRestartedFollowerAnswersAtOnce(t *testing.T) {
 	time.Sleep(3 * time.Second)
 	follower.start()
 
+	// A node-local operation waits for the catalog to catch up; reads are
+	// answered meanwhile.
+	warm := make(chan error, 1)
+	go func() {
+		_, err := follower.c.StartWarmup(ctx, "ds")
+		warm <- err
+	}()
 	if err := readAll(ctx, follower, "ds", files, items, 7); err != nil {
 		t.Fatalf("restarted follower: %v", err)
 	}
@@ -446,4 +453,12 @@ func TestRestartedFollowerAnswersAtOnce(t *testing.T) {
 	if _, err := follower.c.Dataset(ctx, "nope"); err == nil {
 		t.Fatal("a dataset nobody registered was found")
 	}
+	if err := <-warm; err != nil {
+		t.Fatalf("warm-up on the restarted follower: %v", err)
+	}
+	waitFor(t, 10*time.Second, follower.name+" warming its own share", func() bool {
+		p, err := follower.c.Warmup(ctx, "ds")
+		s, serr := follower.c.Stats(ctx)
+		return err == nil && serr == nil && p.Done == p.Total && p.Total > 0 && int64(s.ItemsCached) == p.Total
+	})
 }
