@@ -36,6 +36,7 @@ type cluster struct {
 	client *transport.Client
 	ln     net.Listener
 	rings  atomic.Pointer[ringPair]
+	ringMu sync.Mutex // one rebuild at a time, so prev is always the ring replaced
 	http   *fasthttp.Client
 	wg     sync.WaitGroup
 	stop   chan struct{}
@@ -118,6 +119,8 @@ func (c *cluster) ring() *partition.Ring { return c.rings.Load().cur }
 
 // rebuildRing recomputes ownership over the alive members.
 func (c *cluster) rebuildRing() {
+	c.ringMu.Lock()
+	defer c.ringMu.Unlock()
 	alive := c.ml.Alive()
 	old := c.rings.Load()
 	if slices.Equal(old.cur.Members(), alive) {
@@ -147,14 +150,34 @@ func (c *cluster) rebuildRing() {
 // raft leader keeps the voter set in line with the live members.
 func (c *cluster) watch() {
 	defer c.wg.Done()
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
+	kick := make(chan struct{}, 1)
+	c.wg.Add(1)
+	go c.upkeepRaft(kick)
 	for {
 		select {
 		case <-c.stop:
 			return
 		case <-c.ml.Changed():
 			c.rebuildRing()
+			select {
+			case kick <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+// upkeepRaft runs apart from the ring rebuilds: a raft configuration change
+// waits for a commit, and ownership must not lag membership meanwhile.
+func (c *cluster) upkeepRaft(kick <-chan struct{}) {
+	defer c.wg.Done()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-kick:
 		case <-t.C:
 		}
 		if c.n.cat.IsLeader() {
@@ -353,6 +376,9 @@ func (c *cluster) servePeer(ctx context.Context, req *transport.Request) ([]tran
 	// The asker may have applied a registration this node has not yet: wait a
 	// moment for the catalog to catch up rather than fail the fetch.
 	d, ok := n.cat.Dataset(req.Dataset)
+	if req.Inline && (!ok || d.Version != req.DatasetVersion) {
+		return nil, transport.ErrWouldBlock
+	}
 	if !ok || d.Version < req.DatasetVersion {
 		wctx, cancel := context.WithTimeout(ctx, time.Second)
 		n.cat.WaitFor(wctx, func() bool {
@@ -367,7 +393,33 @@ func (c *cluster) servePeer(ctx context.Context, req *transport.Request) ([]tran
 	if d.Version != req.DatasetVersion {
 		return nil, fmt.Errorf("dataset %s is at version %d here, %d there", d.Name, d.Version, req.DatasetVersion)
 	}
+	if req.Handoff && req.Ring != c.ring().Version() {
+		// The new owner sees a membership this node has not caught up with.
+		// Deciding under the stale ring whether to let the items go could
+		// leave them held twice.
+		if req.Inline {
+			return nil, transport.ErrWouldBlock
+		}
+		c.awaitRing(ctx, req.Ring)
+	}
 	items := make([]transport.Item, len(req.Indices))
+	if req.Inline {
+		// Only when every item is resident; observed once, on the call
+		// that answers.
+		for j, i := range req.Indices {
+			ref, ok := store.Ref{}, false
+			if int(i) < d.Manifest.Len() {
+				ref, ok = n.store.Get(store.MakeKey(d.ID, i))
+			}
+			if !ok {
+				for _, it := range items[:j] {
+					it.Release()
+				}
+				return nil, transport.ErrWouldBlock
+			}
+			items[j] = transport.Item{Data: ref.Data, Sum: ref.Sum, Found: true, Release: ref.Release}
+		}
+	}
 	for j, i := range req.Indices {
 		if int(i) >= d.Manifest.Len() {
 			return nil, fmt.Errorf("index %d out of range", i)
@@ -375,6 +427,16 @@ func (c *cluster) servePeer(ctx context.Context, req *transport.Request) ([]tran
 		k := store.MakeKey(d.ID, i)
 		if !req.Handoff {
 			n.observe(d.ID, int(i), "")
+		}
+		if items[j].Found {
+			ref := items[j]
+			if req.Handoff {
+				if _, self := n.owner(d, int(i)); !self {
+					items[j].Release = func() { ref.Release(); n.store.Delete(k) }
+				}
+			}
+			n.counters.peerBytesOut.Add(uint64(len(ref.Data)))
+			continue
 		}
 		if ref, ok := n.store.Get(k); ok {
 			release := ref.Release
@@ -403,6 +465,21 @@ func (c *cluster) servePeer(ctx context.Context, req *transport.Request) ([]tran
 		n.counters.peerBytesOut.Add(uint64(len(f.data)))
 	}
 	return items, nil
+}
+
+// awaitRing waits, briefly, until this node's ring is the one a peer reports.
+func (c *cluster) awaitRing(ctx context.Context, version uint64) {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for c.rebuildRing(); c.ring().Version() != version; c.rebuildRing() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // Cluster describes the members this node knows, with each alive member's

@@ -18,7 +18,16 @@ type Request struct {
 	Indices        []uint32
 	Ring           uint64
 	Handoff        bool
+	// Inline is set on the first call for a request, made on the
+	// connection's reader: the handler must answer from memory without
+	// blocking or return ErrWouldBlock, and is then called again (Inline
+	// unset) on a goroutine of its own.
+	Inline bool
 }
+
+// ErrWouldBlock is a handler's answer to an Inline request it cannot serve
+// from memory.
+var ErrWouldBlock = errors.New("transport: would block")
 
 // Item is one item of a response. Release, when set, is called once its bytes
 // are on the wire (pinned store bytes are written without a copy).
@@ -130,6 +139,15 @@ func (s *Server) serveConn(c net.Conn) {
 			s.log.Warn("dropping peer connection: bad request", "remote", c.RemoteAddr().String(), "op", h.Op)
 			return
 		}
+		// Items in memory are answered right here: a goroutine per request
+		// costs more than serving it (most peer requests are such hits).
+		req := &Request{Dataset: h.Dataset, DatasetVersion: h.DatasetVersion, Indices: h.Indices, Ring: h.Ring,
+			Handoff: h.Flags&FlagHandoff != 0, Inline: true}
+		if items, err := s.handler(s.ctx, req); !errors.Is(err, ErrWouldBlock) {
+			s.respond(c, bw, &wmu, h, items, err)
+			continue
+		}
+		req.Inline = false
 		select {
 		case sem <- struct{}{}:
 		case <-s.ctx.Done():
@@ -139,16 +157,16 @@ func (s *Server) serveConn(c net.Conn) {
 		go func() {
 			defer inflight.Done()
 			defer func() { <-sem }()
-			s.answer(c, bw, &wmu, h)
+			ctx, cancel := context.WithTimeout(s.ctx, frameTimeout)
+			defer cancel()
+			items, err := s.handler(ctx, req)
+			s.respond(c, bw, &wmu, h, items, err)
 		}()
 	}
 }
 
-func (s *Server) answer(c net.Conn, bw *bufio.Writer, wmu *sync.Mutex, h *Header) {
-	ctx, cancel := context.WithTimeout(s.ctx, frameTimeout)
-	defer cancel()
-	req := &Request{Dataset: h.Dataset, DatasetVersion: h.DatasetVersion, Indices: h.Indices, Ring: h.Ring, Handoff: h.Flags&FlagHandoff != 0}
-	items, err := s.handler(ctx, req)
+// respond writes the answer to request h and releases the items.
+func (s *Server) respond(c net.Conn, bw *bufio.Writer, wmu *sync.Mutex, h *Header, items []Item, err error) {
 	defer func() {
 		for _, it := range items {
 			if it.Release != nil {

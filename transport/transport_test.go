@@ -247,3 +247,62 @@ func FuzzReadFrame(f *testing.F) {
 		}
 	})
 }
+
+// A request the handler cannot answer inline is retried on its own
+// goroutine, and while it blocks, inline answers on the same connection go on.
+func TestBlockingRequestDoesNotHoldTheConnection(t *testing.T) {
+	release := make(chan struct{})
+	var inline, blocking atomic.Int64
+	h := func(ctx context.Context, req *Request) ([]Item, error) {
+		if req.Dataset == "slow" {
+			if req.Inline {
+				inline.Add(1)
+				return nil, ErrWouldBlock
+			}
+			blocking.Add(1)
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		b := itemBytes(req.Indices[0])
+		return []Item{{Data: b, Sum: xxhash.Sum64(b), Found: true}}, nil
+	}
+	s := NewServer(key, h, slog.New(slog.DiscardHandler))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(ln)
+	defer s.Close()
+	c := NewClient(key)
+	defer c.Close()
+	addr := ln.Addr().String()
+	slow := make(chan error, connsPerPeer)
+	for range connsPerPeer { // one blocked request on every pooled connection
+		go func() {
+			_, err := c.Get(context.Background(), addr, &Request{Dataset: "slow", Indices: []uint32{3}})
+			slow <- err
+		}()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for blocking.Load() < connsPerPeer && time.Now().Before(deadline) {
+		runtime.Gosched()
+	}
+	for i := range uint32(20) {
+		res, err := c.Get(context.Background(), addr, &Request{Dataset: "fast", Indices: []uint32{i}})
+		if err != nil || !bytes.Equal(res[0].Data, itemBytes(i)) {
+			t.Fatalf("fast request %d behind a blocked one: %v", i, err)
+		}
+	}
+	close(release)
+	for range connsPerPeer {
+		if err := <-slow; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if inline.Load() != connsPerPeer || blocking.Load() != connsPerPeer {
+		t.Fatalf("slow requests: %d inline tries, %d blocking calls; want %d each", inline.Load(), blocking.Load(), connsPerPeer)
+	}
+}
