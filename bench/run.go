@@ -32,6 +32,7 @@ type Config struct {
 	Doc      string        // BENCHMARKS.md to write
 	MemGiB   float64       // cached GiB for the memory figures
 	Only     []string      // when set: only these targets, and no memory, policy or locality runs
+	Profile  bool          // serve pprof on every benchmark node (addresses in the log)
 	Log      io.Writer
 }
 
@@ -56,6 +57,16 @@ type Report struct {
 }
 
 func (c *Config) logf(format string, args ...any) { fmt.Fprintf(c.Log, format+"\n", args...) }
+
+// pprofArgs gives node name a pprof address when profiling.
+func (c *Config) pprofArgs(name string) []string {
+	if !c.Profile {
+		return nil
+	}
+	addr := freePort()
+	c.logf("node %s: pprof at http://%s/debug/pprof/", name, addr)
+	return []string{"--pprof", addr}
+}
 
 // Main runs every benchmark and writes the report.
 func Main(c Config) (*Report, error) {
@@ -97,17 +108,17 @@ func Main(c Config) (*Report, error) {
 	procs = append(procs, mc)
 	mem := fmt.Sprintf("%dMiB", c.Items*(c.Size+4096)>>20+64)
 	bin := filepath.Join(c.Bin, "cachenode")
-	a, err := startNode(c.Work, bin, "a", mem, "")
+	a, err := startNode(c.Work, bin, "a", mem, "", c.pprofArgs("a")...)
 	if err != nil {
 		return nil, err
 	}
 	procs = append(procs, a.proc)
-	b, err := startNode(c.Work, bin, "b", mem, "")
+	b, err := startNode(c.Work, bin, "b", mem, "", c.pprofArgs("b")...)
 	if err != nil {
 		return nil, err
 	}
 	procs = append(procs, b.proc)
-	cc, err := startNode(c.Work, bin, "c", mem, b.gossip)
+	cc, err := startNode(c.Work, bin, "c", mem, b.gossip, c.pprofArgs("c")...)
 	if err != nil {
 		return nil, err
 	}

@@ -30,6 +30,7 @@ func main() {
 	memGiB := flag.Float64("mem-gib", 4, "cached GiB for the memory figures")
 	serveRaw := flag.String("serve-raw", "", "internal: serve the raw TCP ceiling on this address")
 	only := flag.String("only", "", "comma-separated targets to run alone (for profiling; writes no report)")
+	profile := flag.Bool("pprof", false, "serve pprof on every benchmark node (addresses in the log)")
 	flag.Parse()
 	sz, err := humanize.ParseBytes(*size)
 	if err != nil {
@@ -47,7 +48,7 @@ func main() {
 	os.MkdirAll(*work, 0o755)
 	os.MkdirAll(*out, 0o755)
 	cfg := bench.Config{Items: *items, Size: int(sz), Rounds: *rounds, Duration: *dur, Conc: *conc,
-		Work: *work, Bin: bin, Self: self, Out: *out, Doc: *doc, MemGiB: *memGiB, Log: os.Stderr}
+		Work: *work, Bin: bin, Self: self, Out: *out, Doc: *doc, MemGiB: *memGiB, Profile: *profile, Log: os.Stderr}
 	if *only != "" {
 		cfg.Only = strings.Split(*only, ",")
 	}
