@@ -3,18 +3,22 @@ package httpapi
 import (
 	"fmt"
 	"net/url"
-	"regexp"
 	"strings"
 
 	"stallfree/source"
 )
 
-var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
-
 // validName checks dataset and job names: they appear in paths and metrics,
-// so they are kept to a safe alphabet.
+// so they are kept to a safe alphabet. (Checked by hand: it runs on every
+// request, and a regexp cost 2% of a cache hit's CPU.)
 func validName(kind, s string) error {
-	if !nameRE.MatchString(s) {
+	ok := len(s) >= 1 && len(s) <= 128
+	for i := 0; ok && i < len(s); i++ {
+		c := s[i]
+		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+		ok = alnum || i > 0 && (c == '.' || c == '_' || c == '-')
+	}
+	if !ok {
 		return fmt.Errorf("invalid %s name %q: want 1-128 of [A-Za-z0-9._-], starting with a letter or digit", kind, s)
 	}
 	return nil
