@@ -187,6 +187,17 @@ Profiles: ` + "`cachenode --pprof 127.0.0.1:6061`" + ` under wrk or ` + "`sfbenc
   remains is physical on one 2-core box: a peer hit moves every byte through the kernel twice (owner → requester
   → client) and checks its checksum once, ~110 µs of CPU across both nodes against ~33 µs for a local hit, so
   the ratio cannot reach the 0.7 goal here; on separate machines the owner's half runs elsewhere.
+- A second profile of a peer hit (` + "`sfbench -pprof -only stallfree-peer`" + `, 8 s per node): the owner spent a
+  goroutine per request; **kept:** requests whose items are all resident are answered on the connection's
+  reader (` + "`transport.ErrWouldBlock`" + ` sends the rest to a goroutine). The owner's share is now ~35 µs per
+  hit, 24 of them the writev. The requester's ~85 µs: writev to the client 24, reading the frame 13.5,
+  checking its xxhash64 9.5, allocating and zeroing the item buffer 7, the 60-byte request write 8 (loopback
+  runs the receiver's TCP work in the sender's syscall), the rest fasthttp and scheduling. Peer/local stayed
+  at 0.36–0.43 in A/B runs (the noise is larger than the change). What would move it: splicing the owner's
+  frame from socket to socket on the requester (no copy, but no checksum check there either), or pooled
+  receive buffers (−7 µs, with reference counting across single-flight waiters). Not done yet.
+- Dataset names were checked with a regexp on every request (2% of a local hit's CPU); now by hand, fuzzed
+  against the regexp (` + "`FuzzValidName`" + `).
 - Batches copied all 64 items into one 7 MiB buffer. **Kept:** the msgpack framing is built apart and the items
   go out with the framing in one writev: 24 µs of server CPU per item against 32 µs for single GETs. Runs vary
   between 1.27x and 1.6x in items/s; the floor is the copy of the bytes (raw TCP: 20 µs per item).
@@ -194,5 +205,7 @@ Profiles: ` + "`cachenode --pprof 127.0.0.1:6061`" + ` under wrk or ` + "`sfbenc
   GOMAXPROCS=1 for the node was worse (33–44 µs/req against 31–35 µs with 2) and was not kept.
 - This machine is a shared VM: three full runs in one session gave local/nginx 1.02, 0.86 and 0.88,
   local/memcached 0.87, 0.86 and 0.75, peer/local 0.40, 0.39 and 0.43, batch/single 1.35, 1.30 and 1.27, and
-  nginx itself moved between 25.7 and 32.1 µs of CPU per request. Compare within one run.
+  nginx itself moved between 25.7 and 32.1 µs of CPU per request. The run above (a later session) gave 1.00,
+  0.94, 0.36 and 1.42; the one before it saw nginx collapse to 505 req/s with 0.5 s tail latencies in its
+  last round and was discarded. Compare within one run.
 `
