@@ -32,7 +32,8 @@ func (s *Server) forwardIfFollower(ctx *fasthttp.RequestCtx) bool {
 	}
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseResponse(resp)
-	if err := s.relay(ctx, addr, resp); err != nil {
+	// Registering a large dataset lists its source on the leader: allow minutes.
+	if err := s.relay(ctx, addr, resp, 10*time.Minute); err != nil {
 		writeError(ctx, fasthttp.StatusServiceUnavailable, "forward to raft leader: "+err.Error())
 		return true
 	}
@@ -63,7 +64,8 @@ func (s *Server) relayUnknown(ctx *fasthttp.RequestCtx) bool {
 	}
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseResponse(resp)
-	if err := s.relay(ctx, addr, resp); err != nil {
+	// A read: bounded like a fill, so a hung leader cannot stall a loader long.
+	if err := s.relay(ctx, addr, resp, 30*time.Second); err != nil {
 		s.log.Debug("relay to leader", "err", err)
 		return false
 	}
@@ -83,14 +85,14 @@ func (s *Server) awaitLeader() string {
 }
 
 // relay sends a copy of the request to the node serving HTTP at addr.
-func (s *Server) relay(ctx *fasthttp.RequestCtx, addr string, resp *fasthttp.Response) error {
+func (s *Server) relay(ctx *fasthttp.RequestCtx, addr string, resp *fasthttp.Response, timeout time.Duration) error {
 	req := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(req)
 	ctx.Request.CopyTo(req)
 	req.SetRequestURI("http://" + addr + string(ctx.URI().PathOriginal()))
 	req.SetHost(addr)
 	req.Header.Set(forwardedHeader, s.node.Name())
-	return s.forwarder.DoTimeout(req, resp, 10*time.Minute)
+	return s.forwarder.DoTimeout(req, resp, timeout)
 }
 
 // appliedHeader carries the leader's applied raft index after a write.
