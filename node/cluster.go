@@ -428,27 +428,20 @@ func (c *cluster) servePeer(ctx context.Context, req *transport.Request) ([]tran
 		if !req.Handoff {
 			n.observe(d.ID, int(i), "")
 		}
-		if items[j].Found {
-			ref := items[j]
-			if req.Handoff {
-				if _, self := n.owner(d, int(i)); !self {
-					items[j].Release = func() { ref.Release(); n.store.Delete(k) }
-				}
+		if !items[j].Found { // not pinned by the inline pass
+			if ref, ok := n.store.Get(k); ok {
+				items[j] = transport.Item{Data: ref.Data, Sum: ref.Sum, Found: true, Release: ref.Release}
 			}
-			n.counters.peerBytesOut.Add(uint64(len(ref.Data)))
-			continue
 		}
-		if ref, ok := n.store.Get(k); ok {
-			release := ref.Release
+		if it := items[j]; it.Found {
 			if req.Handoff {
 				if _, self := n.owner(d, int(i)); !self {
 					// The asker owns it now: after sending, let it go, so
 					// the cluster keeps holding each item once.
-					release = func() { ref.Release(); n.store.Delete(k) }
+					items[j].Release = func() { it.Release(); n.store.Delete(k) }
 				}
 			}
-			items[j] = transport.Item{Data: ref.Data, Sum: ref.Sum, Found: true, Release: release}
-			n.counters.peerBytesOut.Add(uint64(len(ref.Data)))
+			n.counters.peerBytesOut.Add(uint64(len(it.Data)))
 			continue
 		}
 		if req.Handoff {
