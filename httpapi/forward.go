@@ -37,14 +37,36 @@ func (s *Server) forwardIfFollower(ctx *fasthttp.RequestCtx) bool {
 		writeError(ctx, fasthttp.StatusServiceUnavailable, "forward to raft leader: "+err.Error())
 		return true
 	}
-	// Read your writes: answer only once this node has applied the change too.
-	if idx, err := strconv.ParseUint(string(resp.Header.Peek(appliedHeader)), 10, 64); err == nil {
-		wctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		s.node.Catalog().WaitFor(wctx, func() bool { return s.node.Catalog().AppliedIndex() >= idx })
-		cancel()
-	}
+	s.awaitApplied(resp)
 	resp.CopyTo(&ctx.Response)
 	return true
+}
+
+// awaitApplied gives read-your-writes after a write the leader made: it
+// waits (briefly) until this node has applied the index the leader reports.
+func (s *Server) awaitApplied(resp *fasthttp.Response) {
+	idx, err := strconv.ParseUint(string(resp.Header.Peek(appliedHeader)), 10, 64)
+	if err != nil {
+		return
+	}
+	cat := s.node.Catalog()
+	wctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	cat.WaitFor(wctx, func() bool { return cat.AppliedIndex() >= idx })
+	cancel()
+}
+
+// callLeader sends this node's own request (method, path) to the leader's
+// HTTP API at addr, authenticated and marked as relayed.
+func (s *Server) callLeader(addr, method, path string, resp *fasthttp.Response, timeout time.Duration) error {
+	req := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(req)
+	req.Header.SetMethod(method)
+	req.SetRequestURI("http://" + addr + path)
+	req.Header.Set(forwardedHeader, s.node.Name())
+	if len(s.token) > 0 {
+		req.Header.Set("Authorization", "Bearer "+string(s.token))
+	}
+	return s.forwarder.DoTimeout(req, resp, timeout)
 }
 
 // relayUnknown answers a read that names a dataset or job this follower does

@@ -85,26 +85,16 @@ func (s *Server) plan(job string, epoch uint64) (*node.EpochPlan, error) {
 	if addr == "" {
 		return nil, fmt.Errorf("%w: pinning epoch %d of %s", errNoLeader, epoch, job)
 	}
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
+	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseResponse(resp)
-	req.Header.SetMethod(fasthttp.MethodPost)
-	req.SetRequestURI(fmt.Sprintf("http://%s/v1/jobs/%s/epochs/%d/pin", addr, url.PathEscape(job), epoch))
-	req.Header.Set(forwardedHeader, s.node.Name())
-	if len(s.token) > 0 {
-		req.Header.Set("Authorization", "Bearer "+string(s.token))
-	}
-	if err := s.forwarder.DoTimeout(req, resp, 30*time.Second); err != nil {
+	path := fmt.Sprintf("/v1/jobs/%s/epochs/%d/pin", url.PathEscape(job), epoch)
+	if err := s.callLeader(addr, fasthttp.MethodPost, path, resp, 30*time.Second); err != nil {
 		return nil, fmt.Errorf("%w: pinning epoch: %w", errNoLeader, err)
 	}
 	if resp.StatusCode() != fasthttp.StatusNoContent {
 		return nil, fmt.Errorf("%w: leader answered %d to pin: %s", errNoLeader, resp.StatusCode(), resp.Body())
 	}
-	if idx, err := strconv.ParseUint(string(resp.Header.Peek(appliedHeader)), 10, 64); err == nil {
-		wctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		s.node.Catalog().WaitFor(wctx, func() bool { return s.node.Catalog().AppliedIndex() >= idx })
-		cancel()
-	}
+	s.awaitApplied(resp)
 	return s.node.Plan(job, epoch)
 }
 

@@ -339,15 +339,9 @@ func (s *Server) leaderHas(path string) bool {
 	if addr == "" || s.node.Catalog().IsLeader() {
 		return false
 	}
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
+	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + addr + path)
-	req.Header.Set(forwardedHeader, s.node.Name())
-	if len(s.token) > 0 {
-		req.Header.Set("Authorization", "Bearer "+string(s.token))
-	}
-	return s.forwarder.DoTimeout(req, resp, 5*time.Second) == nil && resp.StatusCode() == fasthttp.StatusOK
+	return s.callLeader(addr, fasthttp.MethodGet, path, resp, 5*time.Second) == nil && resp.StatusCode() == fasthttp.StatusOK
 }
 
 // catalogDelete runs a catalog deletion on the leader (forwarding from a

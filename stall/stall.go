@@ -121,7 +121,7 @@ type Model struct {
 // of the misses at the cold rate and every item at the cached rate.
 // DS-Analyzer's serial mix (hit/Cached + (1-hit)/Cold) is exact only for one
 // worker; with the 8 workers of `cachectl analyze` it over-predicted a
-// half-memory epoch by 7-15%, this model by 2-3% (TestAnalyzePredictsHalfMemory).
+// half-memory epoch by 7-15%, this model by 1-2% (TestAnalyzePredictsHalfMemory).
 // MinIO's hit rate is exactly the cached fraction of the dataset, which makes
 // the model sound for it.
 func (m Model) FetchSeconds(hit float64) float64 {

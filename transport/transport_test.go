@@ -252,6 +252,7 @@ func FuzzReadFrame(f *testing.F) {
 // goroutine, and while it blocks, inline answers on the same connection go on.
 func TestBlockingRequestDoesNotHoldTheConnection(t *testing.T) {
 	release := make(chan struct{})
+	started := make(chan struct{}, connsPerPeer)
 	var inline, blocking atomic.Int64
 	h := func(ctx context.Context, req *Request) ([]Item, error) {
 		if req.Dataset == "slow" {
@@ -260,6 +261,7 @@ func TestBlockingRequestDoesNotHoldTheConnection(t *testing.T) {
 				return nil, ErrWouldBlock
 			}
 			blocking.Add(1)
+			started <- struct{}{}
 			select {
 			case <-release:
 			case <-ctx.Done():
@@ -286,9 +288,8 @@ func TestBlockingRequestDoesNotHoldTheConnection(t *testing.T) {
 			slow <- err
 		}()
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for blocking.Load() < connsPerPeer && time.Now().Before(deadline) {
-		runtime.Gosched()
+	for range connsPerPeer {
+		<-started
 	}
 	for i := range uint32(20) {
 		res, err := c.Get(context.Background(), addr, &Request{Dataset: "fast", Indices: []uint32{i}})
