@@ -18,6 +18,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -54,12 +55,13 @@ type Config struct {
 // Catalog is a raft-replicated registry. Reads are served from the local FSM
 // (possibly a little behind the leader); writes go through the leader.
 type Catalog struct {
-	raft  *raft.Raft
-	fsm   *fsm
-	trans *raft.NetworkTransport
-	store *raftboltdb.BoltStore
-	log   *slog.Logger
-	mu    sync.Mutex
+	raft        *raft.Raft
+	settledTerm atomic.Uint64 // the term settleAsLeader last settled
+	fsm         *fsm
+	trans       *raft.NetworkTransport
+	store       *raftboltdb.BoltStore
+	log         *slog.Logger
+	mu          sync.Mutex
 
 	updMu   sync.Mutex
 	updated chan struct{} // closed and replaced after every applied change
@@ -264,10 +266,38 @@ func (c *Catalog) DeleteDataset(name string) error {
 
 // Dataset returns a committed dataset from the local replica.
 func (c *Catalog) Dataset(name string) (*Dataset, bool) {
+	d, ok := c.dataset(name)
+	if !ok && c.settleAsLeader() {
+		d, ok = c.dataset(name)
+	}
+	return d, ok
+}
+
+func (c *Catalog) dataset(name string) (*Dataset, bool) {
 	c.fsm.mu.RLock()
 	defer c.fsm.mu.RUnlock()
 	d, ok := c.fsm.st.Datasets[name]
 	return d, ok
+}
+
+// settleAsLeader makes sure that this node, when it leads, has applied every
+// entry committed before its term: a new leader, or a lone voter restarted on
+// its log, applies them only once its first entry of the term commits, and
+// would answer "not found" for a dataset it is about to learn of. One barrier
+// per term; false when this node does not lead.
+func (c *Catalog) settleAsLeader() bool {
+	if !c.IsLeader() {
+		return false
+	}
+	term := c.raft.CurrentTerm()
+	if c.settledTerm.Load() == term {
+		return true
+	}
+	if err := c.raft.Barrier(2 * time.Second).Error(); err != nil {
+		return false
+	}
+	c.settledTerm.Store(term)
+	return true
 }
 
 // Datasets lists committed datasets by name.
@@ -304,6 +334,14 @@ func (c *Catalog) DeleteJob(name string) error {
 
 // Job returns a job from the local replica.
 func (c *Catalog) Job(name string) (*Job, bool) {
+	j, ok := c.job(name)
+	if !ok && c.settleAsLeader() {
+		j, ok = c.job(name)
+	}
+	return j, ok
+}
+
+func (c *Catalog) job(name string) (*Job, bool) {
 	c.fsm.mu.RLock()
 	defer c.fsm.mu.RUnlock()
 	j, ok := c.fsm.st.Jobs[name]
