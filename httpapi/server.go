@@ -47,11 +47,14 @@ type Server struct {
 	readers sync.Pool
 	// forwarder carries catalog writes from a follower to the raft leader.
 	forwarder *fasthttp.Client
+	// SendBuffer is each client connection's SO_SNDBUF in bytes (0: kernel
+	// autotuning); set it before Serve. New sets DefaultSendBuffer.
+	SendBuffer int
 }
 
 // New builds the server; token may be empty (no auth).
 func New(n *node.Node, token string, log *slog.Logger) *Server {
-	s := &Server{node: n, token: []byte(token), log: log}
+	s := &Server{node: n, token: []byte(token), log: log, SendBuffer: DefaultSendBuffer}
 	s.metrics = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(n.Registry(), promhttp.HandlerOpts{}))
 	s.readers.New = func() any { return &itemReader{} }
 	s.forwarder = &fasthttp.Client{Name: "stallfree-forward", ReadTimeout: 10 * time.Minute, MaxResponseBodySize: 64 << 20}
@@ -70,7 +73,9 @@ func New(n *node.Node, token string, log *slog.Logger) *Server {
 }
 
 // Serve serves on ln until Shutdown.
-func (s *Server) Serve(ln net.Listener) error { return s.srv.Serve(gatherListener{ln}) }
+func (s *Server) Serve(ln net.Listener) error {
+	return s.srv.Serve(gatherListener{Listener: ln, sendBuffer: s.SendBuffer})
+}
 
 // Shutdown stops accepting and waits for in-flight requests.
 func (s *Server) Shutdown(ctx context.Context) error { return s.srv.ShutdownWithContext(ctx) }

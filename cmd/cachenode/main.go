@@ -62,6 +62,7 @@ func run(args []string) error {
 		peerWait  = fs.Duration("peer-timeout", 2*time.Second, "longest wait for a peer before reading storage instead")
 		logLevel  = fs.String("log-level", "info", "debug, info, warn or error")
 		pprofAddr = fs.String("pprof", "", "serve net/http/pprof on this address (off when empty)")
+		sendBuf   = fs.String("send-buffer", humanize.IBytes(httpapi.DefaultSendBuffer), "kernel send buffer per HTTP connection (0 = autotuning; raise it for links with a bandwidth-delay product over ~1 MiB)")
 		datasets  listFlag
 		allow     listFlag
 	)
@@ -83,6 +84,10 @@ func run(args []string) error {
 	mem, err := humanize.ParseBytes(*memory)
 	if err != nil {
 		return fmt.Errorf("--memory: %w", err)
+	}
+	sndbuf, err := humanize.ParseBytes(*sendBuf)
+	if err != nil || sndbuf > 1<<30 {
+		return fmt.Errorf("--send-buffer: %q: want a size up to 1GiB (%v)", *sendBuf, err)
 	}
 	rate, err := humanize.ParseBytes(*srcRate)
 	if err != nil {
@@ -148,6 +153,7 @@ func run(args []string) error {
 		return fmt.Errorf("--http: %w", err)
 	}
 	srv := httpapi.New(n, token, log)
+	srv.SendBuffer = int(sndbuf)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 	log.Info("serving", "http", ln.Addr().String(), "memory", humanize.IBytes(mem), "policy", *policy, "data_dir", *dataDir)

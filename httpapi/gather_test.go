@@ -1,0 +1,53 @@
+package httpapi
+
+import (
+	"net"
+	"syscall"
+	"testing"
+)
+
+func sendBufferOf(t *testing.T, c net.Conn) int {
+	t.Helper()
+	rc, err := c.(*gatherConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var size int
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		size, serr = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_SNDBUF)
+	}); err != nil || serr != nil {
+		t.Fatal(err, serr)
+	}
+	return size
+}
+
+func acceptOne(t *testing.T, sendBuffer int) net.Conn {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	sc, err := gatherListener{Listener: ln, sendBuffer: sendBuffer}.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sc.Close() })
+	return sc
+}
+
+func TestAcceptedConnectionsGetTheSendBuffer(t *testing.T) {
+	// Linux doubles the requested size to leave room for its bookkeeping.
+	if got := sendBufferOf(t, acceptOne(t, 96<<10)); got != 2*96<<10 {
+		t.Fatalf("SO_SNDBUF = %d, want %d", got, 2*96<<10)
+	}
+	if got := sendBufferOf(t, acceptOne(t, 0)); got == 2*96<<10 {
+		t.Fatalf("SO_SNDBUF = %d with sendBuffer 0, want the kernel default", got)
+	}
+}
