@@ -260,7 +260,7 @@ func (c *cluster) fromOwner(ctx context.Context, owner string, d *catalog.Datase
 		return filled{}, false
 	}
 	c.n.counters.peerBytesIn.Add(uint64(len(res[0].Data)))
-	return filled{data: res[0].Data, sum: res[0].Sum, cache: Peer}, true
+	return filled{data: res[0].Data, sum: res[0].Sum, cache: Peer, recycle: res[0].Recycle}, true
 }
 
 // handoff asks the item's previous owner for it after a ring change, so that
@@ -305,7 +305,7 @@ func (c *cluster) handoffFrom(ctx context.Context, prev string, ring uint64, d *
 		return filled{}, false
 	}
 	c.n.counters.peerBytesIn.Add(uint64(len(res[0].Data)))
-	return filled{data: res[0].Data, sum: res[0].Sum, cache: Peer}, true
+	return filled{data: res[0].Data, sum: res[0].Sum, cache: Peer, recycle: res[0].Recycle}, true
 }
 
 // batchFromOwners fetches the missing positions of out that other members own,

@@ -317,10 +317,20 @@ type Item struct {
 	Sum   uint64
 	Cache Cache
 	ref   store.Ref
+	// recycle hands back the transport buffer Data lives in, when this item
+	// is its only user.
+	recycle func()
 }
 
-// Release unpins store bytes; Data must not be used afterwards.
-func (it *Item) Release() { it.ref.Release() }
+// Release unpins store bytes or recycles the peer's bytes; Data must not be
+// used afterwards.
+func (it *Item) Release() {
+	it.ref.Release()
+	if it.recycle != nil {
+		it.recycle()
+		it.recycle = nil
+	}
+}
 
 // Get returns item index of dataset d: from this node's memory, from the
 // owner's memory over the peer transport, or from storage.
@@ -340,7 +350,7 @@ func (n *Node) Get(ctx context.Context, d *catalog.Dataset, index int) (Item, er
 		return Item{}, err
 	}
 	n.count(f.cache)
-	return Item{Key: key, Data: f.data, Sum: f.sum, Cache: f.cache}, nil
+	return Item{Key: key, Data: f.data, Sum: f.sum, Cache: f.cache, recycle: f.recycle}, nil
 }
 
 func (n *Node) count(c Cache) {
@@ -369,7 +379,7 @@ func (n *Node) resident(k store.Key) (filled, bool) {
 // same time (single flight), unless a flight that just ended left it resident.
 func (n *Node) shared(ctx context.Context, d *catalog.Dataset, index int, fill func(context.Context) (filled, error)) (filled, error) {
 	k := store.MakeKey(d.ID, uint32(index))
-	v, err, _ := n.flight.Do(strconv.FormatUint(uint64(k), 36), func() (any, error) {
+	v, err, shared := n.flight.Do(strconv.FormatUint(uint64(k), 36), func() (any, error) {
 		if f, ok := n.resident(k); ok {
 			return f, nil
 		}
@@ -381,7 +391,13 @@ func (n *Node) shared(ctx context.Context, d *catalog.Dataset, index int, fill f
 	if err != nil {
 		return filled{}, fmt.Errorf("dataset %s item %d: %w", d.Name, index, err)
 	}
-	return v.(filled), nil
+	f := v.(filled)
+	if shared {
+		// Every caller holds these bytes and none knows when the others are
+		// done: leave the buffer to the collector.
+		f.recycle = nil
+	}
+	return f, nil
 }
 
 // fetch gets an item this node does not hold: from its owner, or when this
@@ -423,6 +439,9 @@ type filled struct {
 	data  []byte
 	sum   uint64
 	cache Cache
+	// recycle, when set, hands data's buffer back to the transport; only the
+	// flight's sole caller may call it, once it is done with data.
+	recycle func()
 }
 
 // ReadUncached reads an item from storage and neither admits it nor counts
@@ -511,7 +530,7 @@ func (n *Node) GetManyFor(ctx context.Context, d *catalog.Dataset, indices []int
 				return err
 			}
 			n.count(f.cache)
-			out[j] = Item{Key: d.Manifest.Key(indices[j]), Data: f.data, Sum: f.sum, Cache: f.cache}
+			out[j] = Item{Key: d.Manifest.Key(indices[j]), Data: f.data, Sum: f.sum, Cache: f.cache, recycle: f.recycle}
 			return nil
 		})
 	}

@@ -27,6 +27,19 @@ type Result struct {
 	Data  []byte
 	Sum   uint64
 	Found bool
+	// buf is set when Data is the whole of a pooled buffer this result owns.
+	buf  *payloadBuf
+	pool *bufPool
+}
+
+// Recycle hands the bytes of a single-item fetch back for reuse by later
+// fetches; Data must not be used afterwards. Calling it is optional (an
+// unrecycled buffer is simply collected) and it does nothing the second time.
+func (r *Result) Recycle() {
+	if r.buf != nil {
+		r.pool.put(r.buf)
+		r.buf, r.Data = nil, nil
+	}
 }
 
 // Client fetches items from peers over pooled, multiplexed connections.
@@ -36,6 +49,7 @@ type Client struct {
 	peers  map[string][]*conn
 	next   atomic.Uint64
 	closed bool
+	bufs   bufPool
 }
 
 // NewClient returns a client that authenticates with key.
@@ -66,7 +80,8 @@ func (c *Client) Forget(addr string) {
 }
 
 // Get sends req to the peer at addr and returns one Result per index. Each
-// item's bytes are checked against the checksum the peer sent.
+// item's bytes are checked against the checksum the peer sent. The result of
+// a single-index request may be recycled (Result.Recycle).
 func (c *Client) Get(ctx context.Context, addr string, req *Request) ([]Result, error) {
 	if len(req.Indices) == 0 || len(req.Indices) > MaxItems {
 		return nil, fmt.Errorf("transport: %d indices per request (1..%d)", len(req.Indices), MaxItems)
@@ -79,9 +94,13 @@ func (c *Client) Get(ctx context.Context, addr string, req *Request) ([]Result, 
 	if req.Handoff {
 		h.Flags |= FlagHandoff
 	}
-	resp, payload, err := cn.roundTrip(ctx, h)
+	resp, pb, err := cn.roundTrip(ctx, h)
 	if err != nil {
 		return nil, err
+	}
+	var payload []byte
+	if pb != nil {
+		payload = pb.b
 	}
 	if resp.Status != StatusOK {
 		return nil, fmt.Errorf("transport: peer %s: %s", addr, resp.Err)
@@ -111,6 +130,9 @@ func (c *Client) Get(ctx context.Context, addr string, req *Request) ([]Result, 
 		cn.fail(ErrFrame)
 		return nil, fmt.Errorf("%w: %d stray payload bytes", ErrFrame, int64(len(payload))-off)
 	}
+	if len(out) == 1 && out[0].Found {
+		out[0].buf, out[0].pool = pb, &c.bufs
+	}
 	return out, nil
 }
 
@@ -135,7 +157,7 @@ func (c *Client) conn(ctx context.Context, addr string) (*conn, error) {
 	}
 	c.mu.Unlock()
 
-	cn, err := dial(ctx, addr, c.key)
+	cn, err := dial(ctx, addr, c.key, &c.bufs)
 	if err != nil {
 		return nil, err
 	}
@@ -151,7 +173,7 @@ func (c *Client) conn(ctx context.Context, addr string) (*conn, error) {
 
 type response struct {
 	h       *Header
-	payload []byte
+	payload *payloadBuf
 	err     error
 }
 
@@ -166,9 +188,10 @@ type conn struct {
 	nextID  uint64
 	dead    atomic.Bool
 	err     error
+	bufs    *bufPool
 }
 
-func dial(ctx context.Context, addr string, key []byte) (*conn, error) {
+func dial(ctx context.Context, addr string, key []byte, bufs *bufPool) (*conn, error) {
 	d := net.Dialer{Timeout: DialTimeout}
 	dctx, cancel := context.WithTimeout(ctx, DialTimeout+handshakeTTL)
 	defer cancel()
@@ -184,14 +207,14 @@ func dial(ctx context.Context, addr string, key []byte) (*conn, error) {
 		return nil, fmt.Errorf("transport: %s: %w", addr, err)
 	}
 	nc.SetDeadline(time.Time{})
-	cn := &conn{nc: nc, bw: bufio.NewWriterSize(nc, 64<<10), pending: map[uint64]chan response{}}
+	cn := &conn{nc: nc, bw: bufio.NewWriterSize(nc, 64<<10), pending: map[uint64]chan response{}, bufs: bufs}
 	go cn.readLoop(bufio.NewReaderSize(nc, 64<<10))
 	return cn, nil
 }
 
 func (cn *conn) readLoop(br *bufio.Reader) {
 	for {
-		h, payload, err := readFrame(br, MaxPayload)
+		h, payload, err := readFrame(br, MaxPayload, cn.bufs)
 		if err != nil {
 			cn.fail(err)
 			return
@@ -222,7 +245,7 @@ func (cn *conn) fail(err error) {
 	}
 }
 
-func (cn *conn) roundTrip(ctx context.Context, h *Header) (*Header, []byte, error) {
+func (cn *conn) roundTrip(ctx context.Context, h *Header) (*Header, *payloadBuf, error) {
 	ch := make(chan response, 1)
 	cn.mu.Lock()
 	if cn.dead.Load() {

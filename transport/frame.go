@@ -121,9 +121,10 @@ func writeFrameTo(conn net.Conn, w *bufio.Writer, h *Header, payload [][]byte) e
 	return w.Flush()
 }
 
-// readFrame reads one frame. The payload is read into a fresh buffer only
-// after its declared length has been checked against maxPayload.
-func readFrame(r *bufio.Reader, maxPayload uint64) (*Header, []byte, error) {
+// readFrame reads one frame. The payload is read into a buffer from alloc
+// (nil: a fresh one) only after its declared length has been checked against
+// maxPayload.
+func readFrame(r *bufio.Reader, maxPayload uint64, alloc *bufPool) (*Header, *payloadBuf, error) {
 	var pre [prefixLen]byte
 	if _, err := io.ReadFull(r, pre[:]); err != nil {
 		return nil, nil, err
@@ -144,12 +145,17 @@ func readFrame(r *bufio.Reader, maxPayload uint64) (*Header, []byte, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	var payload []byte
-	if plen > 0 {
-		payload = make([]byte, plen)
-		if _, err := io.ReadFull(r, payload); err != nil {
-			return nil, nil, err
-		}
+	if plen == 0 {
+		return h, nil, nil
+	}
+	var payload *payloadBuf
+	if alloc != nil {
+		payload = alloc.get(int(plen))
+	} else {
+		payload = &payloadBuf{b: make([]byte, plen)}
+	}
+	if _, err := io.ReadFull(r, payload.b); err != nil {
+		return nil, nil, err
 	}
 	return h, payload, nil
 }

@@ -128,7 +128,7 @@ func (s *Server) serveConn(c net.Conn) {
 	for {
 		c.SetReadDeadline(time.Now().Add(idleTimeout))
 		// Requests carry no payload: any declared payload is a protocol error.
-		h, _, err := readFrame(br, 0)
+		h, _, err := readFrame(br, 0, nil)
 		if err != nil {
 			if !errors.Is(err, net.ErrClosed) && s.ctx.Err() == nil && !isEOF(err) {
 				s.log.Warn("dropping peer connection", "remote", c.RemoteAddr().String(), "err", err)

@@ -213,12 +213,12 @@ func TestHeaderRoundTrip(t *testing.T) {
 	if err := writeFrame(bw, h, [][]byte{[]byte("hello")}); err != nil {
 		t.Fatal(err)
 	}
-	got, payload, err := readFrame(bufio.NewReader(&buf), MaxPayload)
+	got, payload, err := readFrame(bufio.NewReader(&buf), MaxPayload, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fmt.Sprint(got) != fmt.Sprint(h) || string(payload) != "hello" {
-		t.Fatalf("got %+v %q", got, payload)
+	if fmt.Sprint(got) != fmt.Sprint(h) || string(payload.b) != "hello" {
+		t.Fatalf("got %+v %q", got, payload.b)
 	}
 }
 
@@ -229,7 +229,7 @@ func FuzzReadFrame(f *testing.F) {
 	f.Add(buf.Bytes())
 	f.Add([]byte{0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0x93, 1, 2})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		h, _, err := readFrame(bufio.NewReader(bytes.NewReader(b)), 1<<20)
+		h, _, err := readFrame(bufio.NewReader(bytes.NewReader(b)), 1<<20, &bufPool{})
 		if err != nil {
 			return
 		}
@@ -241,7 +241,7 @@ func FuzzReadFrame(f *testing.F) {
 		if err := writeFrame(bufio.NewWriter(&out), h, nil); err != nil {
 			t.Fatal(err)
 		}
-		h2, _, err := readFrame(bufio.NewReader(&out), 0)
+		h2, _, err := readFrame(bufio.NewReader(&out), 0, nil)
 		if err != nil || fmt.Sprint(h2) != fmt.Sprint(h) {
 			t.Fatalf("round trip: %v %+v vs %+v", err, h2, h)
 		}
@@ -305,5 +305,89 @@ func TestBlockingRequestDoesNotHoldTheConnection(t *testing.T) {
 	}
 	if inline.Load() != connsPerPeer || blocking.Load() != connsPerPeer {
 		t.Fatalf("slow requests: %d inline tries, %d blocking calls; want %d each", inline.Load(), blocking.Load(), connsPerPeer)
+	}
+}
+
+func TestPayloadClasses(t *testing.T) {
+	for _, tc := range []struct {
+		size, class int
+		ok          bool
+	}{{1, 0, true}, {4096, 0, true}, {4097, 1, true}, {110 << 10, 5, true}, {128 << 10, 5, true}, {4 << 20, 10, true}, {4<<20 + 1, 0, false}} {
+		c, ok := classOf(tc.size)
+		if ok != tc.ok || (ok && c != tc.class) {
+			t.Errorf("classOf(%d) = %d, %v; want %d, %v", tc.size, c, ok, tc.class, tc.ok)
+		}
+	}
+	var p bufPool
+	big := p.get(4<<20 + 1)
+	if len(big.b) != 4<<20+1 {
+		t.Fatalf("len %d", len(big.b))
+	}
+	p.put(big) // dropped: no class holds it
+	if got := p.get(4<<20 + 1); got == big {
+		t.Fatal("an unpooled size came back from the pool")
+	}
+}
+
+func TestRecycledBufferIsReused(t *testing.T) {
+	var p bufPool
+	first := p.get(110 << 10)
+	if len(first.b) != 110<<10 || cap(first.b) != 128<<10 {
+		t.Fatalf("len %d cap %d", len(first.b), cap(first.b))
+	}
+	// sync.Pool may drop what it is given (always possible, and on purpose
+	// under -race), so give it several chances.
+	for range 100 {
+		p.put(first)
+		if next := p.get(100 << 10); next == first {
+			if len(next.b) != 100<<10 {
+				t.Fatalf("reused buffer has len %d", len(next.b))
+			}
+			return
+		}
+	}
+	t.Fatal("a recycled buffer was never handed out again")
+}
+
+func TestRecycledResultsStayExact(t *testing.T) {
+	addr, _ := serve(t, key)
+	c := NewClient(key)
+	defer c.Close()
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for n := range 200 {
+				i := uint32(g*200 + n)
+				if i == 999 { // not held by serve
+					continue
+				}
+				res, err := c.Get(context.Background(), addr, &Request{Dataset: "d", Indices: []uint32{i}})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if !bytes.Equal(res[0].Data, itemBytes(i)) {
+					t.Errorf("item %d: wrong bytes", i)
+					return
+				}
+				res[0].Recycle()
+				res[0].Recycle() // a second call must be harmless
+				if res[0].Data != nil {
+					t.Error("Data still set after Recycle")
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	// Results of a several-index request share one buffer and own none of it.
+	res, err := c.Get(context.Background(), addr, &Request{Dataset: "d", Indices: []uint32{3, 4}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res[0].Recycle()
+	if !bytes.Equal(res[0].Data, itemBytes(3)) || !bytes.Equal(res[1].Data, itemBytes(4)) {
+		t.Fatal("Recycle touched a result that shares its buffer")
 	}
 }
