@@ -208,7 +208,9 @@ func dial(ctx context.Context, addr string, key []byte, bufs *bufPool) (*conn, e
 	}
 	nc.SetDeadline(time.Time{})
 	cn := &conn{nc: nc, bw: bufio.NewWriterSize(nc, 64<<10), pending: map[uint64]chan response{}, bufs: bufs}
-	go cn.readLoop(bufio.NewReaderSize(nc, 64<<10))
+	// A small read buffer: payload bytes beyond it go straight from the
+	// socket into the payload buffer instead of being copied through it.
+	go cn.readLoop(bufio.NewReaderSize(nc, 4<<10))
 	return cn, nil
 }
 
