@@ -24,7 +24,10 @@ type proc struct {
 
 func startProc(name string, logTo string, bin string, args ...string) (*proc, error) {
 	cmd := exec.Command(bin, args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Its own process group, so stop can end nginx's workers with it; and
+	// told to stop if this benchmark dies (Ctrl-C, kill), which skips the
+	// deferred stops and would leave servers running.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 	if logTo != "" {
 		f, err := os.Create(logTo)
 		if err != nil {
