@@ -25,6 +25,9 @@ type Target struct {
 	Addr  string
 	PIDs  func() []int // server processes whose CPU is charged to the target
 	Items int          // items per request (64 for a batch)
+	// Parts names the server processes whose CPU is also reported one by one
+	// (the requester and the owner of a peer hit).
+	Parts map[string]func() []int
 	// do sends one request on a connection and returns the payload bytes read.
 	do func(c *conn, r *rand.Rand) (int, error)
 }
@@ -49,6 +52,8 @@ type Result struct {
 	P50us       float64 `json:"p50_us"`
 	P99us       float64 `json:"p99_us"`
 	CPUusPerReq float64 `json:"server_cpu_us_per_req"`
+	// CPUParts is CPUusPerReq for each of Target.Parts.
+	CPUParts map[string]float64 `json:"server_cpu_us_per_req_by_part,omitempty"`
 }
 
 // Run sends load with conc connections for d and measures it.
@@ -63,6 +68,10 @@ func Run(t *Target, conc int, d time.Duration) (Result, error) {
 		defer nc.Close()
 	}
 	cpu0 := cpuTicks(t.PIDs())
+	parts0 := map[string]int64{}
+	for name, pids := range t.Parts {
+		parts0[name] = cpuTicks(pids())
+	}
 	start := time.Now()
 	deadline := start.Add(d)
 	var wg sync.WaitGroup
@@ -90,6 +99,10 @@ func Run(t *Target, conc int, d time.Duration) (Result, error) {
 	wg.Wait()
 	el := time.Since(start).Seconds()
 	cpu1 := cpuTicks(t.PIDs())
+	parts1 := map[string]int64{}
+	for name, pids := range t.Parts {
+		parts1[name] = cpuTicks(pids())
+	}
 	var all []time.Duration
 	var total int64
 	res := Result{Target: t.Name, Conc: conc, Seconds: el}
@@ -107,7 +120,14 @@ func Run(t *Target, conc int, d time.Duration) (Result, error) {
 	if len(all) > 0 {
 		res.P50us = float64(all[len(all)/2].Microseconds())
 		res.P99us = float64(all[len(all)*99/100].Microseconds())
-		res.CPUusPerReq = float64(cpu1-cpu0) / clkTck * 1e6 / float64(res.Requests)
+		perReq := func(ticks int64) float64 { return float64(ticks) / clkTck * 1e6 / float64(res.Requests) }
+		res.CPUusPerReq = perReq(cpu1 - cpu0)
+		for name := range t.Parts {
+			if res.CPUParts == nil {
+				res.CPUParts = map[string]float64{}
+			}
+			res.CPUParts[name] = perReq(parts1[name] - parts0[name])
+		}
 	}
 	if res.Errors > 0 && res.Requests == 0 {
 		return res, fmt.Errorf("%s: every request failed", t.Name)

@@ -43,6 +43,10 @@ func WriteReport(rep *Report, out, doc string) error {
 	for _, k := range []string{"local_vs_nginx", "local_vs_memcached", "peer_vs_local", "batch_vs_single", "local_vs_raw_tcp"} {
 		w("| %s | %.2f | %s |\n", k, rep.Ratios[k], goal[k])
 	}
+	if parts := m["stallfree-peer"].CPUParts; parts != nil {
+		w("\nServer CPU of a peer hit by node: requester %.1f µs, owner %.1f µs per request (a local hit on the same node: %.1f µs).\n",
+			parts["requester"], parts["owner"], m["stallfree-local-2node"].CPUusPerReq)
+	}
 	w("\n`peer_vs_local` compares, on one node of a 2-node cluster, items the other node owns with items it owns;\n")
 	w("`batch_vs_single` compares items/s of 64-item batch requests with single GETs on the same node.\n\n")
 	w("![throughput vs concurrency](%s)\n\n", filepath.Join(out, "throughput_vs_concurrency.png"))
@@ -193,14 +197,37 @@ Profiles: ` + "`cachenode --pprof 127.0.0.1:6061`" + ` under wrk or ` + "`sfbenc
   hit, 24 of them the writev. The requester's ~85 µs: writev to the client 24, reading the frame 13.5,
   checking its xxhash64 9.5, allocating and zeroing the item buffer 7, the 60-byte request write 8 (loopback
   runs the receiver's TCP work in the sender's syscall), the rest fasthttp and scheduling. Peer/local stayed
-  at 0.36–0.43 in A/B runs (the noise is larger than the change). What would move it: splicing the owner's
-  frame from socket to socket on the requester (no copy, but no checksum check there either), or pooled
-  receive buffers (−7 µs, with reference counting across single-flight waiters). Not done yet.
+  at 0.36–0.43 in A/B runs (the noise is larger than the change).
+- A system-wide ` + "`perf record -a -e cpu-clock -g`" + ` of peer hits (a later session) put 7.1% of all CPU in
+  ` + "`runtime.memclrNoHeapPointers`" + `: every fetch zeroed a fresh 110 KiB buffer in memory that had left the caches
+  (the heap headroom is 128 MiB). **Kept:** single-item fetches read into buffers from a size-classed pool and
+  hand them back when the response has been written (` + "`transport/bufpool.go`" + `, ` + "`Item.Release`" + `); when a
+  single flight shared the bytes with other callers, none recycles them. 10.3–11k → 13–14k req/s, peer/local
+  0.33–0.36 → 0.41–0.45 in A/B runs. The peer connections' 64 KiB read buffer copied up to 64 KiB of each
+  payload through it; 4 KiB now (inside the noise, kept as the smaller copy).
+- Where a peer hit's CPU goes now (the per-node figures above): the owner spends what a local hit costs, the
+  requester about twice that (receive 110 KiB, check its xxhash64, send it on). On one host the client, both
+  nodes and the kernel's work for all three share two cores, so with a client costing ~20 µs per request the
+  0.7 goal needs both nodes together under ~53 µs per peer hit, less than two local hits. Not reachable by
+  tuning here; ` + "`splice(2)`" + ` from the owner's socket through a pipe to the client would save ~10 µs of copies
+  (measured in a scratch program: 41.5 → 31.5 µs per relayed 110 KiB) but gives up the requester's checksum
+  check, so it was not done. On separate machines the owner's share runs elsewhere.
 - Dataset names were checked with a regexp on every request (2% of a local hit's CPU); now by hand, fuzzed
   against the regexp (` + "`FuzzValidName`" + `).
 - Batches copied all 64 items into one 7 MiB buffer. **Kept:** the msgpack framing is built apart and the items
-  go out with the framing in one writev: 24 µs of server CPU per item against 32 µs for single GETs. Runs vary
-  between 1.27x and 1.6x in items/s; the floor is the copy of the bytes (raw TCP: 20 µs per item).
+  go out with the framing in one writev: 24 µs of server CPU per item against 32 µs for single GETs, 1.27–1.42x
+  in items/s. Then (a later session) a scratch program streaming 7 MB responses over 16 loopback connections
+  moved 4.5 GB/s with the kernel's send-buffer autotuning and 11 GB/s with SO_SNDBUF fixed at 128–256 KiB: with
+  up to 4 MiB queued per connection, the receiver copies bytes that left the CPU caches long ago. **Kept:**
+  ` + "`--send-buffer`" + `, 512 KiB by default, on every HTTP connection: batch64 36–42k → 51–58k items/s
+  (` + "`sfbench -only stallfree-local,stallfree-batch64`" + `, 256 KiB: 49k, 1–2 MiB: 36–41k), single GETs unchanged.
+  A fixed buffer caps one connection's throughput near buffer/RTT, so links with a bandwidth-delay product over
+  ~1 MiB want a larger value or 0 (autotuning).
+- Local hits against memcached (a later session, ` + "`perf record -a`" + `): both spend the same time per request in
+  ` + "`_copy_from_iter`" + ` (the one copy of the item into the socket); memcached's server CPU is 24–27 µs and the
+  node's 30–33 µs, the difference spread over the Go runtime's scheduling and netpoller (no function above 1%),
+  and the machine sat idle 9% of the time with the node against 5% with memcached. Nothing there to cut
+  without leaving Go's runtime.
 - Transparent huge pages are advised for the arena (random reads across GiBs); its effect was inside the noise.
   GOMAXPROCS=1 for the node was worse (33–44 µs/req against 31–35 µs with 2) and was not kept.
 - This machine is a shared VM: three full runs in one session gave local/nginx 1.02, 0.86 and 0.88,

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -181,11 +182,13 @@ func Main(c Config) (*Report, error) {
 		b, _ := json.Marshal(map[string][]int{"indices": idx})
 		return b
 	}
+	peer := HTTPGet("stallfree-peer", b.http, func() []int { return append(b.pids(), cc.pids()...) }, itemPaths(ownC), "")
+	peer.Parts = map[string]func() []int{"requester": b.pids, "owner": cc.pids}
 	targets := []*Target{
 		HTTPGet("stallfree-local", a.http, a.pids, itemPaths(keys), ""),
 		HTTPGet("nginx", ngxAddr, ngx.pids, nginxPaths, ""),
 		Memcached("memcached", mcAddr, mc.pids, keys),
-		HTTPGet("stallfree-peer", b.http, func() []int { return append(b.pids(), cc.pids()...) }, itemPaths(ownC), ""),
+		peer,
 		HTTPGet("stallfree-local-2node", b.http, func() []int { return append(b.pids(), cc.pids()...) }, itemPaths(ownB), ""),
 		HTTPPost("stallfree-batch64", a.http, a.pids, "/v1/datasets/bench/batch", 64, "", batchBody),
 		RawTCP("raw-tcp", rawAddr, raw.pids, c.Size),
@@ -205,8 +208,8 @@ func Main(c Config) (*Report, error) {
 				return nil, err
 			}
 			rep.Runs = append(rep.Runs, res)
-			c.logf("round %d %-22s %8.0f req/s %8.0f items/s %7.0f MB/s p50 %5.0fµs p99 %6.0fµs cpu %5.1fµs/req err %d",
-				round, t.Name, res.ReqPerSec, res.ItemsPerSec, res.MBPerSec, res.P50us, res.P99us, res.CPUusPerReq, res.Errors)
+			c.logf("round %d %-22s %8.0f req/s %8.0f items/s %7.0f MB/s p50 %5.0fµs p99 %6.0fµs cpu %5.1fµs/req err %d%s",
+				round, t.Name, res.ReqPerSec, res.ItemsPerSec, res.MBPerSec, res.P50us, res.P99us, res.CPUusPerReq, res.Errors, partsText(res.CPUParts))
 		}
 	}
 	for _, t := range targets {
@@ -263,6 +266,15 @@ func Main(c Config) (*Report, error) {
 	return rep, nil
 }
 
+// partsText renders per-process CPU for the log, in a stable order.
+func partsText(parts map[string]float64) string {
+	var b strings.Builder
+	for _, k := range slices.Sorted(maps.Keys(parts)) {
+		fmt.Fprintf(&b, " %s %.1fµs", k, parts[k])
+	}
+	return b.String()
+}
+
 func median(runs []Result, name string) Result {
 	var rs []Result
 	for _, r := range runs {
@@ -281,7 +293,14 @@ func median(runs []Result, name string) Result {
 		sort.Float64s(v)
 		return v[len(v)/2]
 	}
-	return Result{Target: name, Conc: rs[0].Conc,
+	var parts map[string]float64
+	for part := range rs[0].CPUParts {
+		if parts == nil {
+			parts = map[string]float64{}
+		}
+		parts[part] = pick(func(r Result) float64 { return r.CPUParts[part] })
+	}
+	return Result{Target: name, Conc: rs[0].Conc, CPUParts: parts,
 		ReqPerSec:   pick(func(r Result) float64 { return r.ReqPerSec }),
 		ItemsPerSec: pick(func(r Result) float64 { return r.ItemsPerSec }),
 		MBPerSec:    pick(func(r Result) float64 { return r.MBPerSec }),
