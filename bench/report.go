@@ -226,13 +226,17 @@ Profiles: ` + "`cachenode --pprof 127.0.0.1:6061`" + ` under wrk or ` + "`sfbenc
 - Local hits against memcached (a later session, ` + "`perf record -a`" + `): both spend the same time per request in
   ` + "`_copy_from_iter`" + ` (the one copy of the item into the socket); memcached's server CPU is 24–27 µs and the
   node's 30–33 µs, the difference spread over the Go runtime's scheduling and netpoller (no function above 1%),
-  and the machine sat idle 9% of the time with the node against 5% with memcached. Nothing there to cut
-  without leaving Go's runtime.
+  and the machine sat idle 9% of the time with the node against 5% with memcached. Syscall counts
+  (` + "`perf stat -e 'syscalls:sys_enter_*'`" + `): memcached makes one read and one sendmsg per request and waits in
+  epoll before reading; Go's edge-triggered netpoller makes the node try a read that fails with EAGAIN before
+  parking, two reads per request. Both are the runtime's, not the node's; not changed.
 - Transparent huge pages are advised for the arena (random reads across GiBs); its effect was inside the noise.
   GOMAXPROCS=1 for the node was worse (33–44 µs/req against 31–35 µs with 2) and was not kept.
 - This machine is a shared VM: three full runs in one session gave local/nginx 1.02, 0.86 and 0.88,
   local/memcached 0.87, 0.86 and 0.75, peer/local 0.40, 0.39 and 0.43, batch/single 1.35, 1.30 and 1.27, and
-  nginx itself moved between 25.7 and 32.1 µs of CPU per request. The run above (a later session) gave 1.00,
-  0.94, 0.36 and 1.42; the one before it saw nginx collapse to 505 req/s with 0.5 s tail latencies in its
-  last round and was discarded. Compare within one run.
+  nginx itself moved between 25.7 and 32.1 µs of CPU per request. A run in the next session gave 1.00, 0.94,
+  0.36 and 1.42 (the one before it saw nginx collapse to 505 req/s with 0.5 s tail latencies in its last
+  round and was discarded). The run above, after the send buffer and the pooled peer buffers, gave 0.91, 0.83,
+  0.43 and 1.68; that day the same machine gave nginx 20 µs of CPU per request and raw TCP 49k req/s, against
+  26–32 µs and 30k before. Compare within one run.
 `
