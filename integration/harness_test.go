@@ -57,8 +57,12 @@ type proc struct {
 	dataDir                  string
 	args                     []string
 	cmd                      *exec.Cmd
+	exited                   chan struct{} // closed once cmd has exited and its output is all in log
 	log                      *bytes.Buffer
 	c                        *client.Client
+	token                    string
+	fixedGossip              bool // the test chose the gossip address, so it must not change
+	started                  bool // has run before: other nodes may know its addresses
 }
 
 type nodeOpts struct {
@@ -74,20 +78,15 @@ type nodeOpts struct {
 
 func startNode(t *testing.T, o nodeOpts) *proc {
 	t.Helper()
-	gossip := o.gossip
-	if gossip == "" {
-		gossip = freePort(t, "127.0.0.1")
-	}
-	p := &proc{t: t, name: o.name, http: freePort(t, "127.0.0.1"), peer: freePort(t, "127.0.0.1"),
-		gossip: gossip, raft: freePort(t, "127.0.0.1"), dataDir: t.TempDir()}
+	p := &proc{t: t, name: o.name, gossip: o.gossip, fixedGossip: o.gossip != "", dataDir: t.TempDir()}
 	if o.memory == "" {
 		o.memory = "256MiB"
 	}
 	if o.policy == "" {
 		o.policy = "minio"
 	}
-	p.args = []string{"--name", o.name, "--http", p.http, "--peer", p.peer, "--gossip", p.gossip, "--raft", p.raft,
-		"--data-dir", p.dataDir, "--memory", o.memory, "--policy", o.policy, "--fast-timers", "--log-level", "warn"}
+	p.args = []string{"--name", o.name, "--data-dir", p.dataDir, "--memory", o.memory, "--policy", o.policy,
+		"--fast-timers", "--log-level", "warn"}
 	if o.bootstrap {
 		p.args = append(p.args, "--bootstrap")
 	}
@@ -104,31 +103,71 @@ func startNode(t *testing.T, o nodeOpts) *proc {
 		token = strings.TrimSpace(string(b))
 	}
 	p.args = append(p.args, o.extra...)
-	p.c = client.New(p.http, token)
+	p.token = token
+	p.pickPorts()
+	t.Cleanup(p.stop) // before start, so a node that fails to start is stopped and its log shown
 	p.start()
-	t.Cleanup(p.stop)
 	return p
+}
+
+// pickPorts chooses free loopback ports for every listener the test did not fix.
+func (p *proc) pickPorts() {
+	p.http, p.peer, p.raft = freePort(p.t, "127.0.0.1"), freePort(p.t, "127.0.0.1"), freePort(p.t, "127.0.0.1")
+	if !p.fixedGossip {
+		p.gossip = freePort(p.t, "127.0.0.1")
+	}
+	p.c = client.New(p.http, p.token)
 }
 
 func (p *proc) start() {
 	p.t.Helper()
-	p.log = &bytes.Buffer{}
-	p.cmd = exec.Command(filepath.Join(binDir, "cachenode"), p.args...)
-	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
-	if err := p.cmd.Start(); err != nil {
-		p.t.Fatal(err)
+	for attempt := 1; ; attempt++ {
+		p.log = &bytes.Buffer{}
+		args := append([]string{"--http", p.http, "--peer", p.peer, "--gossip", p.gossip, "--raft", p.raft}, p.args...)
+		cmd := exec.Command(filepath.Join(binDir, "cachenode"), args...)
+		cmd.Stdout, cmd.Stderr = p.log, p.log
+		if err := cmd.Start(); err != nil {
+			p.t.Fatal(err)
+		}
+		exited := make(chan struct{})
+		go func() { cmd.Wait(); close(exited) }()
+		p.cmd, p.exited = cmd, exited
+		healthy := awaitCond(30*time.Second, func() bool {
+			select {
+			case <-exited:
+				return true
+			default:
+			}
+			_, err := p.c.Stats(context.Background())
+			return err == nil
+		})
+		select {
+		case <-exited:
+			// A port picked free can be taken by another process's outgoing
+			// connection before the node binds it. A node nobody knows yet
+			// can move; a restarted one must keep its addresses.
+			if !p.started && attempt < 3 && strings.Contains(p.log.String(), "address already in use") {
+				p.t.Logf("%s: a port was taken meanwhile; new ports (attempt %d)", p.name, attempt+1)
+				p.pickPorts()
+				continue
+			}
+			p.cmd = nil
+			p.t.Fatalf("%s exited during start:\n%s", p.name, p.log.String())
+		default:
+		}
+		if !healthy {
+			p.t.Fatalf("timed out after 30s waiting for %s healthy", p.name)
+		}
+		p.started = true
+		return
 	}
-	waitFor(p.t, 30*time.Second, p.name+" healthy", func() bool {
-		_, err := p.c.Stats(context.Background())
-		return err == nil
-	})
 }
 
 // kill sends SIGKILL: no goodbye to the cluster, no flushing.
 func (p *proc) kill() {
-	if p.cmd != nil && p.cmd.Process != nil {
+	if p.cmd != nil {
 		p.cmd.Process.Signal(syscall.SIGKILL)
-		p.cmd.Wait()
+		<-p.exited
 	}
 	p.cmd = nil
 }
@@ -138,13 +177,11 @@ func (p *proc) stop() {
 		return
 	}
 	p.cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() { p.cmd.Wait(); close(done) }()
 	select {
-	case <-done:
+	case <-p.exited:
 	case <-time.After(15 * time.Second):
 		p.cmd.Process.Kill()
-		<-done
+		<-p.exited
 	}
 	if p.t.Failed() {
 		p.t.Logf("log of %s:\n%s", p.name, p.log.String())
@@ -155,13 +192,21 @@ func (p *proc) stop() {
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
+	if !awaitCond(d, cond) {
+		t.Fatalf("timed out after %v waiting for %s", d, what)
+	}
+}
+
+// awaitCond polls cond until it holds (true) or d passes (false).
+func awaitCond(d time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
+			return false
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	return true
 }
 
 // dataset writes n random files and returns the directory and contents.
