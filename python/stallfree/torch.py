@@ -35,9 +35,26 @@ class CachedDataset(torch.utils.data.Dataset):
     def __len__(self):
         return self._len
 
+    # Items of one batch request (the node's limit is 4096).
+    max_batch = 4096
+
     def __getitem__(self, i):
+        if isinstance(i, (list, tuple)):
+            return self.__getitems__(i)
         data = self.client.index(self.name, int(i))
         return self.transform(data) if self.transform else data
+
+    def __getitems__(self, indices):
+        """Several samples with one request per ``max_batch`` items instead
+        of one per sample: a node serves 64-item batches at ~1.7x the items/s of
+        single GETs (BENCHMARKS.md). torch >= 2.0 DataLoaders call this with
+        each minibatch; on older torch, pass ``sampler=BatchSampler(...)`` and
+        ``batch_size=None`` so that ``__getitem__`` receives the list."""
+        out = []
+        for start in range(0, len(indices), self.max_batch):
+            chunk = [int(i) for i in indices[start:start + self.max_batch]]
+            out.extend(data for _, data in self.client.batch(self.name, chunk))
+        return [self.transform(d) for d in out] if self.transform else out
 
 
 class LocalitySampler(torch.utils.data.Sampler):

@@ -126,6 +126,32 @@ class LoaderTest(unittest.TestCase):
         metrics = Client(url1).request("GET", "/metrics")[1].decode()
         self.assertIn("stallfree_loader_wait_seconds", metrics)
 
+    def test_minibatches_in_one_request(self):
+        (n1, url1), (n2, url2) = self.cluster.nodes
+        c = Client(url1)
+        wait_until(lambda: c.json("PUT", "/v1/datasets/ds", {"source": self.data}), 30, "registration")
+        c.json("PUT", "/v1/jobs/batched", {"dataset": "ds", "seed": 3, "world_size": 2, "batch_size": 16, "ranks": [n1, n2]})
+        sampler = LocalitySampler(url1, "batched", 0)
+        order = list(iter(sampler))
+
+        # In this process: count the requests one epoch takes.
+        dataset = CachedDataset(url1, "ds")
+        dataset.max_batch = 10  # minibatches of 16 split into 10 + 6
+        calls = []
+        request = dataset.client.request
+        dataset.client.request = lambda *a, **kw: calls.append(a[:2]) or request(*a, **kw)
+        batches = torch.utils.data.BatchSampler(sampler, batch_size=16, drop_last=False)
+        loader = torch.utils.data.DataLoader(dataset, sampler=batches, batch_size=None, collate_fn=list)
+        samples = [s for batch in loader for s in batch]
+        self.assertEqual(samples, [self.files[self.keys[i]] for i in order])
+        self.assertEqual(len(calls), sum((len(b) + 9) // 10 for b in batches))
+        self.assertTrue(all(method == "POST" and path.endswith("/batch") for method, path in calls), calls[:3])
+
+        # Worker processes, the way training runs it.
+        loader = torch.utils.data.DataLoader(CachedDataset(url1, "ds", transform=len), sampler=batches,
+                                             batch_size=None, num_workers=2, collate_fn=list)
+        self.assertEqual([n for batch in loader for n in batch], [len(self.files[self.keys[i]]) for i in order])
+
     def test_failover_to_another_node(self):
         (_, url1), (_, url2) = self.cluster.nodes
         c = Client(url2)
