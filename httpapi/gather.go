@@ -15,7 +15,8 @@ const gatherMin = 8 << 10
 // out bytes that left the CPU caches long ago: `sfbench -only
 // stallfree-local,stallfree-batch64` measured 36-42k batch items/s with
 // autotuning or 1-2 MiB, 49k with 256 KiB, 51-58k with 512 KiB (the kernel
-// doubles it), and no change for single items. Links whose bandwidth-delay
+// doubles it), and no change for single items; bench's
+// BenchmarkBatchSendBuffer shows the same without a node. Links whose bandwidth-delay
 // product exceeds ~1 MiB want more (or 0: autotuning).
 const DefaultSendBuffer = 512 << 10
 

@@ -47,7 +47,24 @@ func TestAcceptedConnectionsGetTheSendBuffer(t *testing.T) {
 	if got := sendBufferOf(t, acceptOne(t, 96<<10)); got != 2*96<<10 {
 		t.Fatalf("SO_SNDBUF = %d, want %d", got, 2*96<<10)
 	}
-	if got := sendBufferOf(t, acceptOne(t, 0)); got == 2*96<<10 {
-		t.Fatalf("SO_SNDBUF = %d with sendBuffer 0, want the kernel default", got)
+	// 0 must leave the socket exactly as the kernel made it.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	plain, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	want := sendBufferOf(t, &gatherConn{TCPConn: plain.(*net.TCPConn)})
+	if got := sendBufferOf(t, acceptOne(t, 0)); got != want {
+		t.Fatalf("SO_SNDBUF = %d with sendBuffer 0, want the kernel default %d", got, want)
 	}
 }

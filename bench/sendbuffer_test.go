@@ -1,0 +1,91 @@
+package bench
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+// BenchmarkBatchSendBuffer streams 64-item batch responses (7 MB) over 16
+// loopback connections with the server's send buffer left to autotuning (0)
+// or fixed, as `cachenode --send-buffer` does. It chose the 512 KiB default:
+//
+//	go test -run '^$' -bench BatchSendBuffer -benchtime 2000x ./bench
+func BenchmarkBatchSendBuffer(b *testing.B) {
+	const (
+		conns = 16
+		size  = 64 * 110 << 10
+	)
+	data := make([]byte, size)
+	for _, sndbuf := range []int{0, 256 << 10, 512 << 10, 2 << 20} {
+		b.Run(fmt.Sprintf("sndbuf=%d", sndbuf), func(b *testing.B) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer ln.Close()
+			go func() {
+				for {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					if sndbuf > 0 {
+						c.(*net.TCPConn).SetWriteBuffer(sndbuf)
+					}
+					go func() {
+						defer c.Close()
+						one := make([]byte, 1)
+						for {
+							if _, err := io.ReadFull(c, one); err != nil {
+								return
+							}
+							if _, err := c.Write(data); err != nil {
+								return
+							}
+						}
+					}()
+				}
+			}()
+			var left atomic.Int64
+			left.Store(int64(b.N))
+			var wg sync.WaitGroup
+			errs := make(chan error, conns)
+			b.SetBytes(size)
+			b.ResetTimer()
+			for range conns {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					c, err := net.Dial("tcp", ln.Addr().String())
+					if err != nil {
+						errs <- err
+						return
+					}
+					defer c.Close()
+					br := bufio.NewReaderSize(c, 256<<10)
+					for left.Add(-1) >= 0 {
+						if _, err := c.Write([]byte{'x'}); err != nil {
+							errs <- err
+							return
+						}
+						if _, err := br.Discard(size); err != nil {
+							errs <- err
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			b.StopTimer()
+			close(errs)
+			for err := range errs {
+				b.Fatal(err)
+			}
+		})
+	}
+}
