@@ -3,7 +3,6 @@ package bench
 import (
 	"bufio"
 	"fmt"
-	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -20,7 +19,6 @@ func BenchmarkBatchSendBuffer(b *testing.B) {
 		conns = 16
 		size  = 64 * 110 << 10
 	)
-	data := make([]byte, size)
 	for _, sndbuf := range []int{0, 256 << 10, 512 << 10, 2 << 20} {
 		b.Run(fmt.Sprintf("sndbuf=%d", sndbuf), func(b *testing.B) {
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -28,29 +26,7 @@ func BenchmarkBatchSendBuffer(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer ln.Close()
-			go func() {
-				for {
-					c, err := ln.Accept()
-					if err != nil {
-						return
-					}
-					if sndbuf > 0 {
-						c.(*net.TCPConn).SetWriteBuffer(sndbuf)
-					}
-					go func() {
-						defer c.Close()
-						one := make([]byte, 1)
-						for {
-							if _, err := io.ReadFull(c, one); err != nil {
-								return
-							}
-							if _, err := c.Write(data); err != nil {
-								return
-							}
-						}
-					}()
-				}
-			}()
+			go ServeRaw(sendBufferListener{ln, sndbuf}, size)
 			var left atomic.Int64
 			left.Store(int64(b.N))
 			var wg sync.WaitGroup
@@ -88,4 +64,19 @@ func BenchmarkBatchSendBuffer(b *testing.B) {
 			}
 		})
 	}
+}
+
+// sendBufferListener fixes the send buffer of accepted connections (0 leaves
+// autotuning).
+type sendBufferListener struct {
+	net.Listener
+	size int
+}
+
+func (l sendBufferListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if tc, ok := c.(*net.TCPConn); ok && l.size > 0 {
+		tc.SetWriteBuffer(l.size)
+	}
+	return c, err
 }

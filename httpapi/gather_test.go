@@ -22,7 +22,8 @@ func sendBufferOf(t *testing.T, c net.Conn) int {
 	return size
 }
 
-func acceptOne(t *testing.T, sendBuffer int) net.Conn {
+// acceptOne accepts one loopback connection through wrap.
+func acceptOne(t *testing.T, wrap func(net.Listener) net.Listener) net.Conn {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -34,7 +35,7 @@ func acceptOne(t *testing.T, sendBuffer int) net.Conn {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	sc, err := gatherListener{Listener: ln, sendBuffer: sendBuffer}.Accept()
+	sc, err := wrap(ln).Accept()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,29 +43,19 @@ func acceptOne(t *testing.T, sendBuffer int) net.Conn {
 	return sc
 }
 
+func withSendBuffer(n int) func(net.Listener) net.Listener {
+	return func(ln net.Listener) net.Listener { return gatherListener{Listener: ln, sendBuffer: n} }
+}
+
 func TestAcceptedConnectionsGetTheSendBuffer(t *testing.T) {
 	// Linux doubles the requested size to leave room for its bookkeeping.
-	if got := sendBufferOf(t, acceptOne(t, 96<<10)); got != 2*96<<10 {
+	if got := sendBufferOf(t, acceptOne(t, withSendBuffer(96<<10))); got != 2*96<<10 {
 		t.Fatalf("SO_SNDBUF = %d, want %d", got, 2*96<<10)
 	}
 	// 0 must leave the socket exactly as the kernel made it.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	plain, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer plain.Close()
+	plain := acceptOne(t, func(ln net.Listener) net.Listener { return ln })
 	want := sendBufferOf(t, &gatherConn{TCPConn: plain.(*net.TCPConn)})
-	if got := sendBufferOf(t, acceptOne(t, 0)); got != want {
+	if got := sendBufferOf(t, acceptOne(t, withSendBuffer(0))); got != want {
 		t.Fatalf("SO_SNDBUF = %d with sendBuffer 0, want the kernel default %d", got, want)
 	}
 }
