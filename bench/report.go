@@ -178,11 +178,15 @@ Profiles: ` + "`cachenode --pprof 127.0.0.1:6061`" + ` under wrk or ` + "`sfbenc
   about 5 µs of ~40 µs per request. The response went out as two sends (headers plus the first 4 KiB from
   fasthttp's buffer, then the rest). **Kept:** headers and item bytes leave in one writev(2) straight from the
   store (` + "`httpapi/gather.go`" + `): 39–40 → 33–35 µs/req, 0.82x → ~1.0x nginx.
-- **Not kept:** a memfd-backed arena served with sendfile(2), as DESIGN §5 suggests. On this kernel sendfile of
-  shmem or page-cache pages to a loopback socket cost more than a write from memory: sender plus receiver per
-  110 KiB item, ` + "`go test -run '^$' -bench LoopbackSend -benchtime 20000x -count 3 ./bench`" + `: write 31–38 µs,
-  sendfile from a file 43–49 µs, from a memfd 48–65 µs. In the node it measured 41–43 µs/req with or without it;
-  corking the socket around it (TCP_CORK, nginx's tcp_nopush) made it worse (50–60 µs).
+- **Not kept:** a memfd-backed arena served with sendfile(2), as DESIGN §5 suggests. sendfile hands pages to the
+  socket without copying them, but the response headers then need a send of their own in front (with MSG_MORE,
+  so they still share the item's segments), and on this kernel that costs more than the copy it saves. Random
+  items from a 2000 × 110 KiB set, 200-byte headers, 16 loopback connections, client in the same process,
+  ` + "`go test -run '^$' -bench ColdItemSend -benchtime 100000x -count 3 ./bench`" + `, per item: writev from the
+  anonymous arena 22.6–23.4 µs; sendfile from a memfd arena 26.8–29.3, from a memfd per item 25.9–28.8, from a
+  file per item on ext4 (nginx's case; the page cache's large folios help it) 24.0–25.2. In the node it measured
+  41–43 µs/req with or without it; corking the socket around it (TCP_CORK, nginx's tcp_nopush) made it worse
+  (50–60 µs). A file per item would also write every cached byte back to disk.
 - A larger fasthttp write buffer (128 KiB) also gave one send per response (32–33 µs) but copies every item
   once more; the writev path does the same without the copy.
 - Peer hits allocated an item-sized buffer per fetch and the collector ran every few MiB of the small heap:
@@ -212,7 +216,7 @@ Profiles: ` + "`cachenode --pprof 127.0.0.1:6061`" + ` under wrk or ` + "`sfbenc
   tuning here; ` + "`splice(2)`" + ` from the owner's socket through a pipe to the client would save ~10 µs of copies
   (measured in a throwaway program, not in the repository: 41.5 → 31.5 µs per relayed 110 KiB) but gives up the requester's checksum
   check, so it was not done; keeping the check with tee(2) into a second pipe that is read back and hashed
-  saved ~4 µs (68 vs 71–74 µs per relayed item). On separate machines the owner's share runs elsewhere.
+  saved ~4 µs (68 vs 71–74 µs per relayed item, a second throwaway program). On separate machines the owner's share runs elsewhere.
 - The requester makes ~4.6 reads per peer hit (` + "`perf stat -e 'syscalls:sys_enter_*'`" + `): two on the client
   connection, the rest because a 110 KiB frame arrives in pieces. **Not kept:** SO_RCVLOWAT set to the rest of
   the payload while reading it, so the poller wakes once: 11.9–12.7k against 12.3–13.2k req/s without.

@@ -27,42 +27,48 @@ func BenchmarkBatchSendBuffer(b *testing.B) {
 			}
 			defer ln.Close()
 			go ServeRaw(sendBufferListener{ln, sndbuf}, size)
-			var left atomic.Int64
-			left.Store(int64(b.N))
-			var wg sync.WaitGroup
-			errs := make(chan error, conns)
-			b.SetBytes(size)
-			b.ResetTimer()
-			for range conns {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					c, err := net.Dial("tcp", ln.Addr().String())
-					if err != nil {
-						errs <- err
-						return
-					}
-					defer c.Close()
-					br := bufio.NewReaderSize(c, 256<<10)
-					for left.Add(-1) >= 0 {
-						if _, err := c.Write([]byte{'x'}); err != nil {
-							errs <- err
-							return
-						}
-						if _, err := br.Discard(size); err != nil {
-							errs <- err
-							return
-						}
-					}
-				}()
-			}
-			wg.Wait()
-			b.StopTimer()
-			close(errs)
-			for err := range errs {
-				b.Fatal(err)
-			}
+			requestLoad(b, ln.Addr().String(), conns, size)
 		})
+	}
+}
+
+// requestLoad sends b.N one-byte requests over conns connections and reads
+// a size-byte answer to each, as ServeRaw and serveColdItems give them.
+func requestLoad(b *testing.B, addr string, conns int, size int64) {
+	var left atomic.Int64
+	left.Store(int64(b.N))
+	var wg sync.WaitGroup
+	errs := make(chan error, conns)
+	b.SetBytes(size)
+	b.ResetTimer()
+	for range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer c.Close()
+			br := bufio.NewReaderSize(c, 256<<10)
+			for left.Add(-1) >= 0 {
+				if _, err := c.Write([]byte{'x'}); err != nil {
+					errs <- err
+					return
+				}
+				if _, err := br.Discard(int(size)); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	b.StopTimer()
+	close(errs)
+	for err := range errs {
+		b.Fatal(err)
 	}
 }
 
