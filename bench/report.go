@@ -245,7 +245,18 @@ Profiles: ` + "`cachenode --pprof 127.0.0.1:6061`" + ` under wrk or ` + "`sfbenc
   local/memcached 0.87, 0.86 and 0.75, peer/local 0.40, 0.39 and 0.43, batch/single 1.35, 1.30 and 1.27, and
   nginx itself moved between 25.7 and 32.1 µs of CPU per request. A run in the next session gave 1.00, 0.94,
   0.36 and 1.42 (the one before it saw nginx collapse to 505 req/s with 0.5 s tail latencies in its last
-  round and was discarded). The run above, after the send buffer and the pooled peer buffers, gave 0.91, 0.83,
-  0.43 and 1.68; that day the same machine gave nginx 20 µs of CPU per request and raw TCP 49k req/s, against
-  26–32 µs and 30k before. Compare within one run.
+  round and was discarded). After the send buffer and the pooled peer buffers a run gave 0.91, 0.83, 0.43 and
+  1.68; that day the same machine gave nginx 20 µs of CPU per request and raw TCP 49k req/s, against 26–32 µs
+  and 30k before. The run above (a fourth session, serving code unchanged) gave 1.01, 0.86, 0.40 and 1.70.
+  Compare within one run.
+- Where a local hit's cost over memcached's sits (the fourth session; ` + "`perf record -a -e cpu-clock -g`" + ` during
+  ` + "`sfbench -only stallfree-local`" + ` and ` + "`-only memcached`" + `, per request): the send syscall 31.8 µs against 29.0
+  (the copy 15.8 against 13.4 of it), user space 7.0 µs (Go runtime, fasthttp and the node) against 2.0
+  (memcached, libc, libevent), and the runtime's thread wake-ups and scheduling (futex, schedule, epoll) ~5 µs
+  against memcached's 0.8 µs in epoll_wait. ` + "`go tool pprof`" + ` of the node puts the handler itself, routing and the
+  store included, at 1.9 µs. A throwaway minimal Go server (not in the repository: a goroutine per connection,
+  the request line parsed by hand, one writev of headers and item from a huge-page arena) ran 26.4–26.7k req/s
+  at 39 µs against the node's 24.6–25.4k at 43 µs and memcached's 25.7–26.2k at 42–43 µs in the same minutes
+  (a slow phase of the VM). So an HTTP path of our own beside fasthttp would buy 5–8% at the price of a second
+  HTTP parser, and even then match memcached rather than beat it; not done.
 `
