@@ -32,10 +32,8 @@ func (a *app) jobs(ctx context.Context, args []string) error {
 		world := fs.Int("world-size", 1, "number of ranks")
 		batch := fs.Int("batch-size", 256, "per-rank batch size")
 		ranks := fs.String("ranks", "", "comma-separated node name of each rank")
-		if len(args) < 2 {
-			return usageError{"jobs add NAME --dataset D [--seed S --world-size W --batch-size B --ranks n1,n2]"}
-		}
-		if err := fs.Parse(args[2:]); err != nil {
+		pos, err := parseCommand(fs, args[1:], 1, "jobs add NAME --dataset D [--seed S --world-size W --batch-size B --ranks n1,n2]")
+		if err != nil {
 			return err
 		}
 		j := job{Dataset: *ds, Seed: *seed, WorldSize: *world, BatchSize: *batch}
@@ -43,7 +41,7 @@ func (a *app) jobs(ctx context.Context, args []string) error {
 			j.Ranks = strings.Split(*ranks, ",")
 		}
 		var got job
-		if err := a.c.JSON(ctx, http.MethodPut, "/v1/jobs/"+url.PathEscape(args[1]), j, &got); err != nil {
+		if err := a.c.JSON(ctx, http.MethodPut, "/v1/jobs/"+url.PathEscape(pos[0]), j, &got); err != nil {
 			return err
 		}
 		if a.json {
@@ -75,19 +73,17 @@ func (a *app) jobs(ctx context.Context, args []string) error {
 }
 
 func (a *app) sample(ctx context.Context, args []string) error {
-	if len(args) < 1 {
-		return usageError{"sample JOB --epoch E --rank R"}
-	}
 	fs := flag.NewFlagSet("sample", flag.ContinueOnError)
 	epoch := fs.Int("epoch", 0, "epoch")
 	rank := fs.Int("rank", 0, "rank")
-	if err := fs.Parse(args[1:]); err != nil {
+	pos, err := parseCommand(fs, args, 1, "sample JOB --epoch E --rank R")
+	if err != nil {
 		return err
 	}
 	var out struct {
 		Indices []int `json:"indices"`
 	}
-	path := fmt.Sprintf("/v1/jobs/%s/epochs/%d/ranks/%d", url.PathEscape(args[0]), *epoch, *rank)
+	path := fmt.Sprintf("/v1/jobs/%s/epochs/%d/ranks/%d", url.PathEscape(pos[0]), *epoch, *rank)
 	if err := a.c.JSON(ctx, http.MethodGet, path, nil, &out); err != nil {
 		return err
 	}

@@ -23,12 +23,11 @@ func (a *app) gendata(args []string) error {
 	size := fs.String("size", "110KiB", "mean file size")
 	classes := fs.Int("classes", 10, "number of class folders")
 	seed := fs.Uint64("seed", 1, "random seed")
-	if len(args) < 1 {
-		return usageError{"gendata DIR [--items N --size 110KiB --classes C]"}
-	}
-	if err := fs.Parse(args[1:]); err != nil {
+	pos, err := parseCommand(fs, args, 1, "gendata DIR [--items N --size 110KiB --classes C]")
+	if err != nil {
 		return err
 	}
+	dirName := pos[0]
 	mean, err := humanize.ParseBytes(*size)
 	if err != nil {
 		return fmt.Errorf("--size: %w", err)
@@ -36,7 +35,7 @@ func (a *app) gendata(args []string) error {
 	r := rand.New(rand.NewPCG(*seed, 42))
 	var total uint64
 	for i := range *items {
-		dir := filepath.Join(args[0], fmt.Sprintf("class%03d", i%max(*classes, 1)))
+		dir := filepath.Join(dirName, fmt.Sprintf("class%03d", i%max(*classes, 1)))
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return err
 		}
@@ -53,7 +52,7 @@ func (a *app) gendata(args []string) error {
 		}
 		total += uint64(n)
 	}
-	fmt.Fprintf(a.out, "wrote %d items (%s) to %s\n", *items, humanize.IBytes(total), args[0])
+	fmt.Fprintf(a.out, "wrote %d items (%s) to %s\n", *items, humanize.IBytes(total), dirName)
 	return nil
 }
 
@@ -66,13 +65,11 @@ func (a *app) epoch(ctx context.Context, args []string) error {
 	epochs := fs.Int("epochs", 1, "number of epochs")
 	seed := fs.Uint64("seed", 1, "shuffle seed")
 	verify := fs.String("verify", "", "directory holding the dataset's files, to check every byte")
-	if len(args) < 1 {
-		return usageError{"epoch NAME [--epochs N --workers W --verify DIR]"}
-	}
-	if err := fs.Parse(args[1:]); err != nil {
+	pos, err := parseCommand(fs, args, 1, "epoch NAME [--epochs N --workers W --verify DIR]")
+	if err != nil {
 		return err
 	}
-	name := args[0]
+	name := pos[0]
 	d, err := a.c.Dataset(ctx, name)
 	if err != nil {
 		return err

@@ -52,6 +52,9 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return // the flag package has printed the usage
+		}
 		fmt.Fprintln(os.Stderr, "cachectl:", err)
 		var ue usageError
 		if errors.As(err, &ue) {

@@ -20,10 +20,8 @@ func (a *app) bench(ctx context.Context, args []string) error {
 	first := fs.Int("first-epoch", 0, "first epoch number")
 	workers := fs.Int("workers", 4, "batches in flight per rank")
 	gpu := fs.Duration("gpu-time", 20*time.Millisecond, "time the GPU spends per batch (stands in for training)")
-	if len(args) < 1 {
-		return usageError{"bench JOB [--epochs N --workers W --gpu-time 20ms]"}
-	}
-	if err := fs.Parse(args[1:]); err != nil {
+	pos, err := parseCommand(fs, args, 1, "bench JOB [--epochs N --workers W --gpu-time 20ms]")
+	if err != nil {
 		return err
 	}
 	cs, names, err := a.memberClients(ctx)
@@ -34,7 +32,7 @@ func (a *app) bench(ctx context.Context, args []string) error {
 	for i, c := range cs {
 		nodes[names[i]] = c
 	}
-	reps, err := stall.RunJob(ctx, stall.SimConfig{Job: args[0], Epochs: *epochs, FirstEpoch: *first, Workers: *workers,
+	reps, err := stall.RunJob(ctx, stall.SimConfig{Job: pos[0], Epochs: *epochs, FirstEpoch: *first, Workers: *workers,
 		GPUPerBatch: *gpu, Nodes: nodes, Default: a.c})
 	if err != nil {
 		return err
@@ -57,17 +55,15 @@ func (a *app) analyze(ctx context.Context, args []string) error {
 	sample := fs.Int("sample", 200, "items sampled per measurement")
 	workers := fs.Int("workers", 8, "concurrent requests, as the loader's workers")
 	gpuRate := fs.Float64("gpu-rate", 0, "items/s the GPU consumes (0: infinitely fast, every fetch second is stall)")
-	if len(args) < 1 {
-		return usageError{"analyze DATASET [--gpu-rate ITEMS/S --sample N --workers W]"}
-	}
-	if err := fs.Parse(args[1:]); err != nil {
+	pos, err := parseCommand(fs, args, 1, "analyze DATASET [--gpu-rate ITEMS/S --sample N --workers W]")
+	if err != nil {
 		return err
 	}
 	cs, _, err := a.memberClients(ctx)
 	if err != nil {
 		return err
 	}
-	an, err := stall.Analyze(ctx, a.c, cs, args[0], *sample, *workers, *gpuRate)
+	an, err := stall.Analyze(ctx, a.c, cs, pos[0], *sample, *workers, *gpuRate)
 	if err != nil {
 		return err
 	}
