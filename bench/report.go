@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"encoding/json"
 	"fmt"
 	"image/color"
 	"os"
@@ -24,6 +25,24 @@ func WriteReport(rep *Report, out, doc string) error {
 	if err := plotLocality(rep, filepath.Join(out, "remote_fraction_vs_batch.png")); err != nil {
 		return err
 	}
+	return os.WriteFile(doc, []byte(Markdown(rep, out)), 0o644)
+}
+
+// ReadReport reads the results.json a run wrote.
+func ReadReport(file string) (*Report, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	var rep Report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		return nil, fmt.Errorf("%s: %w", file, err)
+	}
+	return &rep, nil
+}
+
+// Markdown is the report's text, with plots and raw numbers under out.
+func Markdown(rep *Report, out string) string {
 	var b strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	m := rep.Medians
@@ -74,7 +93,7 @@ func WriteReport(rep *Report, out, doc string) error {
 	}
 	w("\n![remote fraction vs batch size](%s)\n", filepath.Join(out, "remote_fraction_vs_batch.png"))
 	w("%s", notes)
-	return os.WriteFile(doc, []byte(b.String()), 0o644)
+	return b.String()
 }
 
 func newPlot(title, x, y string) *plot.Plot {

@@ -31,7 +31,18 @@ func main() {
 	serveRaw := flag.String("serve-raw", "", "internal: serve the raw TCP ceiling on this address")
 	only := flag.String("only", "", "comma-separated targets to run alone (for profiling; writes no report)")
 	profile := flag.Bool("pprof", false, "serve pprof on every benchmark node (addresses in the log)")
+	report := flag.Bool("report", false, "measure nothing: rewrite the report and plots from OUT/results.json (after editing the notes)")
 	flag.Parse()
+	if *report {
+		rep, err := bench.ReadReport(filepath.Join(*out, "results.json"))
+		if err == nil {
+			err = bench.WriteReport(rep, *out, *doc)
+		}
+		if err != nil {
+			fail(err)
+		}
+		return
+	}
 	sz, err := humanize.ParseBytes(*size)
 	if err != nil {
 		fail(err)
