@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	_ "net/http/pprof"
@@ -35,6 +36,9 @@ func (l *listFlag) Set(v string) error {
 
 func main() {
 	if err := run(os.Args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return // the flag package has printed the usage
+		}
 		fmt.Fprintln(os.Stderr, "cachenode:", err)
 		os.Exit(1)
 	}
@@ -81,17 +85,28 @@ func run(args []string) error {
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("node", *name)
 
-	mem, err := humanize.ParseBytes(*memory)
+	mem, err := parseSize("memory", *memory, 1, math.MaxInt64, "a size above 0, such as 4GiB")
 	if err != nil {
-		return fmt.Errorf("--memory: %w", err)
+		return err
 	}
-	sndbuf, err := humanize.ParseBytes(*sendBuf)
-	if err != nil || sndbuf > 1<<30 {
-		return fmt.Errorf("--send-buffer: %q: want a size up to 1GiB (%v)", *sendBuf, err)
-	}
-	rate, err := humanize.ParseBytes(*srcRate)
+	sndbuf, err := parseSize("send-buffer", *sendBuf, 0, 1<<30, "a size up to 1GiB, such as 512KiB (0: autotuning)")
 	if err != nil {
-		return fmt.Errorf("--source-rate: %w", err)
+		return err
+	}
+	rate, err := parseSize("source-rate", *srcRate, 0, math.MaxInt64, "bytes per second, such as 100MB (0: unthrottled)")
+	if err != nil {
+		return err
+	}
+	if *name == "" {
+		return errors.New("--name: a node needs a name, unique in the cluster")
+	}
+	if *peerWait <= 0 {
+		return fmt.Errorf("--peer-timeout %v: want a positive duration", *peerWait)
+	}
+	for _, spec := range datasets {
+		if n, src, ok := strings.Cut(spec, "="); !ok || n == "" || src == "" {
+			return fmt.Errorf("--dataset %q: want NAME=SOURCE", spec)
+		}
 	}
 	token := ""
 	if *tokenFile != "" {
@@ -217,6 +232,16 @@ func applyEnv(fs *flag.FlagSet) error {
 		}
 	})
 	return errors.Join(errs...)
+}
+
+// parseSize reads a size flag ("4GiB", "512 KiB", "100MB") that must lie in
+// [min, max]; want says so in the error.
+func parseSize(flagName, value string, min, max uint64, want string) (uint64, error) {
+	n, err := humanize.ParseBytes(value)
+	if err != nil || n < min || n > max {
+		return 0, fmt.Errorf("--%s %q: want %s", flagName, value, want)
+	}
+	return n, nil
 }
 
 func readSecret(path string) (string, error) {

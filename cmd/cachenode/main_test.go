@@ -1,0 +1,41 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// Bad flags stop cachenode before it creates, binds or joins anything.
+func TestBadFlagsFailBeforeStarting(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	base := []string{"--bootstrap", "--data-dir", dir, "--http", "127.0.0.1:0", "--peer", "127.0.0.1:0",
+		"--gossip", "127.0.0.1:0", "--raft", "127.0.0.1:0"}
+	for _, c := range []struct{ args, want string }{
+		{"--memory foo", `--memory "foo": want a size above 0`},
+		{"--memory 0", `--memory "0": want a size above 0`},
+		{"--send-buffer 2GiB", `--send-buffer "2GiB": want a size up to 1GiB`},
+		{"--send-buffer -1", `--send-buffer "-1"`},
+		{"--source-rate fast", `--source-rate "fast": want bytes per second`},
+		{"--peer-timeout 0s", "--peer-timeout 0s: want a positive duration"},
+		{"--peer-timeout -1s", "--peer-timeout -1s: want a positive duration"},
+		{"--dataset noequals", `--dataset "noequals": want NAME=SOURCE`},
+		{"--dataset =/data", `--dataset "=/data": want NAME=SOURCE`},
+		{"--name=", "--name: a node needs a name"},
+		{"--log-level loud", "--log-level"},
+	} {
+		err := run(append(base, strings.Fields(c.args)...))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: err %v, want one saying %q", c.args, err, c.want)
+		}
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("refused flags left %s behind (stat: %v)", dir, err)
+	}
+	if err := run([]string{"-h"}); !errors.Is(err, flag.ErrHelp) {
+		t.Errorf("-h: err %v, want flag.ErrHelp (main exits 0)", err)
+	}
+}
