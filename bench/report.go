@@ -199,7 +199,7 @@ Profiles: ` + "`cachenode --pprof 127.0.0.1:6061`" + ` under wrk or ` + "`sfbenc
   store (` + "`httpapi/gather.go`" + `): 39–40 → 33–35 µs/req, 0.82x → ~1.0x nginx.
 - **Not kept:** a memfd-backed arena served with sendfile(2), as DESIGN §5 suggests. sendfile hands pages to the
   socket without copying them, but the response headers then need a send of their own in front (with MSG_MORE,
-  so they still share the item's segments), and on this kernel that costs more than the copy it saves. Random
+  so they need not leave in a segment of their own), and on this kernel that costs more than the copy it saves. Random
   items from a 2000 × 110 KiB set, 200-byte headers, 16 loopback connections, client in the same process,
   ` + "`go test -run '^$' -bench ColdItemSend -benchtime 100000x -count 3 ./bench`" + `, per item: writev from the
   anonymous arena 22.6–23.4 µs; sendfile from a memfd arena 26.8–29.3, from a memfd per item 25.9–28.8, from a
@@ -233,9 +233,10 @@ Profiles: ` + "`cachenode --pprof 127.0.0.1:6061`" + ` under wrk or ` + "`sfbenc
   nodes and the kernel's work for all three share two cores, so with a client costing ~20 µs per request the
   0.7 goal needs both nodes together under ~53 µs per peer hit, less than two local hits. Not reachable by
   tuning here; ` + "`splice(2)`" + ` from the owner's socket through a pipe to the client would save ~10 µs of copies
-  (measured in a throwaway program, not in the repository: 41.5 → 31.5 µs per relayed 110 KiB) but gives up the requester's checksum
-  check, so it was not done; keeping the check with tee(2) into a second pipe that is read back and hashed
-  saved ~4 µs (68 vs 71–74 µs per relayed item, a second throwaway program). On separate machines the owner's share runs elsewhere.
+  (measured in a throwaway program, not in the repository: 41.5 → 31.5 µs per relayed 110 KiB) but gives up
+  the requester's checksum check, so it was not done; keeping the check with tee(2) into a second pipe that is
+  read back and hashed saved ~4 µs (68 vs 71–74 µs per relayed item, a second throwaway program). On separate
+  machines the owner's share runs elsewhere.
 - The requester makes ~4.6 reads per peer hit (` + "`perf stat -e 'syscalls:sys_enter_*'`" + `): two on the client
   connection, the rest because a 110 KiB frame arrives in pieces. **Not kept:** SO_RCVLOWAT set to the rest of
   the payload while reading it, so the poller wakes once: 11.9–12.7k against 12.3–13.2k req/s without.
@@ -269,7 +270,8 @@ Profiles: ` + "`cachenode --pprof 127.0.0.1:6061`" + ` under wrk or ` + "`sfbenc
   and 30k before. The run above (a fourth session, serving code unchanged) gave 1.01, 0.86, 0.40 and 1.70.
   Compare within one run.
 - Where a local hit's cost over memcached's sits (the fourth session; ` + "`perf record -a -e cpu-clock -g`" + ` during
-  ` + "`sfbench -only stallfree-local`" + ` and ` + "`-only memcached`" + `, per request): the send syscall 31.8 µs against 29.0
+  ` + "`sfbench -only stallfree-local`" + ` and ` + "`-only memcached`" + `, per request; two runs minutes apart, so differences of a
+  few percent are the VM's drift): the send syscall 31.8 µs against 29.0
   (the copy 15.8 against 13.4 of it), user space 7.0 µs (Go runtime, fasthttp and the node) against 2.0
   (memcached, libc, libevent), and the runtime's thread wake-ups and scheduling (futex, schedule, epoll) ~5 µs
   against memcached's 0.8 µs in epoll_wait. ` + "`go tool pprof`" + ` of the node puts the handler itself, routing and the

@@ -21,7 +21,7 @@ import (
 // item on the disk of the test's temporary directory (nginx's case). It is
 // the evidence behind keeping write(2):
 //
-//	go test -run '^$' -bench ColdItemSend -benchtime 100000x -count 2 ./bench
+//	go test -run '^$' -bench ColdItemSend -benchtime 100000x -count 3 ./bench
 //
 // Client and server share the process, so MB/s is the whole loopback path.
 func BenchmarkColdItemSend(b *testing.B) {
@@ -121,9 +121,9 @@ func coldItems(b *testing.B, mode string, items, size int) (itemSender, error) {
 var header [200]byte
 
 // sendfile sends header and then n bytes of fd from off, waiting in the
-// netpoller when the socket is full. MSG_MORE lets the header wait for the
-// item, so the two leave in the same segments as a writev would send them.
-// The offset is explicit: the connections share the files.
+// netpoller when the socket is full. MSG_MORE holds the header back for the
+// item that follows (as TCP_CORK would), so it need not leave in a segment of
+// its own. The offset is explicit: the connections share the files.
 func sendfile(c *net.TCPConn, fd int, off int64, n int) error {
 	rc, err := c.SyscallConn()
 	if err != nil {
