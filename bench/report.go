@@ -224,7 +224,7 @@ Profiles: ` + "`cachenode --pprof 127.0.0.1:6061`" + ` under wrk or ` + "`sfbenc
 - A system-wide ` + "`perf record -a -e cpu-clock -g`" + ` of peer hits (a later session) put 7.1% of all CPU in
   ` + "`runtime.memclrNoHeapPointers`" + `: every fetch zeroed a fresh 110 KiB buffer in memory that had left the caches
   (the heap headroom is 128 MiB). **Kept:** single-item fetches read into buffers from a size-classed pool and
-  hand them back when the response has been written (` + "`transport/bufpool.go`" + `, ` + "`Item.Release`" + `); when a
+  hand them back when the response has been written (` + "`bufpool/`" + `, ` + "`Item.Release`" + `); when a
   single flight shared the bytes with other callers, none recycles them. 10.3–11k → 13–14k req/s, peer/local
   0.33–0.36 → 0.41–0.45 in A/B runs. The peer connections' 64 KiB read buffer copied up to 64 KiB of each
   payload through it; 4 KiB now (inside the noise, kept as the smaller copy).
@@ -259,6 +259,14 @@ Profiles: ` + "`cachenode --pprof 127.0.0.1:6061`" + ` under wrk or ` + "`sfbenc
   (` + "`perf stat -e 'syscalls:sys_enter_*'`" + `): memcached makes one read and one sendmsg per request and waits in
   epoll before reading; Go's edge-triggered netpoller makes the node try a read that fails with EAGAIN before
   parking, two reads per request. Both are the runtime's, not the node's; not changed.
+- The node's longest GC pause, 2–6 ms in every run, came before the load (pauses under load stayed ≤ 917 µs),
+  in the warm-up (` + "`GODEBUG=gctrace=1`" + `: stop-the-world
+  phases of up to 1.4 ms while the VM was zeroing fresh pages for the arena, 57% of warm-up CPU in
+  ` + "`clear_page_erms`" + `). Every storage read allocated an item-sized buffer, so a 1.1 GiB warm-up ran 7
+  collections. **Kept (the fourth session):** storage reads use the pooled buffers too and a warm-up hands them
+  back once the item is stored: 0 collections for the same warm-up (a node started with ` + "`GODEBUG=gctrace=1`" + ` and
+  ` + "`--memory 1400MiB`" + `, ` + "`cachectl gendata DIR --items 10000`" + `, ` + "`datasets add`" + `, ` + "`warmup`" + `; the ` + "`gc`" + ` lines the
+  node printed during the warm-up, two runs of each build).
 - Transparent huge pages are advised for the arena (random reads across GiBs); its effect was inside the noise.
   GOMAXPROCS=1 for the node was worse (33–44 µs/req against 31–35 µs with 2) and was not kept.
 - This machine is a shared VM: three full runs in one session gave local/nginx 1.02, 0.86 and 0.88,

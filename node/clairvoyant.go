@@ -480,7 +480,8 @@ func (n *Node) prefetchOne(c *cursor, ep *EpochPlan, t int64, i int, sem chan st
 		defer func() { <-sem; inflight.Delete(k) }()
 		ctx, cancel := context.WithTimeout(n.ctx, time.Minute)
 		defer cancel()
-		_, err := n.fetch(ctx, ep.Data, i)
+		f, err := n.fetch(ctx, ep.Data, i)
+		f.done()
 		n.store.Unreserve(k) // a no-op when the fill used the room
 		// Count it as read ahead only if no loader asked for it meanwhile.
 		if err == nil && n.store.Contains(k) && c.nextUse(i) == t {

@@ -371,7 +371,7 @@ func (c *cluster) batchFromOwner(ctx context.Context, owner string, d *catalog.D
 // servePeer answers another node. It never forwards: what this node holds is
 // served from memory, anything else is read from storage here (and cached only
 // if this node owns it), so no request can bounce between nodes.
-func (c *cluster) servePeer(ctx context.Context, req *transport.Request) ([]transport.Item, error) {
+func (c *cluster) servePeer(ctx context.Context, req *transport.Request) (_ []transport.Item, err error) {
 	n := c.n
 	// The asker may have applied a registration this node has not yet: wait a
 	// moment for the catalog to catch up rather than fail the fetch.
@@ -403,6 +403,18 @@ func (c *cluster) servePeer(ctx context.Context, req *transport.Request) ([]tran
 		c.awaitRing(ctx, req.Ring)
 	}
 	items := make([]transport.Item, len(req.Indices))
+	// What to undo when the answer fails part-way: the pins and buffers of the
+	// items gathered so far (without a handoff's delete, as nothing was sent).
+	undo := make([]func(), len(req.Indices))
+	defer func() {
+		if err != nil {
+			for _, f := range undo {
+				if f != nil {
+					f()
+				}
+			}
+		}
+	}()
 	if req.Inline {
 		// Only when every item is resident; observed once, on the call
 		// that answers.
@@ -412,12 +424,10 @@ func (c *cluster) servePeer(ctx context.Context, req *transport.Request) ([]tran
 				ref, ok = n.store.Get(store.MakeKey(d.ID, i))
 			}
 			if !ok {
-				for _, it := range items[:j] {
-					it.Release()
-				}
 				return nil, transport.ErrWouldBlock
 			}
 			items[j] = transport.Item{Data: ref.Data, Sum: ref.Sum, Found: true, Release: ref.Release}
+			undo[j] = ref.Release
 		}
 	}
 	for j, i := range req.Indices {
@@ -431,6 +441,7 @@ func (c *cluster) servePeer(ctx context.Context, req *transport.Request) ([]tran
 		if !items[j].Found { // not pinned by the inline pass
 			if ref, ok := n.store.Get(k); ok {
 				items[j] = transport.Item{Data: ref.Data, Sum: ref.Sum, Found: true, Release: ref.Release}
+				undo[j] = ref.Release
 			}
 		}
 		if it := items[j]; it.Found {
@@ -454,7 +465,8 @@ func (c *cluster) servePeer(ctx context.Context, req *transport.Request) ([]tran
 		if xxhash.Sum64(f.data) != f.sum {
 			return nil, errors.New("checksum mismatch after fill")
 		}
-		items[j] = transport.Item{Data: f.data, Sum: f.sum, Found: true}
+		items[j] = transport.Item{Data: f.data, Sum: f.sum, Found: true, Release: f.recycle}
+		undo[j] = f.recycle
 		n.counters.peerBytesOut.Add(uint64(len(f.data)))
 	}
 	return items, nil

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sync/singleflight"
 
+	"stallfree/bufpool"
 	"stallfree/catalog"
 	"stallfree/source"
 	"stallfree/store"
@@ -63,6 +64,7 @@ type Node struct {
 	log      *slog.Logger
 	cat      *catalog.Catalog
 	store    *store.Store
+	bufs     bufpool.Pool // what storage reads are read into
 	registry *prometheus.Registry
 	counters counters
 	flight   singleflight.Group
@@ -439,9 +441,16 @@ type filled struct {
 	data  []byte
 	sum   uint64
 	cache Cache
-	// recycle, when set, hands data's buffer back to the transport; only the
+	// recycle, when set, hands data's buffer back for reuse; only the
 	// flight's sole caller may call it, once it is done with data.
 	recycle func()
+}
+
+// done is for callers that only wanted the item filled, not its bytes.
+func (f filled) done() {
+	if f.recycle != nil {
+		f.recycle()
+	}
 }
 
 // ReadUncached reads an item from storage and neither admits it nor counts
@@ -460,8 +469,10 @@ func (n *Node) readSource(ctx context.Context, d *catalog.Dataset, index int, ca
 	if err != nil {
 		return filled{}, err
 	}
-	data, err := src.Read(ctx, d.Manifest.Key(index), d.Manifest.Size(index))
+	buf := n.bufs.Get(int(d.Manifest.Size(index)))
+	data, err := src.Read(ctx, d.Manifest.Key(index), d.Manifest.Size(index), buf.B)
 	if err != nil {
+		n.bufs.Put(buf)
 		return filled{}, err
 	}
 	n.counters.sourceReads.Add(1)
@@ -469,10 +480,11 @@ func (n *Node) readSource(ctx context.Context, d *catalog.Dataset, index int, ca
 	sum := xxhash.Sum64(data)
 	if cache {
 		if err := n.store.Put(store.MakeKey(d.ID, uint32(index)), data, sum); err != nil && !errors.Is(err, store.ErrNotAdmitted) {
+			n.bufs.Put(buf)
 			return filled{}, err
 		}
 	}
-	return filled{data: data, sum: sum, cache: Miss}, nil
+	return filled{data: data, sum: sum, cache: Miss, recycle: func() { n.bufs.Put(buf) }}, nil
 }
 
 // owner returns the member owning item index and whether that is this node.

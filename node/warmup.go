@@ -135,10 +135,11 @@ func (n *Node) warmOne(ctx context.Context, d *catalog.Dataset, i int, w *warmup
 		if err != nil {
 			return err
 		}
+		f.done()
 		if !n.store.Contains(k) {
 			return errFull
 		}
-		w.bytes.Add(int64(len(f.data)))
+		w.bytes.Add(d.Manifest.Size(i))
 	} else {
 		w.bytes.Add(d.Manifest.Size(i))
 	}

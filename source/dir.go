@@ -88,7 +88,7 @@ func (d *Dir) List(ctx context.Context) ([]Entry, error) {
 
 // Read returns the file's bytes and fails with ErrChanged when its size no
 // longer matches the manifest.
-func (d *Dir) Read(ctx context.Context, key string, size int64) ([]byte, error) {
+func (d *Dir) Read(ctx context.Context, key string, size int64, buf []byte) ([]byte, error) {
 	if err := ValidKey(key); err != nil {
 		return nil, err
 	}
@@ -107,13 +107,21 @@ func (d *Dir) Read(ctx context.Context, key string, size int64) ([]byte, error) 
 		return nil, fmt.Errorf("read %s: %w", key, err)
 	}
 	defer f.Close()
-	buf := make([]byte, size+1)
+	if int64(cap(buf)) < size {
+		buf = make([]byte, size)
+	}
+	buf = buf[:size]
 	n, err := io.ReadFull(f, buf)
-	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
+	if err == nil { // the file may have grown: one more byte says so
+		var more [1]byte
+		if m, _ := f.Read(more[:]); m > 0 {
+			n++
+		}
+	} else if !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("read %s: %w", key, err)
 	}
 	if int64(n) != size {
 		return nil, fmt.Errorf("read %s: %w (manifest says %d bytes)", key, ErrChanged, size)
 	}
-	return buf[:n], nil
+	return buf, nil
 }

@@ -32,8 +32,10 @@ type Entry struct {
 type Source interface {
 	// List returns every object, sorted bytewise by key.
 	List(ctx context.Context) ([]Entry, error)
-	// Read returns the object's bytes, which must be exactly size long.
-	Read(ctx context.Context, key string, size int64) ([]byte, error)
+	// Read returns the object's bytes, which must be exactly size long. They
+	// are read into buf when it has room for them (buf[:size] is returned),
+	// so that callers can recycle buffers; a nil buf is allocated.
+	Read(ctx context.Context, key string, size int64, buf []byte) ([]byte, error)
 	Close() error
 }
 

@@ -52,21 +52,40 @@ func TestDirManifestAndSymlinks(t *testing.T) {
 	if !slices.Equal(keys, want) {
 		t.Fatalf("keys %q, want %q", keys, want)
 	}
-	b, err := d.Read(context.Background(), "b/2.bin", 3)
+	b, err := d.Read(context.Background(), "b/2.bin", 3, nil)
 	if err != nil || string(b) != "two" {
 		t.Fatalf("read: %q %v", b, err)
 	}
-	if _, err := d.Read(context.Background(), "escape", 12); err == nil {
+	if _, err := d.Read(context.Background(), "escape", 12, nil); err == nil {
 		t.Fatal("read through an escaping symlink")
 	}
-	if _, err := d.Read(context.Background(), "../"+filepath.Base(outside)+"/secret", 12); !errors.Is(err, ErrBadKey) {
+	if _, err := d.Read(context.Background(), "../"+filepath.Base(outside)+"/secret", 12, nil); !errors.Is(err, ErrBadKey) {
 		t.Fatalf("path trick: %v", err)
 	}
-	if _, err := d.Read(context.Background(), "a.bin", 5); !errors.Is(err, ErrChanged) {
+	if _, err := d.Read(context.Background(), "a.bin", 5, nil); !errors.Is(err, ErrChanged) {
 		t.Fatalf("size mismatch: %v", err)
 	}
-	if b, err := d.Read(context.Background(), "empty", 0); err != nil || len(b) != 0 {
+	if b, err := d.Read(context.Background(), "empty", 0, nil); err != nil || len(b) != 0 {
 		t.Fatalf("empty: %q %v", b, err)
+	}
+	// A caller's buffer with room is read into; one without room is not.
+	room := make([]byte, 2, 16)
+	if b, err := d.Read(context.Background(), "B.bin", 5, room); err != nil || string(b) != "upper" || &b[0] != &room[:1][0] {
+		t.Fatalf("into a buffer with room: %q %v (same memory: %v)", b, err, len(b) > 0 && &b[0] == &room[:1][0])
+	}
+	small := make([]byte, 4)
+	if b, err := d.Read(context.Background(), "B.bin", 5, small); err != nil || string(b) != "upper" || string(small) != "\x00\x00\x00\x00" {
+		t.Fatalf("into a small buffer: %q %v, buffer now %q", b, err, small)
+	}
+	// A file that grew or shrank since the manifest is refused, whatever the
+	// buffer's room.
+	for _, size := range []int64{4, 6} {
+		if _, err := d.Read(context.Background(), "B.bin", size, make([]byte, size)); !errors.Is(err, ErrChanged) {
+			t.Errorf("5-byte file read as %d bytes: %v, want ErrChanged", size, err)
+		}
+		if _, err := d.Read(context.Background(), "B.bin", size, make([]byte, 64)); !errors.Is(err, ErrChanged) {
+			t.Errorf("5-byte file read as %d bytes into a large buffer: %v, want ErrChanged", size, err)
+		}
 	}
 }
 
@@ -94,7 +113,7 @@ func TestRateLimit(t *testing.T) {
 	}
 	start := time.Now()
 	for range 3 {
-		if _, err := d.Read(context.Background(), "x", 50_000); err != nil {
+		if _, err := d.Read(context.Background(), "x", 50_000, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -134,7 +153,7 @@ func FuzzValidKey(f *testing.F) {
 		if rel, err := filepath.Rel(root, full); err != nil || rel == ".." || strings.HasPrefix(rel, "../") || filepath.IsAbs(rel) {
 			t.Fatalf("key %q escapes to %q", key, full)
 		}
-		if _, err := d.Read(context.Background(), key, 1); err == nil {
+		if _, err := d.Read(context.Background(), key, 1, nil); err == nil {
 			t.Fatalf("key %q read from an empty root", key)
 		}
 	})

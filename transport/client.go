@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+
+	"stallfree/bufpool"
 )
 
 // ErrClosed means the connection failed while a request was pending.
@@ -28,8 +30,8 @@ type Result struct {
 	Sum   uint64
 	Found bool
 	// buf is set when Data is the whole of a pooled buffer this result owns.
-	buf  *payloadBuf
-	pool *bufPool
+	buf  *bufpool.Buf
+	pool *bufpool.Pool
 }
 
 // Recycle hands the bytes of a single-item fetch back for reuse by later
@@ -37,7 +39,7 @@ type Result struct {
 // unrecycled buffer is simply collected) and it does nothing the second time.
 func (r *Result) Recycle() {
 	if r.buf != nil {
-		r.pool.put(r.buf)
+		r.pool.Put(r.buf)
 		r.buf, r.Data = nil, nil
 	}
 }
@@ -49,7 +51,7 @@ type Client struct {
 	peers  map[string][]*conn
 	next   atomic.Uint64
 	closed bool
-	bufs   bufPool
+	bufs   bufpool.Pool
 }
 
 // NewClient returns a client that authenticates with key.
@@ -100,7 +102,7 @@ func (c *Client) Get(ctx context.Context, addr string, req *Request) ([]Result, 
 	}
 	var payload []byte
 	if pb != nil {
-		payload = pb.b
+		payload = pb.B
 	}
 	if resp.Status != StatusOK {
 		return nil, fmt.Errorf("transport: peer %s: %s", addr, resp.Err)
@@ -173,7 +175,7 @@ func (c *Client) conn(ctx context.Context, addr string) (*conn, error) {
 
 type response struct {
 	h       *Header
-	payload *payloadBuf
+	payload *bufpool.Buf
 	err     error
 }
 
@@ -188,10 +190,10 @@ type conn struct {
 	nextID  uint64
 	dead    atomic.Bool
 	err     error
-	bufs    *bufPool
+	bufs    *bufpool.Pool
 }
 
-func dial(ctx context.Context, addr string, key []byte, bufs *bufPool) (*conn, error) {
+func dial(ctx context.Context, addr string, key []byte, bufs *bufpool.Pool) (*conn, error) {
 	d := net.Dialer{Timeout: DialTimeout}
 	dctx, cancel := context.WithTimeout(ctx, DialTimeout+handshakeTTL)
 	defer cancel()
@@ -247,7 +249,7 @@ func (cn *conn) fail(err error) {
 	}
 }
 
-func (cn *conn) roundTrip(ctx context.Context, h *Header) (*Header, *payloadBuf, error) {
+func (cn *conn) roundTrip(ctx context.Context, h *Header) (*Header, *bufpool.Buf, error) {
 	ch := make(chan response, 1)
 	cn.mu.Lock()
 	if cn.dead.Load() {

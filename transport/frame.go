@@ -15,6 +15,8 @@ import (
 	"net"
 
 	"github.com/vmihailenco/msgpack/v5"
+
+	"stallfree/bufpool"
 )
 
 // Limits, checked before allocating.
@@ -124,7 +126,7 @@ func writeFrameTo(conn net.Conn, w *bufio.Writer, h *Header, payload [][]byte) e
 // readFrame reads one frame. The payload is read into a buffer from alloc
 // (nil: a fresh one) only after its declared length has been checked against
 // maxPayload.
-func readFrame(r *bufio.Reader, maxPayload uint64, alloc *bufPool) (*Header, *payloadBuf, error) {
+func readFrame(r *bufio.Reader, maxPayload uint64, alloc *bufpool.Pool) (*Header, *bufpool.Buf, error) {
 	var pre [prefixLen]byte
 	if _, err := io.ReadFull(r, pre[:]); err != nil {
 		return nil, nil, err
@@ -148,13 +150,13 @@ func readFrame(r *bufio.Reader, maxPayload uint64, alloc *bufPool) (*Header, *pa
 	if plen == 0 {
 		return h, nil, nil
 	}
-	var payload *payloadBuf
+	var payload *bufpool.Buf
 	if alloc != nil {
-		payload = alloc.get(int(plen))
+		payload = alloc.Get(int(plen))
 	} else {
-		payload = &payloadBuf{b: make([]byte, plen)}
+		payload = &bufpool.Buf{B: make([]byte, plen)}
 	}
-	if _, err := io.ReadFull(r, payload.b); err != nil {
+	if _, err := io.ReadFull(r, payload.B); err != nil {
 		return nil, nil, err
 	}
 	return h, payload, nil

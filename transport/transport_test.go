@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+
+	"stallfree/bufpool"
 )
 
 var key = []byte("cluster-key-for-tests-0123456789")
@@ -217,8 +219,8 @@ func TestHeaderRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fmt.Sprint(got) != fmt.Sprint(h) || string(payload.b) != "hello" {
-		t.Fatalf("got %+v %q", got, payload.b)
+	if fmt.Sprint(got) != fmt.Sprint(h) || string(payload.B) != "hello" {
+		t.Fatalf("got %+v %q", got, payload.B)
 	}
 }
 
@@ -229,7 +231,7 @@ func FuzzReadFrame(f *testing.F) {
 	f.Add(buf.Bytes())
 	f.Add([]byte{0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0x93, 1, 2})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		h, _, err := readFrame(bufio.NewReader(bytes.NewReader(b)), 1<<20, &bufPool{})
+		h, _, err := readFrame(bufio.NewReader(bytes.NewReader(b)), 1<<20, &bufpool.Pool{})
 		if err != nil {
 			return
 		}
@@ -306,47 +308,6 @@ func TestBlockingRequestDoesNotHoldTheConnection(t *testing.T) {
 	if inline.Load() != connsPerPeer || blocking.Load() != connsPerPeer {
 		t.Fatalf("slow requests: %d inline tries, %d blocking calls; want %d each", inline.Load(), blocking.Load(), connsPerPeer)
 	}
-}
-
-func TestPayloadClasses(t *testing.T) {
-	for _, tc := range []struct {
-		size, class int
-		ok          bool
-	}{{1, 0, true}, {4096, 0, true}, {4097, 1, true}, {110 << 10, 5, true}, {128 << 10, 5, true}, {4 << 20, 10, true}, {4<<20 + 1, 0, false}} {
-		c, ok := classOf(tc.size)
-		if ok != tc.ok || (ok && c != tc.class) {
-			t.Errorf("classOf(%d) = %d, %v; want %d, %v", tc.size, c, ok, tc.class, tc.ok)
-		}
-	}
-	var p bufPool
-	big := p.get(4<<20 + 1)
-	if len(big.b) != 4<<20+1 {
-		t.Fatalf("len %d", len(big.b))
-	}
-	p.put(big) // dropped: no class holds it
-	if got := p.get(4<<20 + 1); got == big {
-		t.Fatal("an unpooled size came back from the pool")
-	}
-}
-
-func TestRecycledBufferIsReused(t *testing.T) {
-	var p bufPool
-	first := p.get(110 << 10)
-	if len(first.b) != 110<<10 || cap(first.b) != 128<<10 {
-		t.Fatalf("len %d cap %d", len(first.b), cap(first.b))
-	}
-	// sync.Pool may drop what it is given (always possible, and on purpose
-	// under -race), so give it several chances.
-	for range 100 {
-		p.put(first)
-		if next := p.get(100 << 10); next == first {
-			if len(next.b) != 100<<10 {
-				t.Fatalf("reused buffer has len %d", len(next.b))
-			}
-			return
-		}
-	}
-	t.Fatal("a recycled buffer was never handed out again")
 }
 
 func TestRecycledResultsStayExact(t *testing.T) {

@@ -1,0 +1,134 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"stallfree/catalog"
+	"stallfree/store"
+	"stallfree/transport"
+)
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// startNode runs a node, alone or as a one-member cluster, on a directory of
+// items distinct random items of size bytes, registered as "ds".
+func startNode(t *testing.T, items, size int, memory uint64, clustered bool) (*Node, *catalog.Dataset, map[string][]byte) {
+	t.Helper()
+	dir := t.TempDir()
+	files := map[string][]byte{}
+	for i := range items {
+		b := make([]byte, size)
+		for j := range b {
+			b[j] = byte(rand.Uint32())
+		}
+		name := fmt.Sprintf("item%04d.bin", i)
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		files[name] = b
+	}
+	cfg := Config{Name: "t1", RaftBind: freeAddr(t), DataDir: t.TempDir(), Bootstrap: true, Memory: memory,
+		Policy: "lru", FastRaft: true, Logger: slog.New(slog.DiscardHandler)}
+	if clustered {
+		cfg.GossipBind, cfg.Advertise, cfg.PeerBind = freeAddr(t), "127.0.0.1", freeAddr(t)
+		cfg.PeerAdvert = cfg.PeerBind
+	}
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := n.RegisterAtStart(ctx, []string{"ds=" + dir}); err != nil {
+		t.Fatal(err)
+	}
+	d, ok := n.Catalog().Dataset("ds")
+	if !ok {
+		t.Fatal("dataset not registered")
+	}
+	return n, d, files
+}
+
+// Storage reads land in recycled buffers. With a cache too small to hold
+// the dataset most Gets read storage, and every caller's bytes must stay the
+// file's until it releases them, however busy the pool is.
+func TestRecycledStorageReadsStayExact(t *testing.T) {
+	const items, size = 64, 20 << 10
+	n, d, files := startNode(t, items, size, 8*size, false)
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(g), 1))
+			for range 200 {
+				i := r.IntN(items)
+				it, err := n.Get(context.Background(), d, i)
+				if err != nil {
+					errs <- err
+					return
+				}
+				want := files[d.Manifest.Key(i)]
+				runtime.Gosched() // let a buffer recycled too early be reused meanwhile
+				if !bytes.Equal(it.Data, want) {
+					errs <- fmt.Errorf("item %d (%s): bytes differ from the file", i, it.Cache)
+					it.Release()
+					return
+				}
+				it.Release()
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if st := n.Stats(); st.SourceReads < 200 {
+		t.Fatalf("only %d storage reads: the test did not exercise recycled fills", st.SourceReads)
+	}
+}
+
+// A peer request that fails part-way (here on an index out of range) must
+// unpin the items it had already gathered: a leaked pin keeps an evicted
+// item's bytes charged to the budget for good.
+func TestFailedPeerAnswerUnpinsWhatItGathered(t *testing.T) {
+	n, d, _ := startNode(t, 4, 4<<10, 1<<20, true)
+	if it, err := n.Get(context.Background(), d, 0); err != nil {
+		t.Fatal(err)
+	} else {
+		it.Release()
+	}
+	for _, inline := range []bool{true, false} {
+		_, err := n.cl.servePeer(context.Background(), &transport.Request{Dataset: d.Name, DatasetVersion: d.Version,
+			Indices: []uint32{0, 99}, Inline: inline})
+		if err == nil {
+			t.Fatalf("inline %v: a request for index 99 of 4 succeeded", inline)
+		}
+	}
+	n.store.Delete(store.MakeKey(d.ID, 0))
+	if st := n.store.Stats(); st.Sending != 0 {
+		t.Fatalf("after the failed answers, %d bytes stay pinned by a deleted item", st.Sending)
+	}
+}
