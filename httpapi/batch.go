@@ -114,7 +114,7 @@ func (b *batchReader) Read(p []byte) (int, error) { return b.bufs.Read(p) }
 
 func (b *batchReader) WriteTo(w io.Writer) (int64, error) {
 	if bw, ok := w.(*bufio.Writer); ok && b.conn != nil {
-		return b.conn.writeBuffersAfter(bw, b.bufs)
+		return b.conn.writeBuffersAfter(bw, b.bufs...)
 	}
 	return b.bufs.WriteTo(w)
 }

@@ -47,6 +47,9 @@ type gatherConn struct {
 	*net.TCPConn
 	hold bool
 	held []byte
+	// vec is reused for every writev, so a hit allocates nothing; sending
+	// consumes out, a copy of it (a local copy would escape to the heap).
+	vec, out net.Buffers
 }
 
 // Write passes through, except the one write writeAfter asks to hold.
@@ -62,12 +65,12 @@ func (c *gatherConn) Write(p []byte) (int, error) {
 // writeAfter sends what bw holds followed by body in one writev and returns
 // the body bytes written.
 func (c *gatherConn) writeAfter(bw *bufio.Writer, body []byte) (int64, error) {
-	return c.writeBuffersAfter(bw, net.Buffers{body})
+	return c.writeBuffersAfter(bw, body)
 }
 
 // writeBuffersAfter sends what bw holds followed by bufs in one writev (the
 // kernel takes up to 1024 pieces a call; net.Buffers loops beyond that).
-func (c *gatherConn) writeBuffersAfter(bw *bufio.Writer, bufs net.Buffers) (int64, error) {
+func (c *gatherConn) writeBuffersAfter(bw *bufio.Writer, bufs ...[]byte) (int64, error) {
 	c.hold = true
 	err := bw.Flush() // lands in Write above, held
 	c.hold = false
@@ -75,8 +78,10 @@ func (c *gatherConn) writeBuffersAfter(bw *bufio.Writer, bufs net.Buffers) (int6
 		return 0, err
 	}
 	head := len(c.held)
-	all := append(net.Buffers{c.held}, bufs...)
-	n, err := all.WriteTo(c.TCPConn)
+	c.vec = append(append(c.vec[:0], c.held), bufs...)
+	c.out = c.vec
+	n, err := c.out.WriteTo(c.TCPConn)
+	clear(c.vec) // hold no item memory past the response
 	c.held = c.held[:0]
 	return max(n-int64(head), 0), err
 }

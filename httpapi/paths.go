@@ -25,25 +25,44 @@ func validName(kind, s string) error {
 }
 
 // splitPath cuts the request's original (un-normalized) path into raw
-// segments. fasthttp's ctx.Path() resolves "..", "%2F" and friends before we
-// see them, which would let a request name a key it never spelled out; the
-// original path keeps every segment as sent.
-func splitPath(orig []byte) []string {
-	p := string(orig)
+// segments, appended to into (a caller's array, so that a hit allocates
+// nothing for them), and returns the path they were cut from. fasthttp's
+// ctx.Path() resolves "..", "%2F" and friends before we see them, which would
+// let a request name a key it never spelled out; the original path keeps
+// every segment as sent.
+func splitPath(orig []byte, into []string) (string, []string) {
+	p := string(orig) // segments outlive fasthttp's buffer (names, errors)
 	if i := strings.IndexByte(p, '?'); i >= 0 {
 		p = p[:i]
 	}
 	p = strings.TrimPrefix(p, "/")
 	if p == "" {
-		return nil
+		return p, into[:0]
 	}
-	return strings.Split(p, "/")
+	seg, rest := into[:0], p
+	for {
+		i := strings.IndexByte(rest, '/')
+		if i < 0 {
+			return p, append(seg, rest)
+		}
+		seg, rest = append(seg, rest[:i]), rest[i+1:]
+	}
 }
 
-// decodeKey unescapes the raw key segments of an items/ route and validates
-// the result as a manifest key.
-func decodeKey(raw []string) (string, error) {
-	key, err := url.PathUnescape(strings.Join(raw, "/"))
+// lastSegments is strings.Join(tail, "/") without building it: tail must be
+// the last segments splitPath cut from p, so their joined text is p's end.
+func lastSegments(p string, tail []string) string {
+	n := len(tail) - 1 // the slashes between them
+	for _, s := range tail {
+		n += len(s)
+	}
+	return p[len(p)-max(n, 0):]
+}
+
+// decodeKey unescapes the raw key of an items/ route (its segments joined by
+// their slashes) and validates the result as a manifest key.
+func decodeKey(raw string) (string, error) {
+	key, err := url.PathUnescape(raw)
 	if err != nil {
 		return "", fmt.Errorf("%w: %w", source.ErrBadKey, err)
 	}

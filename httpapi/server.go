@@ -150,7 +150,8 @@ func (s *Server) recovering(h fasthttp.RequestHandler) fasthttp.RequestHandler {
 }
 
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
-	seg := splitPath(ctx.URI().PathOriginal())
+	var segs [16]string
+	path, seg := splitPath(ctx.URI().PathOriginal(), segs[:0])
 	method := string(ctx.Method())
 	if len(seg) == 1 && method == fasthttp.MethodGet {
 		switch seg[0] {
@@ -184,7 +185,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			return
 		}
 	case "datasets":
-		s.datasets(ctx, method, seg[2:])
+		s.datasets(ctx, method, path, seg[2:])
 		return
 	case "jobs":
 		s.jobs(ctx, method, seg[2:])
@@ -214,7 +215,8 @@ func methodNotAllowed(ctx *fasthttp.RequestCtx) {
 	writeError(ctx, fasthttp.StatusMethodNotAllowed, "method not allowed")
 }
 
-func (s *Server) datasets(ctx *fasthttp.RequestCtx, method string, seg []string) {
+// datasets serves /v1/datasets/...; seg are path's segments after "datasets".
+func (s *Server) datasets(ctx *fasthttp.RequestCtx, method, path string, seg []string) {
 	if len(seg) == 0 {
 		if method != fasthttp.MethodGet {
 			methodNotAllowed(ctx)
@@ -257,7 +259,7 @@ func (s *Server) datasets(ctx *fasthttp.RequestCtx, method string, seg []string)
 			methodNotAllowed(ctx)
 			return
 		}
-		key, err := decodeKey(seg[2:])
+		key, err := decodeKey(lastSegments(path, seg[2:]))
 		if err != nil {
 			fail(ctx, err)
 			return
@@ -501,7 +503,8 @@ func (s *Server) serveItem(ctx *fasthttp.RequestCtx, d *catalog.Dataset, i int) 
 	h := &ctx.Response.Header
 	h.Set("X-Cache", string(it.Cache))
 	h.Set("X-Key", it.Key)
-	h.Set("ETag", `"`+strconv.FormatUint(it.Sum, 16)+`"`)
+	var etag [18]byte // built on the stack: a hit allocates nothing
+	h.SetBytesV("ETag", append(strconv.AppendUint(append(etag[:0], '"'), it.Sum, 16), '"'))
 	ctx.SetContentType("application/octet-stream")
 	s.node.ServedBytes(len(it.Data))
 	r := s.readers.Get().(*itemReader)
