@@ -292,8 +292,10 @@ Profiles: ` + "`cachenode --pprof 127.0.0.1:6061`" + ` under wrk or ` + "`sfbenc
   0.36 and 1.42 (the one before it saw nginx collapse to 505 req/s with 0.5 s tail latencies in its last
   round and was discarded). After the send buffer and the pooled peer buffers a run gave 0.91, 0.83, 0.43 and
   1.68; that day the same machine gave nginx 20 µs of CPU per request and raw TCP 49k req/s, against 26–32 µs
-  and 30k before. The run above (a fourth session, serving code unchanged) gave 1.01, 0.86, 0.40 and 1.70.
-  Compare within one run.
+  and 30k before. A fourth session's runs gave 1.01, 0.86, 0.40 and 1.70 (serving code unchanged), then
+  0.82, 0.84, 0.40 and 1.53 and, in the run above, 0.90, 0.92, 0.34 and 1.67 (after the pooled storage reads
+  and the allocation-free hits below; alternating A/B runs of the builds before and after gave the same req/s
+  for local hits, 29.6k, and for peer hits, 11.6–13.5k before and 12.7–13.8k after). Compare within one run.
 - Where a local hit's cost over memcached's sits (the fourth session; ` + "`perf record -a -e cpu-clock -g`" + ` during
   ` + "`sfbench -only stallfree-local`" + ` and ` + "`-only memcached`" + `, per request; two runs minutes apart, so differences of a
   few percent are the VM's drift): the send syscall 31.8 µs against 29.0
