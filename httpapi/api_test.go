@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -483,6 +484,9 @@ func FuzzKeyPath(f *testing.F) {
 	f.Fuzz(func(t *testing.T, raw string) {
 		// The key is the tail of the path, taken from it as sent.
 		p, seg := splitPath([]byte("/v1/datasets/ds/items/"+raw), nil)
+		if want := strings.Split(p, "/"); !slices.Equal(seg, want) {
+			t.Fatalf("%q: segments %q, want %q", raw, seg, want)
+		}
 		if len(seg) < 5 {
 			return // a '?' cut the key off
 		}
