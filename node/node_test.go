@@ -29,8 +29,8 @@ func freeAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-// startNode runs a node, alone or as a one-member cluster, on a directory of
-// items distinct random items of size bytes, registered as "ds".
+// startNode runs a node, alone or as a one-member cluster, with a directory
+// of items random files of size bytes registered as dataset "ds".
 func startNode(t *testing.T, items, size int, memory uint64, clustered bool) (*Node, *catalog.Dataset, map[string][]byte) {
 	t.Helper()
 	dir := t.TempDir()
