@@ -459,6 +459,8 @@ func (n *Node) ReadUncached(ctx context.Context, d *catalog.Dataset, index int) 
 	if index < 0 || index >= d.Manifest.Len() {
 		return nil, 0, fmt.Errorf("%w: index %d out of range", ErrBadRequest, index)
 	}
+	// Not recycled: the caller hands these bytes to the response, which keeps
+	// them after this returns; the pooled buffer is left to the collector.
 	f, err := n.readSource(ctx, d, index, false)
 	return f.data, f.sum, err
 }
