@@ -3,17 +3,24 @@ GO      ?= go
 BIN     := bin
 export CGO_ENABLED ?= 0
 
-.PHONY: build test test-short fuzz lint demo clean
+.PHONY: build test test-deps test-short fuzz lint demo clean
 
 build:
 	$(GO) build -o $(BIN)/ ./cmd/cachenode ./cmd/cachectl
 
 # -race needs cgo; the binaries themselves are static. The Python loader
-# tests need Debian's python3-torch and python3-msgpack (see .ci/run).
+# tests run on Debian's python3-torch, python3-msgpack and python3-numpy
+# (they belong to /usr/bin/python3, not to a pyenv python3 earlier on PATH).
 PYTHON ?= /usr/bin/python3
-test: build
+test: build test-deps
 	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 20m ./...
 	$(PYTHON) -W ignore::ResourceWarning -m unittest discover -s python/tests -v
+
+# Installs what `make test` needs when it is missing: as root through
+# apt-get, otherwise it stops with the one command to run.
+TEST_DEBS := gcc libc6-dev python3-torch python3-msgpack python3-numpy
+test-deps:
+	@./scripts/test-deps.sh $(PYTHON) $(TEST_DEBS)
 
 test-short:
 	CGO_ENABLED=1 $(GO) test -race -short -count=1 ./...

@@ -1,6 +1,112 @@
-// Package api holds the JSON bodies of the public HTTP API (DESIGN §4),
-// shared by the server (node, httpapi) and the Go client.
+// Package api holds every body of the public HTTP API (docs/api.md): the
+// JSON and msgpack shapes, the headers and the error body, shared by the
+// server (node, httpapi), the Go client, cachectl, the loader simulation and
+// the tests. Nothing here has behaviour beyond checking a body's own fields.
 package api
+
+import (
+	"fmt"
+	"net/http"
+)
+
+// Headers of the API beyond standard HTTP.
+const (
+	// HeaderCache says where an item came from: hit, peer or miss.
+	HeaderCache = "X-Cache"
+	// HeaderKey is the item's key on index routes.
+	HeaderKey = "X-Key"
+	// HeaderForwarded marks a request one node relayed to another (a write
+	// to the raft leader, a read a restarted follower cannot answer yet), so
+	// it is never relayed again.
+	HeaderForwarded = "X-Stallfree-Forwarded"
+	// HeaderApplied carries the leader's applied raft index after a catalog
+	// write, so the node that relayed it can wait for it (read-your-writes).
+	HeaderApplied = "X-Stallfree-Index"
+)
+
+// Error is the body of every non-2xx answer, and the Go error a client or a
+// relaying node returns for one.
+type Error struct {
+	Status  int    `json:"-"`
+	Message string `json:"error"`
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("HTTP %d %s: %s", e.Status, http.StatusText(e.Status), e.Message)
+}
+
+// PutDataset is the body of PUT /v1/datasets/{name}.
+type PutDataset struct {
+	Source string `json:"source"`
+}
+
+// BatchRequest is the body of POST /v1/datasets/{name}/batch: exactly one of
+// the two lists.
+type BatchRequest struct {
+	Indices []int    `json:"indices,omitempty"`
+	Keys    []string `json:"keys,omitempty"`
+}
+
+// BatchItem is one element of a msgpack batch answer (dataset batches and a
+// job's minibatches).
+type BatchItem struct {
+	Key  string `msgpack:"key"`
+	Data []byte `msgpack:"data"`
+}
+
+// Job is a training job as PUT /v1/jobs/{job} takes it and GET shows it.
+type Job struct {
+	Name      string   `json:"name,omitempty"`
+	Dataset   string   `json:"dataset"`
+	Seed      uint64   `json:"seed"`
+	WorldSize int      `json:"world_size"`
+	BatchSize int      `json:"batch_size"`
+	Ranks     []string `json:"ranks"` // the node each rank runs on
+	Version   uint64   `json:"version,omitempty"`
+}
+
+// Bounds of a job's layout.
+const (
+	MaxWorldSize = 65536
+	MaxBatchSize = 1 << 20
+)
+
+// Validate checks the fields a job body must have; whether its dataset
+// exists is the catalog's to say.
+func (j *Job) Validate() error {
+	if j.Dataset == "" {
+		return fmt.Errorf("job needs a dataset")
+	}
+	if j.WorldSize < 1 || j.WorldSize > MaxWorldSize {
+		return fmt.Errorf("world_size %d: want 1..%d", j.WorldSize, MaxWorldSize)
+	}
+	if j.BatchSize < 1 || j.BatchSize > MaxBatchSize {
+		return fmt.Errorf("batch_size %d: want 1..%d", j.BatchSize, MaxBatchSize)
+	}
+	if len(j.Ranks) != 0 && len(j.Ranks) != j.WorldSize {
+		return fmt.Errorf("ranks lists %d nodes for world_size %d", len(j.Ranks), j.WorldSize)
+	}
+	return nil
+}
+
+// RankOrder is GET /v1/jobs/{job}/epochs/{e}/ranks/{r}: the rank's
+// locality-aware order for the epoch.
+type RankOrder struct {
+	Indices   []int  `json:"indices"`
+	Batches   int    `json:"batches"`
+	BatchSize int    `json:"batch_size"`
+	Remote    int    `json:"remote"` // samples of this rank that live on another node
+	Epoch     uint64 `json:"epoch"`
+}
+
+// LoaderWait is the body of POST /v1/loader/wait: what a training loop's
+// stall meter measured since its last report.
+type LoaderWait struct {
+	Seconds float64 `json:"seconds"`
+	Batches uint64  `json:"batches"`
+	Job     string  `json:"job"`
+	Rank    int     `json:"rank"`
+}
 
 // Stats is GET /v1/stats; the fields after Policy extend the contract.
 type Stats struct {

@@ -8,7 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"stallfree/catalog"
+	"stallfree/api"
 	"stallfree/locality"
 	"stallfree/node"
 	"stallfree/partition"
@@ -62,15 +62,12 @@ func policyRun(work, dir, pol string, fr float64, items, size int, pause time.Du
 	if err := n.RegisterAtStart(ctx, []string{"sim=" + dir}); err != nil {
 		return PolicyResult{}, err
 	}
-	for !n.Catalog().IsLeader() {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if _, err := n.Catalog().PutJob(catalog.Job{Name: "j", Dataset: "sim", Seed: 1, WorldSize: 1, BatchSize: 50, Ranks: []string{"sim"}}); err != nil {
+	if _, err := n.PutJob(ctx, api.Job{Name: "j", Dataset: "sim", Seed: 1, WorldSize: 1, BatchSize: 50, Ranks: []string{"sim"}}); err != nil {
 		return PolicyResult{}, err
 	}
 	res := PolicyResult{Policy: pol, CacheFr: fr, Items: items}
 	for e := range 3 {
-		ep, err := n.Plan("j", uint64(e))
+		ep, err := n.Plan(ctx, "j", uint64(e))
 		if err != nil {
 			return res, err
 		}

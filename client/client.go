@@ -1,5 +1,5 @@
-// Package client is a Go client for a node's HTTP API (DESIGN §4), used by
-// cachectl and the integration tests.
+// Package client is a Go client for a node's HTTP API (docs/api.md), used by
+// cachectl, the loader simulation and the integration tests.
 package client
 
 import (
@@ -36,12 +36,7 @@ func New(base, token string) *Client {
 }
 
 // Error is a non-2xx answer.
-type Error struct {
-	Status  int
-	Message string
-}
-
-func (e *Error) Error() string { return fmt.Sprintf("HTTP %d: %s", e.Status, e.Message) }
+type Error = api.Error
 
 // Do sends a request and returns the response, turning non-2xx into *Error.
 func (c *Client) Do(ctx context.Context, method, path string, body any) (*http.Response, error) {
@@ -103,6 +98,7 @@ type (
 	Cluster  = api.Cluster
 	Progress = api.Progress
 	Dataset  = api.Dataset
+	Job      = api.Job
 )
 
 // Item is one fetched item.
@@ -144,7 +140,7 @@ func (c *Client) ItemByIndexUncached(ctx context.Context, dataset string, i int)
 
 // Batch fetches several items in one request, in order.
 func (c *Client) Batch(ctx context.Context, dataset string, indices []int) ([]Item, error) {
-	resp, err := c.Do(ctx, http.MethodPost, "/v1/datasets/"+url.PathEscape(dataset)+"/batch", map[string]any{"indices": indices})
+	resp, err := c.Do(ctx, http.MethodPost, "/v1/datasets/"+url.PathEscape(dataset)+"/batch", api.BatchRequest{Indices: indices})
 	if err != nil {
 		return nil, err
 	}
@@ -157,7 +153,7 @@ func (c *Client) Batch(ctx context.Context, dataset string, indices []int) ([]It
 // PutDataset registers a dataset (idempotent).
 func (c *Client) PutDataset(ctx context.Context, name, source string) (Dataset, error) {
 	var d Dataset
-	err := c.JSON(ctx, http.MethodPut, "/v1/datasets/"+url.PathEscape(name), map[string]string{"source": source}, &d)
+	err := c.JSON(ctx, http.MethodPut, "/v1/datasets/"+url.PathEscape(name), api.PutDataset{Source: source}, &d)
 	return d, err
 }
 
@@ -208,4 +204,55 @@ func (c *Client) Warmup(ctx context.Context, dataset string) (Progress, error) {
 	var p Progress
 	err := c.JSON(ctx, http.MethodGet, "/v1/datasets/"+url.PathEscape(dataset)+"/warmup", nil, &p)
 	return p, err
+}
+
+// PutJob registers or replaces a job.
+func (c *Client) PutJob(ctx context.Context, j Job) (Job, error) {
+	var got Job
+	err := c.JSON(ctx, http.MethodPut, "/v1/jobs/"+url.PathEscape(j.Name), j, &got)
+	return got, err
+}
+
+// Job describes one job.
+func (c *Client) Job(ctx context.Context, name string) (Job, error) {
+	var j Job
+	err := c.JSON(ctx, http.MethodGet, "/v1/jobs/"+url.PathEscape(name), nil, &j)
+	return j, err
+}
+
+// Jobs lists jobs.
+func (c *Client) Jobs(ctx context.Context) ([]Job, error) {
+	var out []Job
+	err := c.JSON(ctx, http.MethodGet, "/v1/jobs", nil, &out)
+	return out, err
+}
+
+// DeleteJob removes a job.
+func (c *Client) DeleteJob(ctx context.Context, name string) error {
+	return c.JSON(ctx, http.MethodDelete, "/v1/jobs/"+url.PathEscape(name), nil, nil)
+}
+
+// RankOrderPath is the route of a rank's order for an epoch; its batches
+// are below it at /batches/{b}.
+func RankOrderPath(job string, epoch, rank int) string {
+	return fmt.Sprintf("/v1/jobs/%s/epochs/%d/ranks/%d", url.PathEscape(job), epoch, rank)
+}
+
+// RankOrder fetches a rank's locality-aware order for an epoch.
+func (c *Client) RankOrder(ctx context.Context, job string, epoch, rank int) (api.RankOrder, error) {
+	var o api.RankOrder
+	err := c.JSON(ctx, http.MethodGet, RankOrderPath(job, epoch, rank), nil, &o)
+	return o, err
+}
+
+// JobBatch fetches minibatch b of a rank's order.
+func (c *Client) JobBatch(ctx context.Context, job string, epoch, rank, b int) ([]Item, error) {
+	resp, err := c.Do(ctx, http.MethodGet, fmt.Sprintf("%s/batches/%d", RankOrderPath(job, epoch, rank), b), nil)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var items []Item
+	err = msgpack.NewDecoder(resp.Body).Decode(&items)
+	return items, err
 }

@@ -111,7 +111,10 @@ func startOn(t testing.TB, dir string, files map[string][]byte, memory uint64, p
 		t.Fatal(err)
 	}
 	h := &harness{t: t, node: n, base: "http://" + ln.Addr().String(), token: token, data: dir, files: files}
-	d, _ := n.Catalog().Dataset("ds")
+	d, err := n.Dataset(ctx, "ds")
+	if err != nil {
+		t.Fatal(err)
+	}
 	for i := range d.Manifest.Len() {
 		h.keys = append(h.keys, d.Manifest.Key(i))
 	}

@@ -1,16 +1,11 @@
 package httpapi
 
 import (
-	"context"
-	"errors"
 	"fmt"
-	"net/url"
 	"strconv"
 	"time"
 
 	"github.com/valyala/fasthttp"
-
-	"stallfree/node"
 )
 
 // jobOrder serves
@@ -28,11 +23,10 @@ func (s *Server) jobOrder(ctx *fasthttp.RequestCtx, method, job string, seg []st
 		writeError(ctx, fasthttp.StatusBadRequest, fmt.Sprintf("epoch %q: want a non-negative integer", seg[1]))
 		return
 	}
+	rctx, cancel := reqContext(ctx, 2*time.Minute)
+	defer cancel()
 	if len(seg) == 3 && seg[2] == "pin" && method == fasthttp.MethodPost {
-		if s.forwardIfFollower(ctx) {
-			return
-		}
-		if err := s.node.PinEpoch(job, epoch); err != nil {
+		if err := s.node.PinEpoch(rctx, job, epoch); err != nil {
 			fail(ctx, err)
 			return
 		}
@@ -44,73 +38,35 @@ func (s *Server) jobOrder(ctx *fasthttp.RequestCtx, method, job string, seg []st
 		writeError(ctx, fasthttp.StatusNotFound, "no such route")
 		return
 	}
-	if _, ok := s.node.Catalog().Job(job); !ok && s.relayUnknown(ctx) {
-		return
-	}
-	ep, err := s.plan(job, epoch)
-	if err != nil {
-		fail(ctx, err)
+	if !s.node.HasJob(job) && s.relayUnknown(ctx) {
 		return
 	}
 	rank, err := strconv.Atoi(seg[3])
-	if err != nil || rank < 0 || rank >= len(ep.Ranks) {
-		writeError(ctx, fasthttp.StatusBadRequest, fmt.Sprintf("rank %q: want an integer in [0,%d)", seg[3], len(ep.Ranks)))
+	if err != nil {
+		writeError(ctx, fasthttp.StatusBadRequest, fmt.Sprintf("rank %q: want a non-negative integer", seg[3]))
 		return
 	}
 	switch {
 	case len(seg) == 4:
-		writeJSON(ctx, 200, map[string]any{"indices": ep.Ranks[rank], "batches": ep.Batches(), "batch_size": ep.BatchSize,
-			"remote": ep.Remote[rank], "epoch": epoch})
-	case len(seg) == 6 && seg[4] == "batches":
-		b, err := strconv.Atoi(seg[5])
-		if err != nil || b < 0 || b >= ep.Batches() {
-			writeError(ctx, fasthttp.StatusBadRequest, fmt.Sprintf("batch %q: want an integer in [0,%d)", seg[5], ep.Batches()))
+		o, err := s.node.RankOrder(rctx, job, epoch, rank)
+		if err != nil {
+			fail(ctx, err)
 			return
 		}
-		s.serveJobBatch(ctx, ep, rank, b)
+		writeJSON(ctx, 200, o)
+	case len(seg) == 6 && seg[4] == "batches":
+		b, err := strconv.Atoi(seg[5])
+		if err != nil {
+			writeError(ctx, fasthttp.StatusBadRequest, fmt.Sprintf("batch %q: want a non-negative integer", seg[5]))
+			return
+		}
+		items, err := s.node.JobBatch(rctx, job, epoch, rank, b)
+		if err != nil {
+			fail(ctx, err)
+			return
+		}
+		s.writeBatch(ctx, items)
 	default:
 		writeError(ctx, fasthttp.StatusNotFound, "no such route")
 	}
-}
-
-// plan returns the epoch plan; on a follower whose epoch is not pinned yet it
-// asks the leader to pin it and waits until the pin has reached this node.
-func (s *Server) plan(job string, epoch uint64) (*node.EpochPlan, error) {
-	s.lookupJob(job) // a job just registered elsewhere may still be on its way here
-	ep, err := s.node.Plan(job, epoch)
-	if !errors.Is(err, node.ErrNeedPin) {
-		return ep, err
-	}
-	addr := s.node.LeaderHTTP()
-	if addr == "" {
-		return nil, fmt.Errorf("%w: pinning epoch %d of %s", errNoLeader, epoch, job)
-	}
-	resp := fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseResponse(resp)
-	path := fmt.Sprintf("/v1/jobs/%s/epochs/%d/pin", url.PathEscape(job), epoch)
-	if err := s.callLeader(addr, fasthttp.MethodPost, path, resp, 30*time.Second); err != nil {
-		return nil, fmt.Errorf("%w: pinning epoch: %w", errNoLeader, err)
-	}
-	if resp.StatusCode() != fasthttp.StatusNoContent {
-		return nil, fmt.Errorf("%w: leader answered %d to pin: %s", errNoLeader, resp.StatusCode(), resp.Body())
-	}
-	s.awaitApplied(resp)
-	return s.node.Plan(job, epoch)
-}
-
-func (s *Server) serveJobBatch(ctx *fasthttp.RequestCtx, ep *node.EpochPlan, rank, b int) {
-	batch := ep.Batch(rank, b)
-	idx := make([]int, len(batch))
-	for j, i := range batch {
-		idx[j] = int(i)
-	}
-	rctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	items, err := s.node.GetManyFor(rctx, ep.Data, idx, ep.Job.Name)
-	if err != nil {
-		fail(ctx, err)
-		return
-	}
-	s.node.RecordJobItems(ep.Job.Name, rank, items)
-	s.writeBatch(ctx, items)
 }

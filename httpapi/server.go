@@ -1,4 +1,7 @@
-// Package httpapi serves the public HTTP API (DESIGN §4) with fasthttp.
+// Package httpapi serves the public HTTP API (docs/api.md) with fasthttp. It
+// is thin: it parses paths and bodies, checks the token, maps errors to
+// status codes and puts bytes on the wire; every rule about the catalog and
+// the items lives in the node.
 package httpapi
 
 import (
@@ -12,7 +15,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/url"
 	"runtime/debug"
 	"strconv"
 	"sync"
@@ -32,8 +34,6 @@ import (
 // ones get 413 before the handler runs.
 const MaxBodySize = 1 << 20
 
-var errNoLeader = errors.New("no raft leader")
-
 // MaxBatch bounds the items of one batch request.
 const MaxBatch = 4096
 
@@ -45,8 +45,9 @@ type Server struct {
 	srv     *fasthttp.Server
 	metrics fasthttp.RequestHandler
 	readers sync.Pool
-	// forwarder carries catalog writes from a follower to the raft leader.
-	forwarder *fasthttp.Client
+	// relayer carries reads a restarted follower cannot answer yet to the
+	// raft leader.
+	relayer *fasthttp.Client
 	// SendBuffer is each client connection's SO_SNDBUF in bytes (0: kernel
 	// autotuning); set it before Serve. New sets DefaultSendBuffer.
 	SendBuffer int
@@ -57,7 +58,7 @@ func New(n *node.Node, token string, log *slog.Logger) *Server {
 	s := &Server{node: n, token: []byte(token), log: log, SendBuffer: DefaultSendBuffer}
 	s.metrics = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(n.Registry(), promhttp.HandlerOpts{}))
 	s.readers.New = func() any { return &itemReader{} }
-	s.forwarder = &fasthttp.Client{Name: "stallfree-forward", ReadTimeout: 10 * time.Minute, MaxResponseBodySize: 64 << 20}
+	s.relayer = &fasthttp.Client{Name: "stallfree-relay", ReadTimeout: time.Minute, MaxResponseBodySize: 1 << 30}
 	s.srv = &fasthttp.Server{
 		Handler:            s.recovering(s.handle),
 		ErrorHandler:       s.parseError,
@@ -116,12 +117,15 @@ func writeJSON(ctx *fasthttp.RequestCtx, code int, v any) {
 
 // statusOf maps domain errors to the contract's status codes.
 func statusOf(err error) int {
+	if e, ok := errors.AsType[*api.Error](err); ok { // the leader's answer to a relayed write
+		return e.Status
+	}
 	switch {
 	case errors.Is(err, catalog.ErrNotFound):
 		return fasthttp.StatusNotFound
 	case errors.Is(err, catalog.ErrConflict):
 		return fasthttp.StatusConflict
-	case errors.Is(err, catalog.ErrNoLeader), errors.Is(err, catalog.ErrNotLeader), errors.Is(err, errNoLeader):
+	case errors.Is(err, catalog.ErrNoLeader), errors.Is(err, catalog.ErrNotLeader):
 		return fasthttp.StatusServiceUnavailable
 	case errors.Is(err, node.ErrForbiddenSource):
 		return fasthttp.StatusForbidden
@@ -133,7 +137,13 @@ func statusOf(err error) int {
 	return fasthttp.StatusInternalServerError
 }
 
-func fail(ctx *fasthttp.RequestCtx, err error) { writeError(ctx, statusOf(err), err.Error()) }
+func fail(ctx *fasthttp.RequestCtx, err error) {
+	if e, ok := errors.AsType[*api.Error](err); ok {
+		writeError(ctx, e.Status, e.Message) // relayed as the leader said it
+		return
+	}
+	writeError(ctx, statusOf(err), err.Error())
+}
 
 // recovering keeps a panicking handler from killing the process (fasthttp
 // does not recover).
@@ -222,11 +232,7 @@ func (s *Server) datasets(ctx *fasthttp.RequestCtx, method, path string, seg []s
 			methodNotAllowed(ctx)
 			return
 		}
-		out := []api.Dataset{}
-		for _, d := range s.node.Catalog().Datasets() {
-			out = append(out, info(d))
-		}
-		writeJSON(ctx, 200, out)
+		writeJSON(ctx, 200, s.node.Datasets())
 		return
 	}
 	name, err := decodeSegment("dataset", seg[0])
@@ -240,10 +246,17 @@ func (s *Server) datasets(ctx *fasthttp.RequestCtx, method, path string, seg []s
 			s.putDataset(ctx, name)
 		case fasthttp.MethodGet:
 			if d, ok := s.dataset(ctx, name, true); ok {
-				writeJSON(ctx, 200, info(d))
+				writeJSON(ctx, 200, node.DatasetInfo(d))
 			}
 		case fasthttp.MethodDelete:
-			s.catalogDelete(ctx, func() error { return s.node.Catalog().DeleteDataset(name) })
+			rctx, cancel := reqContext(ctx, 30*time.Second)
+			defer cancel()
+			if err := s.node.DeleteDataset(rctx, name); err != nil {
+				fail(ctx, err)
+				return
+			}
+			s.markApplied(ctx)
+			ctx.SetStatusCode(fasthttp.StatusNoContent)
 		default:
 			methodNotAllowed(ctx)
 		}
@@ -312,79 +325,22 @@ func (s *Server) datasets(ctx *fasthttp.RequestCtx, method, path string, seg []s
 	writeError(ctx, fasthttp.StatusNotFound, "no such route")
 }
 
-// followerGrace is how long a follower waits for a dataset or job it does not
-// know yet: a registration acknowledged by the leader reaches followers a
-// moment later, and a client that just registered should not see 404.
-const followerGrace = time.Second
-
-// catchUpWait bounds how long a follower waits for a dataset the leader
-// already has: raft's replication backoff to a restarted follower reaches
-// about ten seconds.
-const catchUpWait = 15 * time.Second
-
-// lookupDataset finds a dataset, giving a follower a moment to catch up, and
-// longer when the leader confirms the dataset exists.
-func (s *Server) lookupDataset(name string) (*catalog.Dataset, bool) {
-	cat := s.node.Catalog()
-	d, ok := cat.Dataset(name)
-	if ok || cat.IsLeader() {
-		return d, ok
-	}
-	wait := followerGrace
-	if s.leaderHas("/v1/datasets/" + url.PathEscape(name)) {
-		wait = catchUpWait
-	}
-	wctx, cancel := context.WithTimeout(context.Background(), wait)
-	cat.WaitFor(wctx, func() bool { d, ok = cat.Dataset(name); return ok })
-	cancel()
-	return d, ok
-}
-
-// leaderHas reports whether the raft leader answers 200 to GET path.
-func (s *Server) leaderHas(path string) bool {
-	addr := s.awaitLeader()
-	if addr == "" || s.node.Catalog().IsLeader() {
-		return false
-	}
-	resp := fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseResponse(resp)
-	return s.callLeader(addr, fasthttp.MethodGet, path, resp, 5*time.Second) == nil && resp.StatusCode() == fasthttp.StatusOK
-}
-
-// catalogDelete runs a catalog deletion on the leader (forwarding from a
-// follower) and answers 204.
-func (s *Server) catalogDelete(ctx *fasthttp.RequestCtx, del func() error) {
-	if s.forwardIfFollower(ctx) {
-		return
-	}
-	if err := del(); err != nil {
-		fail(ctx, err)
-		return
-	}
-	s.markApplied(ctx)
-	ctx.SetStatusCode(fasthttp.StatusNoContent)
-}
-
 // dataset finds the dataset a request names; when this node does not know
 // it, the request is answered and ok is false. Reads any member answers alike
 // (relay) are answered by the leader then; node-local operations (warm-up)
 // get 404 once the follower grace has passed.
 func (s *Server) dataset(ctx *fasthttp.RequestCtx, name string, relay bool) (*catalog.Dataset, bool) {
-	if d, ok := s.node.Catalog().Dataset(name); ok {
-		return d, true
-	}
-	if relay && s.relayUnknown(ctx) {
+	if relay && !s.node.HasDataset(name) && s.relayUnknown(ctx) {
 		return nil, false
 	}
-	d, ok := s.lookupDataset(name)
-	if !ok {
-		writeError(ctx, fasthttp.StatusNotFound, fmt.Sprintf("no dataset %q", name))
+	rctx, cancel := reqContext(ctx, time.Minute)
+	defer cancel()
+	d, err := s.node.Dataset(rctx, name)
+	if err != nil {
+		fail(ctx, err)
+		return nil, false
 	}
-	return d, ok
-}
-
-func info(d *catalog.Dataset) api.Dataset {
-	return api.Dataset{Name: d.Name, Source: d.Source, Items: d.Manifest.Len(), Bytes: d.Manifest.TotalBytes(), Version: d.Version, ID: d.ID}
+	return d, true
 }
 
 func decodeStrict(body []byte, v any) error {
@@ -400,9 +356,7 @@ func decodeStrict(body []byte, v any) error {
 }
 
 func (s *Server) putDataset(ctx *fasthttp.RequestCtx, name string) {
-	var req struct {
-		Source string `json:"source"`
-	}
+	var req api.PutDataset
 	if err := decodeStrict(ctx.PostBody(), &req); err != nil {
 		writeError(ctx, fasthttp.StatusBadRequest, err.Error())
 		return
@@ -411,17 +365,9 @@ func (s *Server) putDataset(ctx *fasthttp.RequestCtx, name string) {
 		writeError(ctx, fasthttp.StatusBadRequest, `body needs {"source": "dir:///abs/path"}`)
 		return
 	}
-	// Refuse a forbidden source here, before anything is forwarded or listed.
-	if _, err := s.node.CheckSource(req.Source); err != nil {
-		fail(ctx, err)
-		return
-	}
-	if s.forwardIfFollower(ctx) {
-		return
-	}
-	rctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	rctx, cancel := reqContext(ctx, 10*time.Minute)
 	defer cancel()
-	d, created, err := s.node.RegisterDataset(rctx, name, req.Source)
+	d, created, err := s.node.PutDataset(rctx, name, req.Source)
 	if err != nil {
 		fail(ctx, err)
 		return
@@ -431,7 +377,7 @@ func (s *Server) putDataset(ctx *fasthttp.RequestCtx, name string) {
 		code = fasthttp.StatusCreated
 	}
 	s.markApplied(ctx)
-	writeJSON(ctx, code, info(d))
+	writeJSON(ctx, code, d)
 }
 
 // itemReader streams pinned store bytes into fasthttp's writer and unpins

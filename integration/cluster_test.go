@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"stallfree/client"
+
+	"stallfree/api"
 )
 
 type clusterOpts struct {
@@ -407,8 +409,8 @@ func TestRestartedFollowerAnswersAtOnce(t *testing.T) {
 	nodes := startCluster(t, clusterOpts{nodes: 3})
 	ctx := context.Background()
 	register(t, nodes[0], "ds", dir)
-	job := map[string]any{"dataset": "ds", "seed": 1, "world_size": 3, "batch_size": 4, "ranks": names(nodes)}
-	if err := nodes[0].c.JSON(ctx, "PUT", "/v1/jobs/train", job, nil); err != nil {
+	job := api.Job{Name: "train", Dataset: "ds", Seed: 1, WorldSize: 3, BatchSize: 4, Ranks: names(nodes)}
+	if _, err := nodes[0].c.PutJob(ctx, job); err != nil {
 		t.Fatal(err)
 	}
 	cl, err := nodes[0].c.Cluster(ctx)
@@ -443,8 +445,8 @@ func TestRestartedFollowerAnswersAtOnce(t *testing.T) {
 	if err := readAll(ctx, follower, "ds", files, items, 7); err != nil {
 		t.Fatalf("restarted follower: %v", err)
 	}
-	var order struct{ Indices []int }
-	if err := follower.c.JSON(ctx, "GET", "/v1/jobs/train/epochs/0/ranks/1", nil, &order); err != nil {
+	order, err := follower.c.RankOrder(ctx, "train", 0, 1)
+	if err != nil {
 		t.Fatalf("restarted follower, rank order: %v", err)
 	}
 	if len(order.Indices) != items/3 {

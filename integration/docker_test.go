@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"stallfree/client"
+
+	"stallfree/api"
 )
 
 // The docker tests drive the real docker-compose cluster of DESIGN §6: the
@@ -244,8 +246,8 @@ func (c *composeCluster) cachesItems(node string) bool {
 func TestDockerCluster(t *testing.T) {
 	c := startCompose(t)
 	ctx := context.Background()
-	job := map[string]any{"dataset": "demo", "seed": 3, "world_size": 3, "batch_size": 16, "ranks": []string{"node1", "node2", "node3"}}
-	if err := c.clients["node2"].JSON(ctx, "PUT", "/v1/jobs/train", job, nil); err != nil {
+	job := api.Job{Name: "train", Dataset: "demo", Seed: 3, WorldSize: 3, BatchSize: 16, Ranks: []string{"node1", "node2", "node3"}}
+	if _, err := c.clients["node2"].PutJob(ctx, job); err != nil {
 		t.Fatal(err)
 	}
 	l := c.startLoader("node1", "node2", "node3")

@@ -11,18 +11,14 @@ import (
 	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
+
+	"stallfree/api"
 )
 
-type order struct {
-	Indices []int `json:"indices"`
-	Batches int   `json:"batches"`
-	Remote  int   `json:"remote"`
-}
-
-func rankOrder(t *testing.T, n *proc, job string, epoch, rank int) order {
+func rankOrder(t *testing.T, n *proc, job string, epoch, rank int) api.RankOrder {
 	t.Helper()
-	var o order
-	if err := n.c.JSON(context.Background(), http.MethodGet, fmt.Sprintf("/v1/jobs/%s/epochs/%d/ranks/%d", job, epoch, rank), nil, &o); err != nil {
+	o, err := n.c.RankOrder(context.Background(), job, epoch, rank)
+	if err != nil {
 		t.Fatalf("%s epoch %d rank %d: %v", n.name, epoch, rank, err)
 	}
 	return o
@@ -39,8 +35,8 @@ func TestLocalityAwareOrders(t *testing.T) {
 	nodes := startCluster(t, clusterOpts{nodes: world})
 	register(t, nodes[0], "ds", dir)
 	ctx := context.Background()
-	job := map[string]any{"dataset": "ds", "seed": 11, "world_size": world, "batch_size": batch, "ranks": names(nodes)}
-	if err := nodes[3].c.JSON(ctx, http.MethodPut, "/v1/jobs/train", job, nil); err != nil {
+	job := api.Job{Name: "train", Dataset: "ds", Seed: 11, WorldSize: world, BatchSize: batch, Ranks: names(nodes)}
+	if _, err := nodes[3].c.PutJob(ctx, job); err != nil {
 		t.Fatal(err)
 	}
 	// Cache every item at its owner, so a rank's local/peer hits show where its samples live.
@@ -177,8 +173,8 @@ func TestOrdersSurviveMembershipChange(t *testing.T) {
 	nodes := startCluster(t, clusterOpts{nodes: 2})
 	register(t, nodes[0], "ds", dir)
 	ctx := context.Background()
-	job := map[string]any{"dataset": "ds", "seed": 4, "world_size": 2, "batch_size": 32, "ranks": []string{"n1", "n2"}}
-	if err := nodes[1].c.JSON(ctx, http.MethodPut, "/v1/jobs/train", job, nil); err != nil {
+	job := api.Job{Name: "train", Dataset: "ds", Seed: 4, WorldSize: 2, BatchSize: 32, Ranks: []string{"n1", "n2"}}
+	if _, err := nodes[1].c.PutJob(ctx, job); err != nil {
 		t.Fatal(err)
 	}
 	before := [][]int{rankOrder(t, nodes[0], "train", 0, 0).Indices, rankOrder(t, nodes[1], "train", 0, 1).Indices}

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"stallfree/client"
+
+	"stallfree/api"
 )
 
 // A node killed with SIGKILL and restarted on the same --data-dir comes back
@@ -23,7 +25,7 @@ func TestCatalogSurvivesRestart(t *testing.T) {
 	if _, err := n.c.PutDataset(ctx, "added", "dir://"+dir); err != nil {
 		t.Fatal(err)
 	}
-	if err := n.c.JSON(ctx, "PUT", "/v1/jobs/train", map[string]any{"dataset": "added", "seed": 7, "world_size": 1, "batch_size": 4}, nil); err != nil {
+	if _, err := n.c.PutJob(ctx, api.Job{Name: "train", Dataset: "added", Seed: 7, WorldSize: 1, BatchSize: 4}); err != nil {
 		t.Fatal(err)
 	}
 	before, _ := n.c.Datasets(ctx)

@@ -1,35 +1,30 @@
 package node
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"strconv"
 	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"stallfree/api"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"stallfree/catalog"
 	"stallfree/locality"
-	"stallfree/partition"
 )
 
-// ErrNeedPin means the epoch's member set is not pinned yet and this node is
-// not the raft leader: ask the leader to pin it, then retry.
-var ErrNeedPin = errors.New("epoch not pinned yet")
+// errNeedPin means the epoch's member set is not pinned yet and this node is
+// not the raft leader: the leader must pin it first.
+var errNeedPin = errors.New("epoch not pinned yet")
 
 // maxEpoch bounds epoch numbers in requests.
 const maxEpoch = 1 << 40
-
-// EpochPlan is a job's locality-aware order for one epoch.
-type EpochPlan struct {
-	Job   *catalog.Job
-	Data  *catalog.Dataset
-	Epoch uint64
-	*locality.Plan
-	// Step[i] is the global minibatch in which item i is used (-1: dropped
-	// tail). The clairvoyant policy reads next uses from it.
-	Step []int32
-}
 
 type planKey struct {
 	job     string
@@ -41,24 +36,24 @@ type planKey struct {
 // dataset, and every rank of a job asks for the same few epochs.
 type plans struct {
 	mu    sync.Mutex
-	m     map[planKey]*EpochPlan
+	m     map[planKey]*locality.EpochPlan
 	order []planKey
 }
 
 const maxPlans = 16
 
-func (p *plans) get(k planKey) (*EpochPlan, bool) {
+func (p *plans) get(k planKey) (*locality.EpochPlan, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	ep, ok := p.m[k]
 	return ep, ok
 }
 
-func (p *plans) put(k planKey, ep *EpochPlan) {
+func (p *plans) put(k planKey, ep *locality.EpochPlan) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.m == nil {
-		p.m = map[planKey]*EpochPlan{}
+		p.m = map[planKey]*locality.EpochPlan{}
 	}
 	if _, ok := p.m[k]; ok {
 		return
@@ -71,17 +66,26 @@ func (p *plans) put(k planKey, ep *EpochPlan) {
 	}
 }
 
-// members is the member set a new epoch is pinned to.
-func (n *Node) members() []string {
-	if n.cl == nil {
-		return []string{n.cfg.Name}
+// Plan returns a job's locality-aware plan for an epoch. The first request
+// for an epoch pins its member set in the catalog (on the leader; a follower
+// asks the leader and waits until the pin has reached it), so every node
+// computes the same order even while membership changes.
+func (n *Node) Plan(ctx context.Context, job string, epoch uint64) (*locality.EpochPlan, error) {
+	n.lookupJob(ctx, job) // a job just registered elsewhere may still be on its way here
+	ep, err := n.planHere(job, epoch)
+	if !errors.Is(err, errNeedPin) {
+		return ep, err
 	}
-	return n.cl.ring().Members()
+	path := fmt.Sprintf("/v1/jobs/%s/epochs/%d/pin", url.PathEscape(job), epoch)
+	if _, err := n.forward(ctx, fasthttp.MethodPost, path, nil, nil, 30*time.Second); err != nil {
+		return nil, fmt.Errorf("pinning epoch %d of %s: %w", epoch, job, err)
+	}
+	return n.planHere(job, epoch)
 }
 
-// Plan returns a job's plan for an epoch, pinning the epoch's member set on
-// first use (on the leader; followers get ErrNeedPin).
-func (n *Node) Plan(job string, epoch uint64) (*EpochPlan, error) {
+// planHere is Plan without asking the leader: a follower gets errNeedPin
+// for an epoch not pinned yet.
+func (n *Node) planHere(job string, epoch uint64) (*locality.EpochPlan, error) {
 	if epoch > maxEpoch {
 		return nil, fmt.Errorf("%w: epoch %d out of range", ErrBadRequest, epoch)
 	}
@@ -100,10 +104,10 @@ func (n *Node) Plan(job string, epoch uint64) (*EpochPlan, error) {
 	members, ok := n.cat.EpochMembers(job, epoch)
 	if !ok {
 		if !n.cat.IsLeader() {
-			return nil, ErrNeedPin
+			return nil, errNeedPin
 		}
 		var err error
-		if members, err = n.cat.PinEpoch(job, epoch, n.members()); err != nil {
+		if members, err = n.cat.PinEpoch(job, epoch, n.peers.Members()); err != nil {
 			return nil, err
 		}
 	}
@@ -118,9 +122,9 @@ func (n *Node) Plan(job string, epoch uint64) (*EpochPlan, error) {
 // PredictPlan is the plan an epoch will have if it is pinned to today's
 // members: the pinned plan when there is one, else a prediction that pins
 // nothing. The clairvoyant policy looks past the epoch boundary with it.
-func (n *Node) PredictPlan(job string, epoch uint64) (*EpochPlan, []string, error) {
+func (n *Node) PredictPlan(job string, epoch uint64) (*locality.EpochPlan, []string, error) {
 	if members, ok := n.cat.EpochMembers(job, epoch); ok {
-		ep, err := n.Plan(job, epoch)
+		ep, err := n.planHere(job, epoch)
 		return ep, members, err
 	}
 	j, ok := n.cat.Job(job)
@@ -131,38 +135,72 @@ func (n *Node) PredictPlan(job string, epoch uint64) (*EpochPlan, []string, erro
 	if !ok {
 		return nil, nil, fmt.Errorf("%w: dataset %q", catalog.ErrNotFound, j.Dataset)
 	}
-	members := n.members()
+	members := n.peers.Members()
 	ep, err := planFor(j, d, epoch, members)
 	return ep, members, err
 }
 
-func planFor(j *catalog.Job, d *catalog.Dataset, epoch uint64, members []string) (*EpochPlan, error) {
-	ring, err := partition.New(members)
+func planFor(j *catalog.Job, d *catalog.Dataset, epoch uint64, members []string) (*locality.EpochPlan, error) {
+	ep, err := locality.PlanEpoch(j, d, epoch, members)
+	if errors.Is(err, locality.ErrInvalidJob) {
+		return nil, fmt.Errorf("%w: %w", ErrBadRequest, err)
+	}
+	return ep, err
+}
+
+// PinEpoch pins an epoch's member set; it runs on the leader (a follower's
+// Plan relays it there).
+func (n *Node) PinEpoch(ctx context.Context, job string, epoch uint64) error {
+	if !n.cat.IsLeader() {
+		_, err := n.forward(ctx, fasthttp.MethodPost, fmt.Sprintf("/v1/jobs/%s/epochs/%d/pin", url.PathEscape(job), epoch), nil, nil, 30*time.Second)
+		return err
+	}
+	_, err := n.planHere(job, epoch)
+	return err
+}
+
+// RankOrder is a rank's order for an epoch, as the API answers it.
+func (n *Node) RankOrder(ctx context.Context, job string, epoch uint64, rank int) (api.RankOrder, error) {
+	ep, err := n.Plan(ctx, job, epoch)
+	if err != nil {
+		return api.RankOrder{}, err
+	}
+	if rank < 0 || rank >= len(ep.Ranks) {
+		return api.RankOrder{}, fmt.Errorf("%w: rank %d: want an integer in [0,%d)", ErrBadRequest, rank, len(ep.Ranks))
+	}
+	order := ep.Ranks[rank]
+	indices := make([]int, len(order))
+	for x, i := range order {
+		indices[x] = int(i)
+	}
+	return api.RankOrder{Indices: indices, Batches: ep.Batches(), BatchSize: ep.BatchSize,
+		Remote: ep.Remote[rank], Epoch: epoch}, nil
+}
+
+// JobBatch returns minibatch b of a rank's order for an epoch, its items
+// pinned until released, and counts them for the job's metrics.
+func (n *Node) JobBatch(ctx context.Context, job string, epoch uint64, rank, b int) ([]Item, error) {
+	ep, err := n.Plan(ctx, job, epoch)
 	if err != nil {
 		return nil, err
 	}
-	perm := locality.Permutation(d.Manifest.Len(), j.Seed, epoch)
-	owner := func(i int32) string { return ring.Owner(d.Name, d.Manifest.Key(int(i))) }
-	p, err := locality.Assign(perm, j.WorldSize, j.BatchSize, j.Ranks, owner)
+	if rank < 0 || rank >= len(ep.Ranks) {
+		return nil, fmt.Errorf("%w: rank %d: want an integer in [0,%d)", ErrBadRequest, rank, len(ep.Ranks))
+	}
+	if b < 0 || b >= ep.Batches() {
+		return nil, fmt.Errorf("%w: batch %d: want an integer in [0,%d)", ErrBadRequest, b, ep.Batches())
+	}
+	batch := ep.Batch(rank, b)
+	idx := make([]int, len(batch))
+	for j, i := range batch {
+		idx[j] = int(i)
+	}
+	items, err := n.GetManyFor(ctx, ep.Data, idx, ep.Job.Name)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrBadRequest, err)
+		return nil, err
 	}
-	ep := &EpochPlan{Job: j, Data: d, Epoch: epoch, Plan: p, Step: make([]int32, d.Manifest.Len())}
-	for i := range ep.Step {
-		ep.Step[i] = -1
-	}
-	for _, order := range p.Ranks {
-		for x, i := range order {
-			ep.Step[i] = int32(x / p.BatchSize)
-		}
-	}
-	return ep, nil
-}
-
-// PinEpoch pins an epoch on the leader (the follower's request, forwarded).
-func (n *Node) PinEpoch(job string, epoch uint64) error {
-	_, err := n.Plan(job, epoch)
-	return err
+	n.recordJobItems(ep.Job.Name, rank, items)
+	return items, nil
 }
 
 // jobMetrics counts what each rank of each job was served.
@@ -181,8 +219,8 @@ func newJobMetrics(reg *prometheus.Registry) *jobMetrics {
 	return m
 }
 
-// RecordJobItems counts items served to a job's rank.
-func (n *Node) RecordJobItems(job string, rank int, items []Item) {
+// recordJobItems counts items served to a job's rank.
+func (n *Node) recordJobItems(job string, rank int, items []Item) {
 	r := strconv.Itoa(rank)
 	for i := range items {
 		res := "local"

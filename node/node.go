@@ -1,6 +1,7 @@
 // Package node is one Stallfree cache node: it ties the catalog, the store,
-// the sources and (in a cluster) the ring and peer transport together, and
-// decides where each item comes from.
+// the sources and its peers together, decides where each item comes from,
+// and holds the rules every caller of the catalog goes through (validation,
+// relaying writes to the raft leader, read-your-writes, epoch pinning).
 package node
 
 import (
@@ -21,6 +22,8 @@ import (
 
 	"stallfree/bufpool"
 	"stallfree/catalog"
+	"stallfree/clairvoyant"
+	"stallfree/cluster"
 	"stallfree/source"
 	"stallfree/store"
 )
@@ -56,6 +59,9 @@ type Config struct {
 	PeerTimeout time.Duration // bound on a peer fetch before falling back to storage
 	// DeadGrace is how long a member stays dead before it leaves the raft configuration.
 	DeadGrace time.Duration
+	// Token is the API's bearer token, which this node presents when it
+	// relays a request to the raft leader.
+	Token string
 }
 
 // Node is safe for concurrent use.
@@ -73,33 +79,33 @@ type Node struct {
 	sources map[uint32]source.Source
 	warmups map[string]*warmup
 
-	cl *cluster // nil when running alone
+	peers  Peers
+	leader leaderLink
 
 	plans      plans
 	jobMetrics *jobMetrics
-	sched      *schedule    // clairvoyant policy only
-	clair      *clairvoyant // clairvoyant policy only
+	foresight  foresight
 
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 }
 
-// New opens the catalog and the store.
+// New opens the catalog and the store, and joins the cluster when
+// cfg.GossipBind is set.
 func New(cfg Config) (*Node, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
 	var (
-		pol   store.Policy
-		sched *schedule
-		clair *clairvoyant
-		err   error
+		pol  store.Policy
+		fore foresight = noForesight{}
+		clv  *clairvoyant.Clairvoyant
+		err  error
 	)
 	if cfg.Policy == "clairvoyant" {
-		sched = newSchedule()
-		clair = newClairvoyant(sched)
-		pol = clair
+		clv = clairvoyant.New()
+		pol, fore = clv.Policy(), clv
 	} else if pol, err = store.NewPolicy(cfg.Policy); err != nil {
 		return nil, err
 	}
@@ -112,6 +118,9 @@ func New(cfg Config) (*Node, error) {
 		allowed[i] = norm
 	}
 	cfg.AllowSources = allowed
+	if cfg.RaftAdvert == "" {
+		cfg.RaftAdvert = cfg.RaftBind
+	}
 	st, err := store.New(cfg.Memory, pol)
 	if err != nil {
 		return nil, err
@@ -124,21 +133,26 @@ func New(cfg Config) (*Node, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	n := &Node{cfg: cfg, log: cfg.Logger, cat: cat, store: st, sources: map[uint32]source.Source{},
-		warmups: map[string]*warmup{}, ctx: ctx, cancel: cancel, sched: sched, clair: clair}
+		warmups: map[string]*warmup{}, ctx: ctx, cancel: cancel, foresight: fore, peers: noPeers{self: cfg.Name}}
+	n.leader = newLeaderLink(cfg.Name, cfg.Token)
 	n.registry = n.registerMetrics()
 	n.jobMetrics = newJobMetrics(n.registry)
 	if cfg.GossipBind != "" {
-		if n.cl, err = startCluster(n); err != nil {
+		cl := cluster.New(cluster.Config{Name: cfg.Name, GossipBind: cfg.GossipBind, Advertise: cfg.Advertise,
+			Join: cfg.Join, PeerBind: cfg.PeerBind, ClusterKey: cfg.ClusterKey, HTTPAdvert: cfg.HTTPAdvert,
+			PeerAdvert: cfg.PeerAdvert, RaftAdvert: cfg.RaftAdvert, Capacity: cfg.Memory, PeerTimeout: cfg.PeerTimeout,
+			DeadGrace: cfg.DeadGrace, Fast: cfg.FastRaft, Logger: cfg.Logger}, forPeers{n}, cat, st)
+		n.peers = cl
+		if err := cl.Start(); err != nil {
 			cancel()
 			cat.Close()
 			st.Close()
 			return nil, err
 		}
 	}
-	if sched != nil {
-		sched.register(n.registry)
-		n.wg.Add(1)
-		go n.prefetchLoop()
+	if clv != nil {
+		clv.Register(n.registry)
+		clv.Start(ctx, clairvoyantHost{n}, st)
 	}
 	n.wg.Add(1)
 	go n.watchCatalog()
@@ -147,10 +161,9 @@ func New(cfg Config) (*Node, error) {
 
 // Close stops background work and releases everything.
 func (n *Node) Close() error {
-	if n.cl != nil {
-		n.cl.close()
-	}
+	n.peers.Close()
 	n.cancel()
+	n.foresight.Wait()
 	n.wg.Wait()
 	err := n.cat.Close()
 	n.mu.Lock()
@@ -165,9 +178,6 @@ func (n *Node) Close() error {
 
 // Name is the node's stable name.
 func (n *Node) Name() string { return n.cfg.Name }
-
-// Catalog exposes the replicated catalog for reads.
-func (n *Node) Catalog() *catalog.Catalog { return n.cat }
 
 // Registry holds the node's Prometheus metrics.
 func (n *Node) Registry() *prometheus.Registry { return n.registry }
@@ -184,9 +194,7 @@ func (n *Node) watchCatalog() {
 			return
 		case <-updated:
 		}
-		if n.sched != nil {
-			n.refreshSchedule() // a newly pinned epoch: start reading ahead now
-		}
+		n.foresight.Refresh() // a newly pinned epoch: start reading ahead now
 		live := map[uint32]bool{}
 		for _, d := range n.cat.Datasets() {
 			live[d.ID] = true
@@ -342,7 +350,7 @@ func (n *Node) Get(ctx context.Context, d *catalog.Dataset, index int) (Item, er
 	}
 	k := store.MakeKey(d.ID, uint32(index))
 	key := d.Manifest.Key(index)
-	n.observe(d.ID, index, "")
+	n.foresight.Observe(d.ID, index, "")
 	if ref, ok := n.store.Get(k); ok {
 		n.counters.hitsLocal.Add(1)
 		return Item{Key: key, Data: ref.Data, Sum: ref.Sum, Cache: Hit, ref: ref}, nil
@@ -406,17 +414,17 @@ func (n *Node) shared(ctx context.Context, d *catalog.Dataset, index int, fill f
 // node owns it, from its previous owner's memory or from storage.
 func (n *Node) fetch(ctx context.Context, d *catalog.Dataset, index int) (filled, error) {
 	return n.shared(ctx, d, index, func(ctx context.Context) (filled, error) {
-		owner, self := n.owner(d, index)
+		owner, self := n.peers.Owner(d, index)
 		if !self {
-			if f, ok := n.cl.fromOwner(ctx, owner, d, index); ok {
-				return f, nil
+			if f, ok := n.peers.FromOwner(ctx, owner, d, index); ok {
+				return fromPeer(f), nil
 			}
 			// The owner is gone or hung: read storage here, and do not cache
 			// what this node does not own.
 			return n.readSource(ctx, d, index, false)
 		}
-		if f, ok := n.cl.handoff(ctx, d, index); ok {
-			return f, nil
+		if f, ok := n.peers.Handoff(ctx, d, index); ok {
+			return fromPeer(f), nil
 		}
 		return n.readSource(ctx, d, index, true)
 	})
@@ -427,10 +435,10 @@ func (n *Node) fetch(ctx context.Context, d *catalog.Dataset, index int) (filled
 // callers, and cached only if this node owns it.
 func (n *Node) fetchForPeer(ctx context.Context, d *catalog.Dataset, index int) (filled, error) {
 	return n.shared(ctx, d, index, func(ctx context.Context) (filled, error) {
-		_, self := n.owner(d, index)
+		_, self := n.peers.Owner(d, index)
 		if self {
-			if f, ok := n.cl.handoff(ctx, d, index); ok {
-				return f, nil
+			if f, ok := n.peers.Handoff(ctx, d, index); ok {
+				return fromPeer(f), nil
 			}
 		}
 		return n.readSource(ctx, d, index, self)
@@ -444,6 +452,10 @@ type filled struct {
 	// recycle, when set, hands data's buffer back for reuse; only the
 	// flight's sole caller may call it, once it is done with data.
 	recycle func()
+}
+
+func fromPeer(f cluster.Fill) filled {
+	return filled{data: f.Data, sum: f.Sum, cache: Peer, recycle: f.Recycle}
 }
 
 // done is for callers that only wanted the item filled, not its bytes.
@@ -489,15 +501,6 @@ func (n *Node) readSource(ctx context.Context, d *catalog.Dataset, index int, ca
 	return filled{data: data, sum: sum, cache: Miss, recycle: func() { n.bufs.Put(buf) }}, nil
 }
 
-// owner returns the member owning item index and whether that is this node.
-func (n *Node) owner(d *catalog.Dataset, index int) (string, bool) {
-	if n.cl == nil {
-		return n.cfg.Name, true
-	}
-	o := n.cl.ring().Owner(d.Name, d.Manifest.Key(index))
-	return o, o == "" || o == n.cfg.Name
-}
-
 // GetMany returns several items in order; on error, those already fetched
 // are released. Items owned by one peer travel in one transport request.
 func (n *Node) GetMany(ctx context.Context, d *catalog.Dataset, indices []int) ([]Item, error) {
@@ -520,7 +523,7 @@ func (n *Node) GetManyFor(ctx context.Context, d *catalog.Dataset, indices []int
 	}
 	var missing []int // positions in out
 	for j, i := range indices {
-		n.observe(d.ID, i, job)
+		n.foresight.Observe(d.ID, i, job)
 		if ref, ok := n.store.Get(store.MakeKey(d.ID, uint32(i))); ok {
 			n.counters.hitsLocal.Add(1)
 			out[j] = Item{Key: d.Manifest.Key(i), Data: ref.Data, Sum: ref.Sum, Cache: Hit, ref: ref}
@@ -531,9 +534,7 @@ func (n *Node) GetManyFor(ctx context.Context, d *catalog.Dataset, indices []int
 	if len(missing) == 0 {
 		return out, nil
 	}
-	if n.cl != nil {
-		missing = n.cl.batchFromOwners(ctx, d, indices, missing, out)
-	}
+	missing = n.fromOwners(ctx, d, indices, missing, out)
 	// What is left is owned here or could not be fetched from its owner.
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(16)
@@ -553,6 +554,36 @@ func (n *Node) GetManyFor(ctx context.Context, d *catalog.Dataset, indices []int
 		return nil, err
 	}
 	return out, nil
+}
+
+// fromOwners fetches the missing positions of out that other members own,
+// one peer request per owner, and returns the positions still missing.
+func (n *Node) fromOwners(ctx context.Context, d *catalog.Dataset, indices, missing []int, out []Item) []int {
+	var remote, left []int // positions in out
+	for _, j := range missing {
+		if _, self := n.peers.Owner(d, indices[j]); self {
+			left = append(left, j)
+		} else {
+			remote = append(remote, j)
+		}
+	}
+	if len(remote) == 0 {
+		return left
+	}
+	want := make([]int, len(remote))
+	for x, j := range remote {
+		want[x] = indices[j]
+	}
+	got, found := n.peers.FromOwners(ctx, d, want)
+	for x, j := range remote {
+		if !found[x] {
+			left = append(left, j)
+			continue
+		}
+		n.counters.hitsPeer.Add(1)
+		out[j] = Item{Key: d.Manifest.Key(indices[j]), Data: got[x].Data, Sum: got[x].Sum, Cache: Peer}
+	}
+	return left
 }
 
 // ServedBytes counts bytes sent to clients.

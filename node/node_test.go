@@ -15,8 +15,6 @@ import (
 	"time"
 
 	"stallfree/catalog"
-	"stallfree/store"
-	"stallfree/transport"
 )
 
 func freeAddr(t *testing.T) string {
@@ -62,9 +60,9 @@ func startNode(t *testing.T, items, size int, memory uint64, clustered bool) (*N
 	if err := n.RegisterAtStart(ctx, []string{"ds=" + dir}); err != nil {
 		t.Fatal(err)
 	}
-	d, ok := n.Catalog().Dataset("ds")
-	if !ok {
-		t.Fatal("dataset not registered")
+	d, err := n.Dataset(ctx, "ds")
+	if err != nil {
+		t.Fatal(err)
 	}
 	return n, d, files
 }
@@ -107,28 +105,5 @@ func TestRecycledStorageReadsStayExact(t *testing.T) {
 	}
 	if st := n.Stats(); st.SourceReads < 200 {
 		t.Fatalf("only %d storage reads: the test did not exercise recycled fills", st.SourceReads)
-	}
-}
-
-// A peer request that fails part-way (here on an index out of range) must
-// unpin the items it had already gathered: a leaked pin keeps an evicted
-// item's bytes charged to the budget for good.
-func TestFailedPeerAnswerUnpinsWhatItGathered(t *testing.T) {
-	n, d, _ := startNode(t, 4, 4<<10, 1<<20, true)
-	if it, err := n.Get(context.Background(), d, 0); err != nil {
-		t.Fatal(err)
-	} else {
-		it.Release()
-	}
-	for _, inline := range []bool{true, false} {
-		_, err := n.cl.servePeer(context.Background(), &transport.Request{Dataset: d.Name, DatasetVersion: d.Version,
-			Indices: []uint32{0, 99}, Inline: inline})
-		if err == nil {
-			t.Fatalf("inline %v: a request for index 99 of 4 succeeded", inline)
-		}
-	}
-	n.store.Delete(store.MakeKey(d.ID, 0))
-	if st := n.store.Stats(); st.Sending != 0 {
-		t.Fatalf("after the failed answers, %d bytes stay pinned by a deleted item", st.Sending)
 	}
 }

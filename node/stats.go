@@ -2,9 +2,10 @@ package node
 
 import (
 	"regexp"
-	"stallfree/api"
-
 	"sync/atomic"
+
+	"stallfree/api"
+	"stallfree/cluster"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -18,10 +19,7 @@ type counters struct {
 	misses        atomic.Uint64
 	sourceReads   atomic.Uint64
 	sourceBytes   atomic.Uint64
-	peerBytesIn   atomic.Uint64
-	peerBytesOut  atomic.Uint64
 	bytesServed   atomic.Uint64
-	peerFailures  atomic.Uint64
 	loaderWaitNs  atomic.Uint64
 	loaderBatches atomic.Uint64
 }
@@ -29,14 +27,15 @@ type counters struct {
 // Stats returns this node's figures.
 func (n *Node) Stats() api.Stats {
 	st := n.store.Stats()
+	ps := n.peers.Stats()
 	c := &n.counters
 	return api.Stats{
 		Name: n.cfg.Name, ItemsCached: st.Items, BytesCached: st.Bytes, CapacityBytes: st.Capacity,
 		HitsLocal: c.hitsLocal.Load(), HitsPeer: c.hitsPeer.Load(), Misses: c.misses.Load(),
 		SourceReads: c.sourceReads.Load(), SourceBytes: c.sourceBytes.Load(),
-		PeerBytesIn: c.peerBytesIn.Load(), PeerBytesOut: c.peerBytesOut.Load(),
+		PeerBytesIn: ps.PeerBytesIn, PeerBytesOut: ps.PeerBytesOut,
 		Policy: st.Policy, UsedBytes: st.Used, Evictions: st.Evicted, BytesServed: c.bytesServed.Load(),
-		PeerFailures: c.peerFailures.Load(), LoaderWaitSeconds: float64(c.loaderWaitNs.Load()) / 1e9,
+		PeerFailures: ps.PeerFailures, LoaderWaitSeconds: float64(c.loaderWaitNs.Load()) / 1e9,
 		LoaderBatches: c.loaderBatches.Load(),
 	}
 }
@@ -58,10 +57,14 @@ func (n *Node) registerMetrics() *prometheus.Registry {
 	counter("misses_total", "Requests that needed a storage read.", &c.misses)
 	counter("source_reads_total", "Reads from backing storage.", &c.sourceReads)
 	counter("source_bytes_total", "Bytes read from backing storage.", &c.sourceBytes)
-	counter("peer_bytes_in_total", "Item bytes received from peers.", &c.peerBytesIn)
-	counter("peer_bytes_out_total", "Item bytes sent to peers.", &c.peerBytesOut)
+	peerCounter := func(name, help string, f func(cluster.Stats) uint64) {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "stallfree_" + name, Help: help},
+			func() float64 { return float64(f(n.peers.Stats())) }))
+	}
+	peerCounter("peer_bytes_in_total", "Item bytes received from peers.", func(s cluster.Stats) uint64 { return s.PeerBytesIn })
+	peerCounter("peer_bytes_out_total", "Item bytes sent to peers.", func(s cluster.Stats) uint64 { return s.PeerBytesOut })
 	counter("served_bytes_total", "Item bytes sent to HTTP clients.", &c.bytesServed)
-	counter("peer_failures_total", "Peer fetches that failed and fell back to storage.", &c.peerFailures)
+	peerCounter("peer_failures_total", "Peer fetches that failed and fell back to storage.", func(s cluster.Stats) uint64 { return s.PeerFailures })
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "stallfree_loader_wait_seconds",
 		Help: "Total time training loops reported waiting for data."},
 		func() float64 { return float64(c.loaderWaitNs.Load()) / 1e9 }))

@@ -80,7 +80,7 @@ var errFull = errors.New("store full")
 func (n *Node) ownedIndices(d *catalog.Dataset) []int {
 	var out []int
 	for i := range d.Manifest.Len() {
-		if _, self := n.owner(d, i); self {
+		if _, self := n.peers.Owner(d, i); self {
 			out = append(out, i)
 		}
 	}

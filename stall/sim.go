@@ -3,11 +3,8 @@ package stall
 import (
 	"context"
 	"fmt"
-	"net/url"
 	"sync"
 	"time"
-
-	"github.com/vmihailenco/msgpack/v5"
 
 	"stallfree/client"
 )
@@ -42,23 +39,10 @@ type EpochReport struct {
 	StallFr      float64 `json:"stall_fraction"`
 }
 
-type jobSpec struct {
-	Dataset   string   `json:"dataset"`
-	WorldSize int      `json:"world_size"`
-	BatchSize int      `json:"batch_size"`
-	Ranks     []string `json:"ranks"`
-}
-
-type rankOrder struct {
-	Indices []int `json:"indices"`
-	Batches int   `json:"batches"`
-	Remote  int   `json:"remote"`
-}
-
 // RunJob simulates the job's epochs and reports each.
 func RunJob(ctx context.Context, cfg SimConfig) ([]EpochReport, error) {
-	var spec jobSpec
-	if err := cfg.Default.JSON(ctx, "GET", "/v1/jobs/"+url.PathEscape(cfg.Job), nil, &spec); err != nil {
+	spec, err := cfg.Default.Job(ctx, cfg.Job)
+	if err != nil {
 		return nil, err
 	}
 	rankClient := func(r int) *client.Client {
@@ -123,9 +107,8 @@ func RunJob(ctx context.Context, cfg SimConfig) ([]EpochReport, error) {
 // runRank fetches a rank's batches in order, Workers ahead of a consumer
 // that spends GPUPerBatch on each, and returns the time the consumer waited.
 func runRank(ctx context.Context, c *client.Client, cfg SimConfig, epoch, rank int) (time.Duration, int, int64, int, error) {
-	var o rankOrder
-	path := fmt.Sprintf("/v1/jobs/%s/epochs/%d/ranks/%d", url.PathEscape(cfg.Job), epoch, rank)
-	if err := c.JSON(ctx, "GET", path, nil, &o); err != nil {
+	o, err := c.RankOrder(ctx, cfg.Job, epoch, rank)
+	if err != nil {
 		return 0, 0, 0, 0, err
 	}
 	type result struct {
@@ -148,7 +131,7 @@ func runRank(ctx context.Context, c *client.Client, cfg SimConfig, epoch, rank i
 				return
 			}
 			go func() {
-				items, n, err := fetchBatch(ctx, c, fmt.Sprintf("%s/batches/%d", path, b))
+				items, n, err := fetchBatch(ctx, c, cfg.Job, epoch, rank, b)
 				slots[b] <- result{items, n, err}
 			}()
 		}
@@ -178,14 +161,9 @@ func runRank(ctx context.Context, c *client.Client, cfg SimConfig, epoch, rank i
 	return stall, items, nbytes, o.Remote, nil
 }
 
-func fetchBatch(ctx context.Context, c *client.Client, path string) (int, int64, error) {
-	resp, err := c.Do(ctx, "GET", path, nil)
+func fetchBatch(ctx context.Context, c *client.Client, job string, epoch, rank, b int) (int, int64, error) {
+	items, err := c.JobBatch(ctx, job, epoch, rank, b)
 	if err != nil {
-		return 0, 0, err
-	}
-	defer resp.Body.Close()
-	var items []client.Item
-	if err := msgpack.NewDecoder(resp.Body).Decode(&items); err != nil {
 		return 0, 0, err
 	}
 	var n int64

@@ -5,20 +5,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
-	"net/url"
 	"strings"
-)
 
-type job struct {
-	Name      string   `json:"name,omitempty"`
-	Dataset   string   `json:"dataset"`
-	Seed      uint64   `json:"seed"`
-	WorldSize int      `json:"world_size"`
-	BatchSize int      `json:"batch_size"`
-	Ranks     []string `json:"ranks"`
-	Version   uint64   `json:"version,omitempty"`
-}
+	"stallfree/api"
+)
 
 func (a *app) jobs(ctx context.Context, args []string) error {
 	if len(args) == 0 {
@@ -36,12 +26,12 @@ func (a *app) jobs(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		j := job{Dataset: *ds, Seed: *seed, WorldSize: *world, BatchSize: *batch}
+		j := api.Job{Name: pos[0], Dataset: *ds, Seed: *seed, WorldSize: *world, BatchSize: *batch}
 		if *ranks != "" {
 			j.Ranks = strings.Split(*ranks, ",")
 		}
-		var got job
-		if err := a.c.JSON(ctx, http.MethodPut, "/v1/jobs/"+url.PathEscape(pos[0]), j, &got); err != nil {
+		got, err := a.c.PutJob(ctx, j)
+		if err != nil {
 			return err
 		}
 		if a.json {
@@ -50,8 +40,8 @@ func (a *app) jobs(ctx context.Context, args []string) error {
 		fmt.Fprintf(a.out, "job %s: dataset %s, seed %d, %d ranks of batch %d\n", got.Name, got.Dataset, got.Seed, got.WorldSize, got.BatchSize)
 		return nil
 	case "ls":
-		var js []job
-		if err := a.c.JSON(ctx, http.MethodGet, "/v1/jobs", nil, &js); err != nil {
+		js, err := a.c.Jobs(ctx)
+		if err != nil {
 			return err
 		}
 		if a.json {
@@ -67,7 +57,7 @@ func (a *app) jobs(ctx context.Context, args []string) error {
 		if len(args) != 2 {
 			return usageError{"jobs rm NAME"}
 		}
-		return a.c.JSON(ctx, http.MethodDelete, "/v1/jobs/"+url.PathEscape(args[1]), nil, nil)
+		return a.c.DeleteJob(ctx, args[1])
 	}
 	return usageError{"jobs add|ls|rm"}
 }
@@ -80,15 +70,14 @@ func (a *app) sample(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	var out struct {
-		Indices []int `json:"indices"`
-	}
-	path := fmt.Sprintf("/v1/jobs/%s/epochs/%d/ranks/%d", url.PathEscape(pos[0]), *epoch, *rank)
-	if err := a.c.JSON(ctx, http.MethodGet, path, nil, &out); err != nil {
+	out, err := a.c.RankOrder(ctx, pos[0], *epoch, *rank)
+	if err != nil {
 		return err
 	}
 	if a.json {
-		return a.printJSON(out)
+		return a.printJSON(struct {
+			Indices []int `json:"indices"`
+		}{out.Indices})
 	}
 	for _, i := range out.Indices {
 		fmt.Fprintln(a.out, i)

@@ -85,7 +85,8 @@ func run(args []string) error {
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("node", *name)
 
-	mem, err := parseSize("memory", *memory, 1, math.MaxInt64, "a size above 0, such as 4GiB")
+	mem, err := parseSize("memory", *memory, minMemory, math.MaxInt64,
+		"a size of at least 1MiB, such as 512MiB or 4GiB (IEC units; a plain number counts bytes)")
 	if err != nil {
 		return err
 	}
@@ -135,6 +136,14 @@ func run(args []string) error {
 	if *dataDir == "" {
 		*dataDir = "stallfree-data/" + *name
 	}
+	if !*bootstrap && len(seeds) == 0 {
+		// Neither flag: a node on its own. On an empty data dir it forms a
+		// one-node cluster (others may --join it later); with state on disk
+		// it comes back with the cluster it had. Without this it would wait
+		// for a leader that can never be elected.
+		log.Info("neither --bootstrap nor --join: forming a one-node cluster (kept on restart)", "data_dir", *dataDir)
+		*bootstrap = true
+	}
 	httpAdv, err := advertised(*httpAddr, advIP)
 	if err != nil {
 		return fmt.Errorf("--http: %w", err)
@@ -152,7 +161,7 @@ func run(args []string) error {
 	n, err := node.New(node.Config{
 		Name: *name, HTTPAdvert: httpAdv, PeerAdvert: peerAdv, RaftBind: *raftAddr, RaftAdvert: raftAdv,
 		DataDir: *dataDir, Bootstrap: *bootstrap, Memory: mem, Policy: *policy, AllowSources: allow,
-		SourceRate: int64(rate), FastRaft: *fast, Logger: log,
+		SourceRate: int64(rate), FastRaft: *fast, Logger: log, Token: token,
 		GossipBind: *gossip, Advertise: advIP, Join: seeds, PeerBind: *peerAddr, ClusterKey: clusterKey, PeerTimeout: *peerWait,
 	})
 	if err != nil {
@@ -236,6 +245,10 @@ func applyEnv(fs *flag.FlagSet) error {
 
 // parseSize reads a size flag ("4GiB", "512 KiB", "100MB") that must lie in
 // [min, max]; want says so in the error.
+// minMemory refuses budgets that cannot hold a dataset worth caching, such
+// as "--memory 10" meant as 10 GiB.
+const minMemory = 1 << 20
+
 func parseSize(flagName, value string, min, max uint64, want string) (uint64, error) {
 	n, err := humanize.ParseBytes(value)
 	if err != nil || n < min || n > max {

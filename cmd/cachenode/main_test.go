@@ -15,8 +15,9 @@ func TestBadFlagsFailBeforeStarting(t *testing.T) {
 	base := []string{"--bootstrap", "--data-dir", dir, "--http", "127.0.0.1:0", "--peer", "127.0.0.1:0",
 		"--gossip", "127.0.0.1:0", "--raft", "127.0.0.1:0"}
 	for _, c := range []struct{ args, want string }{
-		{"--memory foo", `--memory "foo": want a size above 0`},
-		{"--memory 0", `--memory "0": want a size above 0`},
+		{"--memory foo", `--memory "foo": want a size of at least 1MiB`},
+		{"--memory 0", `--memory "0": want a size of at least 1MiB`},
+		{"--memory 10", `--memory "10": want a size of at least 1MiB, such as 512MiB or 4GiB`},
 		{"--send-buffer 2GiB", `--send-buffer "2GiB": want a size up to 1GiB`},
 		{"--send-buffer -1", `--send-buffer "-1"`},
 		{"--source-rate fast", `--source-rate "fast": want bytes per second`},

@@ -1,4 +1,12 @@
-package node
+// Package clairvoyant is the cache policy that knows the future (NoPFS,
+// Lobster): every registered job's seeded order is known, so this node knows
+// when each of its items is used next. It reads ahead what loaders will need
+// within a bounded window, and makes room by dropping the resident item used
+// farthest in the future — never one needed sooner than the incoming item.
+// With a fresh permutation every epoch, no policy reads less from storage
+// than MinIO; what foresight buys is time: the reads happen before the loader
+// asks.
+package clairvoyant
 
 import (
 	"container/heap"
@@ -11,16 +19,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"stallfree/catalog"
+	"stallfree/locality"
 	"stallfree/store"
 )
-
-// The clairvoyant policy (NoPFS, Lobster): every registered job's seeded
-// order is known, so this node knows when each of its items is used next. It
-// reads ahead what loaders will need within a bounded window, and makes room
-// by dropping the resident item used farthest in the future — never one
-// needed sooner than the incoming item. With a fresh permutation every epoch,
-// no policy reads less from storage than MinIO; what foresight buys is time:
-// the reads happen before the loader asks.
 
 const (
 	never          = int64(math.MaxInt64)
@@ -35,7 +37,7 @@ const (
 type cursor struct {
 	job         string
 	dataset     uint32
-	cur, next   *EpochPlan
+	cur, next   *locality.EpochPlan
 	nextMembers []string     // the members next was computed with (pinned or predicted)
 	steps       int64        // global minibatches per epoch
 	pos         atomic.Int64 // absolute step (epoch*steps + step) of the fastest rank seen
@@ -180,9 +182,9 @@ func (s *schedule) observe(dataset uint32, index int, job string) {
 	}
 }
 
-// clairvoyant is the store policy: a max-heap of resident items by next use,
+// policy is the store policy: a max-heap of resident items by next use,
 // invalidated lazily (an entry is current only while its generation matches).
-type clairvoyant struct {
+type policy struct {
 	s    *schedule
 	keys []store.Key
 	gen  []uint32
@@ -214,13 +216,13 @@ func (h *prioHeap) Pop() any {
 	return e
 }
 
-func newClairvoyant(s *schedule) *clairvoyant {
-	return &clairvoyant{s: s, prefetched: map[store.Key]string{}}
+func newPolicy(s *schedule) *policy {
+	return &policy{s: s, prefetched: map[store.Key]string{}}
 }
 
-func (p *clairvoyant) Name() string { return "clairvoyant" }
+func (p *policy) Name() string { return "clairvoyant" }
 
-func (p *clairvoyant) track(slot uint32, k store.Key) {
+func (p *policy) track(slot uint32, k store.Key) {
 	for uint32(len(p.keys)) <= slot {
 		p.keys = append(p.keys, 0)
 		p.gen = append(p.gen, 0)
@@ -234,10 +236,10 @@ func (p *clairvoyant) track(slot uint32, k store.Key) {
 	heap.Push(&p.h, prioEntry{prio: prio, slot: slot, gen: p.gen[slot]})
 }
 
-func (p *clairvoyant) Added(slot uint32, k store.Key)    { p.track(slot, k) }
-func (p *clairvoyant) Accessed(slot uint32, k store.Key) { p.track(slot, k) }
+func (p *policy) Added(slot uint32, k store.Key)    { p.track(slot, k) }
+func (p *policy) Accessed(slot uint32, k store.Key) { p.track(slot, k) }
 
-func (p *clairvoyant) Removed(slot uint32, k store.Key) {
+func (p *policy) Removed(slot uint32, k store.Key) {
 	p.live[slot] = false
 	p.gen[slot]++
 	p.pmu.Lock()
@@ -251,7 +253,7 @@ func (p *clairvoyant) Removed(slot uint32, k store.Key) {
 
 // Victim proposes the resident item used farthest in the future, unless it
 // is needed sooner than the incoming item.
-func (p *clairvoyant) Victim(incoming store.Key) (uint32, bool) {
+func (p *policy) Victim(incoming store.Key) (uint32, bool) {
 	for p.h.Len() > 0 {
 		top := p.h[0]
 		if !p.live[top.slot] || p.gen[top.slot] != top.gen {
@@ -270,7 +272,7 @@ func (p *clairvoyant) Victim(incoming store.Key) (uint32, bool) {
 }
 
 // Rebuild recomputes every resident item's priority (a new epoch's order).
-func (p *clairvoyant) Rebuild() {
+func (p *policy) Rebuild() {
 	p.h = p.h[:0]
 	p.s.mu.RLock()
 	defer p.s.mu.RUnlock()
@@ -283,68 +285,114 @@ func (p *clairvoyant) Rebuild() {
 	heap.Init(&p.h)
 }
 
-func (n *Node) markPrefetched(k store.Key, job string) {
-	n.clair.pmu.Lock()
-	n.clair.prefetched[k] = job
-	n.clair.pmu.Unlock()
-	n.sched.prefetched.WithLabelValues(job).Inc()
+// Host is what the policy needs from its node: the jobs in the catalog, their
+// epoch plans, which items this node owns, and a way to fill one.
+type Host interface {
+	Jobs() []*catalog.Job
+	LatestEpoch(job string) (uint64, bool)
+	EpochMembers(job string, epoch uint64) ([]string, bool)
+	// Plan is an epoch's pinned plan; PredictPlan the plan it will have if
+	// pinned to today's members, with those members, pinning nothing.
+	Plan(job string, epoch uint64) (*locality.EpochPlan, error)
+	PredictPlan(job string, epoch uint64) (*locality.EpochPlan, []string, error)
+	Owns(d *catalog.Dataset, index int) bool
+	// Fill brings an item this node owns into its store, as a miss would.
+	Fill(ctx context.Context, d *catalog.Dataset, index int) error
 }
 
-func (n *Node) notePrefetchHit(k store.Key) {
-	n.clair.pmu.Lock()
-	job, ok := n.clair.prefetched[k]
-	delete(n.clair.prefetched, k)
-	n.clair.pmu.Unlock()
+// Clairvoyant is the policy and its read-ahead. Give Policy() to the store,
+// then Start it with the store and the host.
+type Clairvoyant struct {
+	sched  *schedule
+	policy *policy
+	host   Host
+	store  *store.Store
+	wg     sync.WaitGroup
+}
+
+// New returns a policy with no jobs yet.
+func New() *Clairvoyant {
+	s := newSchedule()
+	return &Clairvoyant{sched: s, policy: newPolicy(s)}
+}
+
+// Policy is the store.Policy to create the store with.
+func (c *Clairvoyant) Policy() store.Policy { return c.policy }
+
+// Register adds the read-ahead counters to reg.
+func (c *Clairvoyant) Register(reg *prometheus.Registry) { c.sched.register(reg) }
+
+// Start follows the jobs and reads ahead until ctx ends; Wait waits for that.
+func (c *Clairvoyant) Start(ctx context.Context, host Host, st *store.Store) {
+	c.host, c.store = host, st
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		c.prefetchLoop(ctx)
+	}()
+}
+
+// Wait returns once Start's work has ended (after its context is done).
+func (c *Clairvoyant) Wait() { c.wg.Wait() }
+
+func (c *Clairvoyant) markPrefetched(k store.Key, job string) {
+	c.policy.pmu.Lock()
+	c.policy.prefetched[k] = job
+	c.policy.pmu.Unlock()
+	c.sched.prefetched.WithLabelValues(job).Inc()
+}
+
+func (c *Clairvoyant) notePrefetchHit(k store.Key) {
+	c.policy.pmu.Lock()
+	job, ok := c.policy.prefetched[k]
+	delete(c.policy.prefetched, k)
+	c.policy.pmu.Unlock()
 	if ok {
-		n.sched.prefetchHits.WithLabelValues(job).Inc()
+		c.sched.prefetchHits.WithLabelValues(job).Inc()
 	}
 }
 
-// observe tells the clairvoyant schedule that an item was asked for, by job
-// when known.
-func (n *Node) observe(dataset uint32, index int, job string) {
-	if n.sched == nil {
-		return
-	}
-	n.sched.observe(dataset, index, job)
-	n.notePrefetchHit(store.MakeKey(dataset, uint32(index)))
+// Observe tells the schedule that an item was asked for, by job when known.
+func (c *Clairvoyant) Observe(dataset uint32, index int, job string) {
+	c.sched.observe(dataset, index, job)
+	c.notePrefetchHit(store.MakeKey(dataset, uint32(index)))
 }
 
-// refreshSchedule follows the jobs in the catalog: each job's cursor sits on
+// Refresh follows the jobs in the catalog: each job's cursor sits on
 // its latest pinned epoch (loaders pin an epoch when they ask for its order),
 // and sees past the epoch boundary with the next epoch's plan, pinned or
 // predicted from today's members.
-func (n *Node) refreshSchedule() {
+func (c *Clairvoyant) Refresh() {
 	changed := false
 	seen := map[string]bool{}
-	for _, j := range n.cat.Jobs() {
+	for _, j := range c.host.Jobs() {
 		seen[j.Name] = true
-		latest, ok := n.cat.LatestEpoch(j.Name)
+		latest, ok := c.host.LatestEpoch(j.Name)
 		if !ok {
 			continue
 		}
-		n.sched.mu.RLock()
-		c := n.sched.byJob[j.Name]
-		n.sched.mu.RUnlock()
-		if c != nil && c.cur.Job.Version == j.Version && c.cur.Epoch == latest {
-			pinned, ok := n.cat.EpochMembers(j.Name, latest+1)
-			if !ok || slices.Equal(pinned, c.nextMembers) {
+		c.sched.mu.RLock()
+		old := c.sched.byJob[j.Name]
+		c.sched.mu.RUnlock()
+		if old != nil && old.cur.Job.Version == j.Version && old.cur.Epoch == latest {
+			pinned, ok := c.host.EpochMembers(j.Name, latest+1)
+			if !ok || slices.Equal(pinned, old.nextMembers) {
 				continue
 			}
 		}
-		cur, err := n.Plan(j.Name, latest)
+		cur, err := c.host.Plan(j.Name, latest)
 		if err != nil {
 			continue
 		}
-		next, nextMembers, err := n.PredictPlan(j.Name, latest+1)
+		next, nextMembers, err := c.host.PredictPlan(j.Name, latest+1)
 		if err != nil {
 			next = nil
 		}
 		steps := int64(cur.Batches())
 		nc := &cursor{job: j.Name, dataset: cur.Data.ID, cur: cur, next: next, nextMembers: nextMembers, steps: steps}
-		if c != nil && c.cur.Job.Version == j.Version && len(c.lastUse) == cur.Data.Manifest.Len() {
-			nc.lastUse = c.lastUse
-			nc.pos.Store(max(c.pos.Load(), int64(latest)*steps))
+		if old != nil && old.cur.Job.Version == j.Version && len(old.lastUse) == cur.Data.Manifest.Len() {
+			nc.lastUse = old.lastUse
+			nc.pos.Store(max(old.pos.Load(), int64(latest)*steps))
 		} else {
 			nc.lastUse = make([]atomic.Int64, cur.Data.Manifest.Len())
 			for i := range nc.lastUse {
@@ -352,25 +400,25 @@ func (n *Node) refreshSchedule() {
 			}
 			nc.pos.Store(int64(latest) * steps)
 		}
-		n.sched.mu.Lock()
-		n.sched.byJob[j.Name] = nc
-		n.sched.byDataset[nc.dataset] = replaceCursor(n.sched.byDataset[nc.dataset], nc)
-		n.sched.mu.Unlock()
+		c.sched.mu.Lock()
+		c.sched.byJob[j.Name] = nc
+		c.sched.byDataset[nc.dataset] = replaceCursor(c.sched.byDataset[nc.dataset], nc)
+		c.sched.mu.Unlock()
 		changed = true
 	}
-	n.sched.mu.Lock()
-	for name, c := range n.sched.byJob {
+	c.sched.mu.Lock()
+	for name, old := range c.sched.byJob {
 		if !seen[name] {
-			delete(n.sched.byJob, name)
-			n.sched.byDataset[c.dataset] = removeCursor(n.sched.byDataset[c.dataset], name)
+			delete(c.sched.byJob, name)
+			c.sched.byDataset[old.dataset] = removeCursor(c.sched.byDataset[old.dataset], name)
 			changed = true
 		}
 	}
-	n.sched.mu.Unlock()
+	c.sched.mu.Unlock()
 	if changed {
-		n.store.Reprioritize()
+		c.store.Reprioritize()
 		select { // start reading ahead for the new epoch now
-		case n.sched.wake <- struct{}{}:
+		case c.sched.wake <- struct{}{}:
 		default:
 		}
 	}
@@ -392,8 +440,7 @@ func removeCursor(cs []*cursor, job string) []*cursor {
 
 // prefetchLoop reads ahead, for every job, the items this node owns that the
 // next prefetchWindow global minibatches use, while the store will take them.
-func (n *Node) prefetchLoop() {
-	defer n.wg.Done()
+func (c *Clairvoyant) prefetchLoop(ctx context.Context) {
 	t := time.NewTicker(20 * time.Millisecond)
 	defer t.Stop()
 	refresh := time.NewTicker(200 * time.Millisecond)
@@ -402,43 +449,43 @@ func (n *Node) prefetchLoop() {
 	var inflight sync.Map
 	for {
 		select {
-		case <-n.ctx.Done():
+		case <-ctx.Done():
 			return
 		case <-refresh.C:
-			n.refreshSchedule()
+			c.Refresh()
 			continue
-		case <-n.sched.wake:
+		case <-c.sched.wake:
 		case <-t.C:
 		}
-		n.sched.mu.RLock()
-		cursors := make([]*cursor, 0, len(n.sched.byJob))
-		for _, c := range n.sched.byJob {
+		c.sched.mu.RLock()
+		cursors := make([]*cursor, 0, len(c.sched.byJob))
+		for _, c := range c.sched.byJob {
 			cursors = append(cursors, c)
 		}
-		n.sched.mu.RUnlock()
-		for _, c := range cursors {
-			n.prefetchJob(c, sem, &inflight)
+		c.sched.mu.RUnlock()
+		for _, cur := range cursors {
+			c.prefetchJob(ctx, cur, sem, &inflight)
 		}
 	}
 }
 
-func (n *Node) prefetchJob(c *cursor, sem chan struct{}, inflight *sync.Map) {
-	pos := c.pos.Load()
+func (c *Clairvoyant) prefetchJob(ctx context.Context, cur *cursor, sem chan struct{}, inflight *sync.Map) {
+	pos := cur.pos.Load()
 	for t := pos; t < pos+prefetchWindow; t++ {
-		ep := c.cur
-		if t >= int64(c.cur.Epoch+1)*c.steps {
-			ep = c.next
+		ep := cur.cur
+		if t >= int64(cur.cur.Epoch+1)*cur.steps {
+			ep = cur.next
 		}
-		if ep == nil || c.steps == 0 {
+		if ep == nil || cur.steps == 0 {
 			return
 		}
-		b := int(t - int64(ep.Epoch)*c.steps)
+		b := int(t - int64(ep.Epoch)*cur.steps)
 		if b < 0 || b >= ep.Batches() {
 			continue
 		}
 		for r := range ep.Ranks {
 			for _, i := range ep.Batch(r, b) {
-				if !n.prefetchOne(c, ep, t, int(i), sem, inflight) {
+				if !c.prefetchOne(ctx, cur, ep, t, int(i), sem, inflight) {
 					return
 				}
 			}
@@ -449,43 +496,42 @@ func (n *Node) prefetchJob(c *cursor, sem chan struct{}, inflight *sync.Map) {
 // prefetchOne starts a read-ahead of item i if it is this node's, not
 // resident and admissible. It returns false when the store would refuse it:
 // later items are needed even later, so the window is done.
-func (n *Node) prefetchOne(c *cursor, ep *EpochPlan, t int64, i int, sem chan struct{}, inflight *sync.Map) bool {
-	if _, self := n.owner(ep.Data, i); !self {
+func (c *Clairvoyant) prefetchOne(ctx context.Context, cur *cursor, ep *locality.EpochPlan, t int64, i int, sem chan struct{}, inflight *sync.Map) bool {
+	if !c.host.Owns(ep.Data, i) {
 		return true
 	}
-	if c.nextUse(i) != t {
+	if cur.nextUse(i) != t {
 		return true // already used at this step: its next use is outside the window
 	}
 	k := store.MakeKey(ep.Data.ID, uint32(i))
-	if n.store.Contains(k) {
+	if c.store.Contains(k) {
 		return true
 	}
 	if _, busy := inflight.Load(k); busy {
 		return true
 	}
-	if !n.store.MakeRoom(k, int(ep.Data.Manifest.Size(i))) {
+	if !c.store.MakeRoom(k, int(ep.Data.Manifest.Size(i))) {
 		return false
 	}
 	// At most `prefetchers` reads ahead at once: the rest of storage
 	// bandwidth stays with loaders' misses.
 	select {
 	case sem <- struct{}{}:
-	case <-n.ctx.Done():
+	case <-ctx.Done():
 		return false
 	}
 	inflight.Store(k, struct{}{})
-	n.wg.Add(1)
+	c.wg.Add(1)
 	go func() {
-		defer n.wg.Done()
+		defer c.wg.Done()
 		defer func() { <-sem; inflight.Delete(k) }()
-		ctx, cancel := context.WithTimeout(n.ctx, time.Minute)
+		fctx, cancel := context.WithTimeout(ctx, time.Minute)
 		defer cancel()
-		f, err := n.fetch(ctx, ep.Data, i)
-		f.done()
-		n.store.Unreserve(k) // a no-op when the fill used the room
+		err := c.host.Fill(fctx, ep.Data, i)
+		c.store.Unreserve(k) // a no-op when the fill used the room
 		// Count it as read ahead only if no loader asked for it meanwhile.
-		if err == nil && n.store.Contains(k) && c.nextUse(i) == t {
-			n.markPrefetched(k, c.job)
+		if err == nil && c.store.Contains(k) && cur.nextUse(i) == t {
+			c.markPrefetched(k, cur.job)
 		}
 	}()
 	return true

@@ -1,0 +1,260 @@
+// Package cluster is the part of a node that exists only with peers: gossip
+// membership, the consistent-hash ring over the live members, the peer
+// transport in both directions (fetching from owners, serving peers, handing
+// items over when ownership moves) and keeping raft's voter set in line with
+// the members. It reaches back into the node only through Local.
+package cluster
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"stallfree/catalog"
+	"stallfree/membership"
+	"stallfree/partition"
+	"stallfree/store"
+	"stallfree/transport"
+)
+
+// maxVoters: raft stays fast with a small quorum; members beyond it follow
+// the catalog as non-voters.
+const maxVoters = 5
+
+// Fill is an item's bytes as fetched from a peer or read for one.
+type Fill struct {
+	Data []byte
+	Sum  uint64
+	// Recycle, when set, hands Data's buffer back for reuse; only the
+	// item's sole user may call it, once it is done with Data.
+	Recycle func()
+}
+
+// Local is what the cluster needs from the node it belongs to.
+type Local interface {
+	// FillForPeer fills an item a peer asked for: from this node's previous
+	// owner or storage, once, cached only if this node owns it. It must
+	// never ask another owner, so no request bounces between nodes.
+	FillForPeer(ctx context.Context, d *catalog.Dataset, index int) (Fill, error)
+	// Observe tells the node's cache policy that an item was asked for.
+	Observe(dataset uint32, index int)
+}
+
+// Config says how this node takes part in the cluster.
+type Config struct {
+	Name       string
+	GossipBind string
+	Advertise  string // IP others use to reach this node
+	Join       []string
+	PeerBind   string
+	ClusterKey []byte // raw --cluster-key-file contents; empty = no encryption or authentication
+	// What this node tells the others about itself.
+	HTTPAdvert, PeerAdvert, RaftAdvert string
+	Capacity                           uint64
+	PeerTimeout                        time.Duration // bound on a peer fetch before falling back to storage
+	DeadGrace                          time.Duration // how long a dead member stays in the raft configuration
+	Fast                               bool          // loopback timers
+	Logger                             *slog.Logger
+}
+
+// Stats are the cluster's cumulative figures.
+type Stats struct {
+	PeerBytesIn, PeerBytesOut, PeerFailures uint64
+}
+
+// Cluster is safe for concurrent use.
+type Cluster struct {
+	cfg    Config
+	log    *slog.Logger
+	local  Local
+	cat    *catalog.Catalog
+	store  *store.Store
+	ml     *membership.Membership
+	srv    *transport.Server
+	client *transport.Client
+	rings  atomic.Pointer[ringPair]
+	ringMu sync.Mutex // one rebuild at a time, so prev is always the ring replaced
+	http   *fasthttp.Client
+	wg     sync.WaitGroup
+	stop   chan struct{}
+
+	peerBytesIn, peerBytesOut, peerFailures atomic.Uint64
+}
+
+// ringPair keeps the rings a new owner consults to find who held an item
+// before it, so ownership moves become transfers instead of storage reads:
+// the previous ring (any membership change) and the current ring without this
+// node (a join or rejoin: exactly the ring under which the items were filled).
+type ringPair struct{ cur, prev, withoutSelf *partition.Ring }
+
+// deriveKey separates the gossip and transport keys derived from one secret.
+func deriveKey(secret []byte, label string) []byte {
+	if len(secret) == 0 {
+		return nil
+	}
+	h := sha256.New()
+	h.Write([]byte("stallfree/" + label + "/"))
+	h.Write(secret)
+	return h.Sum(nil)
+}
+
+// New prepares this node's part in the cluster; Start joins it. The split
+// lets the node keep the *Cluster before any peer request can reach it.
+func New(cfg Config, local Local, cat *catalog.Catalog, st *store.Store) *Cluster {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.PeerTimeout == 0 {
+		cfg.PeerTimeout = 2 * time.Second
+	}
+	if cfg.DeadGrace == 0 {
+		cfg.DeadGrace = time.Minute
+		if cfg.Fast {
+			cfg.DeadGrace = 5 * time.Second
+		}
+	}
+	c := &Cluster{cfg: cfg, log: cfg.Logger, local: local, cat: cat, store: st,
+		client: transport.NewClient(deriveKey(cfg.ClusterKey, "transport")), stop: make(chan struct{}),
+		http: &fasthttp.Client{ReadTimeout: time.Second, WriteTimeout: time.Second, MaxConnsPerHost: 4}}
+	empty, _ := partition.New(nil)
+	c.rings.Store(&ringPair{cur: empty})
+	return c
+}
+
+// Start binds the peer transport, joins gossip and starts following
+// membership. After an error, nothing is left running.
+func (c *Cluster) Start() error {
+	cfg := c.cfg
+	ln, err := net.Listen("tcp", cfg.PeerBind)
+	if err != nil {
+		return fmt.Errorf("--peer: %w", err)
+	}
+	c.srv = transport.NewServer(deriveKey(cfg.ClusterKey, "transport"), c.servePeer, c.log.With("component", "transport"))
+	go c.srv.Serve(ln)
+
+	raftAdv := cfg.RaftAdvert
+	ml, err := membership.Join(membership.Config{
+		Name: cfg.Name, Bind: cfg.GossipBind, Advertise: cfg.Advertise, Join: cfg.Join,
+		SecretKey: deriveKey(cfg.ClusterKey, "gossip"), Fast: cfg.Fast, Logger: c.log,
+		Meta: membership.Meta{Incarnation: time.Now().UnixNano(), HTTP: cfg.HTTPAdvert, Peer: cfg.PeerAdvert,
+			Raft: raftAdv, Capacity: cfg.Capacity},
+	})
+	if err != nil {
+		c.srv.Close()
+		c.client.Close()
+		return err
+	}
+	c.ml = ml
+	c.rebuildRing()
+	c.wg.Add(1)
+	go c.watch()
+	return nil
+}
+
+// Close leaves gossip and stops the transport.
+func (c *Cluster) Close() {
+	close(c.stop)
+	c.wg.Wait()
+	c.ml.Leave(time.Second)
+	c.srv.Close()
+	c.client.Close()
+}
+
+// Stats returns the cluster's counters.
+func (c *Cluster) Stats() Stats {
+	return Stats{PeerBytesIn: c.peerBytesIn.Load(), PeerBytesOut: c.peerBytesOut.Load(), PeerFailures: c.peerFailures.Load()}
+}
+
+func (c *Cluster) ring() *partition.Ring { return c.rings.Load().cur }
+
+// Owner returns the member owning item index of d and whether that is this
+// node (an empty ring makes every item this node's).
+func (c *Cluster) Owner(d *catalog.Dataset, index int) (string, bool) {
+	o := c.ring().Owner(d.Name, d.Manifest.Key(index))
+	return o, o == "" || o == c.cfg.Name
+}
+
+// Members are the live members the ring is built over.
+func (c *Cluster) Members() []string { return c.ring().Members() }
+
+// HTTPAddr is a member's advertised HTTP address.
+func (c *Cluster) HTTPAddr(name string) (string, bool) {
+	m, ok := c.ml.Get(name)
+	if !ok || m.Meta.HTTP == "" {
+		return "", false
+	}
+	return m.Meta.HTTP, true
+}
+
+// rebuildRing recomputes ownership over the alive members.
+func (c *Cluster) rebuildRing() {
+	c.ringMu.Lock()
+	defer c.ringMu.Unlock()
+	alive := c.ml.Alive()
+	old := c.rings.Load()
+	if slices.Equal(old.cur.Members(), alive) {
+		return
+	}
+	r, err := partition.New(alive)
+	if err != nil {
+		c.log.Error("ring not rebuilt", "members", alive, "err", err)
+		return
+	}
+	others := slices.DeleteFunc(slices.Clone(alive), func(m string) bool { return m == c.cfg.Name })
+	without, err := partition.New(others)
+	if err != nil {
+		without = nil
+	}
+	c.rings.Store(&ringPair{cur: r, prev: old.cur, withoutSelf: without})
+	c.log.Info("ring", "members", alive, "version", r.Version(), "moved", partition.Moved(old.cur, r))
+	// Connections to members that left are of no further use.
+	for _, m := range c.ml.Members() {
+		if m.State == membership.Dead || m.State == membership.Left {
+			c.client.Forget(m.Meta.Peer)
+		}
+	}
+}
+
+// watch follows membership: it rebuilds the ring on every change, and on the
+// raft leader keeps the voter set in line with the live members.
+func (c *Cluster) watch() {
+	defer c.wg.Done()
+	kick := make(chan struct{}, 1)
+	c.wg.Add(1)
+	go c.upkeepRaft(kick)
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-c.ml.Changed():
+			c.rebuildRing()
+			select {
+			case kick <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+// awaitRing waits, briefly, until this node's ring is the one a peer reports.
+func (c *Cluster) awaitRing(ctx context.Context, version uint64) {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for c.rebuildRing(); c.ring().Version() != version; c.rebuildRing() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

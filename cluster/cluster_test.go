@@ -1,0 +1,162 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"go.uber.org/goleak"
+
+	"stallfree/catalog"
+	"stallfree/source"
+	"stallfree/store"
+	"stallfree/transport"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// fakeLocal fills items from memory and counts the fills.
+type fakeLocal struct {
+	items map[int][]byte
+	fills int
+}
+
+func (f *fakeLocal) FillForPeer(_ context.Context, _ *catalog.Dataset, i int) (Fill, error) {
+	b, ok := f.items[i]
+	if !ok {
+		return Fill{}, errors.New("no such item")
+	}
+	f.fills++
+	return Fill{Data: b, Sum: xxhash.Sum64(b)}, nil
+}
+
+func (*fakeLocal) Observe(uint32, int) {}
+
+// oneMember starts a one-member cluster over a real catalog (raft on disk)
+// holding a dataset of n items of size bytes.
+func oneMember(t *testing.T, n, size int) (*Cluster, *catalog.Dataset, *store.Store, *fakeLocal) {
+	t.Helper()
+	log := slog.New(slog.DiscardHandler)
+	cat, err := catalog.Open(catalog.Config{NodeID: "c1", Bind: freeAddr(t), Dir: t.TempDir(), Bootstrap: true, Fast: true, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cat.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := cat.WaitLeader(ctx); err != nil {
+		t.Fatal(err)
+	}
+	local := &fakeLocal{items: map[int][]byte{}}
+	entries := make([]source.Entry, n)
+	for i := range entries {
+		entries[i] = source.Entry{Key: fmt.Sprintf("k%03d", i), Size: int64(size)}
+		local.items[i] = []byte(fmt.Sprintf("%0*d", size, i))
+	}
+	var d *catalog.Dataset
+	for {
+		d, _, err = cat.RegisterDataset("ds", "/nowhere", entries)
+		if !errors.Is(err, catalog.ErrNotLeader) && !errors.Is(err, catalog.ErrNoLeader) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond) // leadership settling right after the election
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.New(1<<20, store.MinIO{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	peer := freeAddr(t)
+	c := New(Config{Name: "c1", GossipBind: freeAddr(t), Advertise: "127.0.0.1", PeerBind: peer, PeerAdvert: peer,
+		Fast: true, Logger: log}, local, cat, st)
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c, d, st, local
+}
+
+// A peer request that fails part-way (here on an index out of range) must
+// unpin the items it had already gathered: a leaked pin keeps an evicted
+// item's bytes charged to the budget for good.
+func TestFailedPeerAnswerUnpinsWhatItGathered(t *testing.T) {
+	c, d, st, local := oneMember(t, 4, 4<<10)
+	if err := st.Put(store.MakeKey(d.ID, 0), local.items[0], xxhash.Sum64(local.items[0])); err != nil {
+		t.Fatal(err)
+	}
+	for _, inline := range []bool{true, false} {
+		_, err := c.servePeer(context.Background(), &transport.Request{Dataset: d.Name, DatasetVersion: d.Version,
+			Indices: []uint32{0, 99}, Inline: inline})
+		if err == nil {
+			t.Fatalf("inline %v: a request for index 99 of 4 succeeded", inline)
+		}
+	}
+	st.Delete(store.MakeKey(d.ID, 0))
+	if s := st.Stats(); s.Sending != 0 {
+		t.Fatalf("after the failed answers, %d bytes stay pinned by a deleted item", s.Sending)
+	}
+}
+
+// A peer's request is answered from memory when the item is resident and
+// from the node's fill otherwise, byte for byte, and counted as bytes out.
+func TestServePeerAnswersFromStoreThenFill(t *testing.T) {
+	c, d, st, local := oneMember(t, 4, 100)
+	if err := st.Put(store.MakeKey(d.ID, 1), local.items[1], xxhash.Sum64(local.items[1])); err != nil {
+		t.Fatal(err)
+	}
+	items, err := c.servePeer(context.Background(), &transport.Request{Dataset: d.Name, DatasetVersion: d.Version,
+		Indices: []uint32{1, 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for j, i := range []int{1, 2} {
+		if !items[j].Found || string(items[j].Data) != string(local.items[i]) {
+			t.Fatalf("item %d: found %v, %q", i, items[j].Found, items[j].Data)
+		}
+		if items[j].Release != nil {
+			items[j].Release()
+		}
+	}
+	if local.fills != 1 {
+		t.Fatalf("%d fills, want 1 (item 1 was resident)", local.fills)
+	}
+	if got := c.Stats().PeerBytesOut; got != 200 {
+		t.Fatalf("peer bytes out %d, want 200", got)
+	}
+	// A request for a dataset version this node does not have is refused.
+	if _, err := c.servePeer(context.Background(), &transport.Request{Dataset: d.Name, DatasetVersion: d.Version + 1,
+		Indices: []uint32{1}}); err == nil {
+		t.Fatal("a request for a newer dataset version was answered")
+	}
+}
+
+// Alone in the ring, a member owns every item.
+func TestAloneOwnsEverything(t *testing.T) {
+	c, d, _, _ := oneMember(t, 16, 10)
+	for i := range 16 {
+		if owner, self := c.Owner(d, i); !self || owner != "c1" {
+			t.Fatalf("item %d: owner %q self %v", i, owner, self)
+		}
+	}
+	if m := c.Members(); len(m) != 1 || m[0] != "c1" {
+		t.Fatalf("members %v", m)
+	}
+}

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs the Debian packages `make test` needs when they are missing:
+# a C toolchain for `go test -race` and the Python loader's torch, msgpack
+# and numpy for Debian's own python3. As root it runs apt-get; otherwise it
+# stops and prints the one command that would.
+# Usage: test-deps.sh PYTHON PACKAGE...
+set -euo pipefail
+python=$1; shift
+missing=()
+for pkg in "$@"; do
+  case $pkg in
+    gcc) command -v gcc >/dev/null || missing+=(gcc) ;;
+    libc6-dev) [ -e /usr/include/stdio.h ] || missing+=(libc6-dev) ;;
+    python3-*) "$python" -c "import ${pkg#python3-}" 2>/dev/null || missing+=("$pkg") ;;
+    *) dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg") ;;
+  esac
+done
+((${#missing[@]})) || exit 0
+cmd="apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ${missing[*]}"
+if [ "$(id -u)" != 0 ]; then
+  echo "make test needs: ${missing[*]}. Install them with:" >&2
+  echo "  sudo sh -c '$cmd'" >&2
+  exit 1
+fi
+echo "== installing what make test needs: ${missing[*]}"
+sh -c "$cmd"
