@@ -36,6 +36,7 @@ fuzz:
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	./scripts/check-layers.sh
 
 demo: build
 	./scripts/demo.sh

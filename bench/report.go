@@ -57,7 +57,7 @@ func Markdown(rep *Report, out string) string {
 		w("| %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.1f |\n", name, r.ReqPerSec, r.ItemsPerSec, r.MBPerSec, r.P50us, r.P99us, r.CPUusPerReq)
 	}
 	w("\nmemcpy of item-sized buffers from DRAM: %.1f GB/s.\n\n", rep.Memcpy)
-	w("## Ratios (DESIGN §5 goals)\n\n| ratio | measured | goal |\n|---|---|---|\n")
+	w("## Ratios (the design goals)\n\n| ratio | measured | goal |\n|---|---|---|\n")
 	goal := map[string]string{"local_vs_nginx": "≥ 1.0", "local_vs_memcached": "≥ 1.0", "peer_vs_local": "≥ 0.7", "batch_vs_single": "≥ 1.5", "local_vs_raw_tcp": "(ceiling)"}
 	for _, k := range []string{"local_vs_nginx", "local_vs_memcached", "peer_vs_local", "batch_vs_single", "local_vs_raw_tcp"} {
 		w("| %s | %.2f | %s |\n", k, rep.Ratios[k], goal[k])
@@ -206,7 +206,7 @@ Profiles: ` + "`cachenode --pprof 127.0.0.1:6061`" + ` under wrk or ` + "`sfbenc
   about 5 µs of ~40 µs per request. The response went out as two sends (headers plus the first 4 KiB from
   fasthttp's buffer, then the rest). **Kept:** headers and item bytes leave in one writev(2) straight from the
   store (` + "`httpapi/gather.go`" + `): 39–40 → 33–35 µs/req, 0.82x → ~1.0x nginx.
-- **Not kept:** a memfd-backed arena served with sendfile(2), as DESIGN §5 suggests. sendfile hands pages to the
+- **Not kept:** a memfd-backed arena served with sendfile(2), as the design suggests. sendfile hands pages to the
   socket without copying them, but the response headers then need a send of their own in front (with MSG_MORE,
   so they need not leave in a segment of their own), and on this kernel that costs more than the copy it saves. Random
   items from a 2000 × 110 KiB set, 200-byte headers, 16 loopback connections, client in the same process,

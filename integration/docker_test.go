@@ -22,7 +22,7 @@ import (
 	"stallfree/api"
 )
 
-// The docker tests drive the real docker-compose cluster of DESIGN §6: the
+// The docker tests drive the real docker-compose cluster of docs/api.md ("Deployment"): the
 // FROM-scratch image, three containers on a private network, HTTP published
 // on 127.0.0.1:7171-7173, token and cluster key as compose secrets.
 

@@ -35,7 +35,7 @@ func TestOwnerIsPureFunctionOfMemberSet(t *testing.T) {
 	}
 }
 
-// A join to 8 nodes moves at most 1.25/9 of the keys (DESIGN §5), and only
+// A join to 8 nodes moves at most 1.25/9 of the keys (the goal in BENCHMARKS.md), and only
 // keys that the ring diff says moved.
 func TestJoinMovesLittle(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 1))

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Data flows one way: HTTP API -> node -> cluster | clairvoyant -> partition,
+# store, transport -> source. Each package may import only packages of a
+# lower layer than its own; nothing imports a command. Fails naming every
+# import that points up or sideways.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+declare -A layer=(
+  [api]=0 [bufpool]=0 [partition]=0 [source]=0 [store]=0
+  [catalog]=1 [transport]=1 [membership]=1
+  [locality]=2
+  [cluster]=3 [clairvoyant]=3
+  [node]=4
+  [httpapi]=5 [client]=5
+  [stall]=6
+  [bench]=7 [integration]=7
+)
+bad=0
+while read -r pkg imports; do
+  p=${pkg#stallfree/}
+  case $p in cmd/*|bench/*) continue ;; esac
+  if [ -z "${layer[$p]+x}" ]; then echo "check-layers: package $p has no layer; add it to $0"; bad=1; continue; fi
+  for imp in $imports; do
+    case $imp in stallfree/*) ;; *) continue ;; esac
+    q=${imp#stallfree/}
+    case $q in cmd/*) echo "check-layers: $p imports a command ($q)"; bad=1; continue ;; esac
+    if [ -z "${layer[$q]+x}" ]; then echo "check-layers: package $q has no layer"; bad=1; continue; fi
+    if (( layer[$q] >= layer[$p] )); then
+      echo "check-layers: $p (layer ${layer[$p]}) imports $q (layer ${layer[$q]})"; bad=1
+    fi
+  done
+done < <(go list -f '{{.ImportPath}} {{join .Imports " "}} {{join .TestImports " "}}' ./...)
+exit $bad
