@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -50,6 +51,8 @@ type Config struct {
 	Logger    *slog.Logger
 	// Fast shortens raft timers for loopback tests and single-host demos.
 	Fast bool
+	// Key authenticates every raft connection (both ends must hold it).
+	Key []byte
 }
 
 // Catalog is a raft-replicated registry. Reads are served from the local FSM
@@ -106,11 +109,12 @@ func Open(cfg Config) (*Catalog, error) {
 		bs.Close()
 		return nil, fmt.Errorf("catalog: snapshots: %w", err)
 	}
-	tr, err := raft.NewTCPTransport(cfg.Bind, advAddr, 3, 10*time.Second, io.Discard)
+	stream, err := newAuthStream(cfg.Bind, advAddr, cfg.Key, cfg.Logger)
 	if err != nil {
 		bs.Close()
 		return nil, fmt.Errorf("catalog: raft transport: %w", err)
 	}
+	tr := raft.NewNetworkTransport(stream, 3, 10*time.Second, io.Discard)
 	c := &Catalog{fsm: &fsm{st: newState()}, trans: tr, store: bs, log: cfg.Logger, updated: make(chan struct{})}
 	c.fsm.onChange = c.notify
 	r, err := raft.NewRaft(rc, c.fsm, bs, bs, snaps, tr)
@@ -180,6 +184,22 @@ func (c *Catalog) WaitFor(ctx context.Context, cond func() bool) bool {
 		case <-ch:
 		}
 	}
+}
+
+// CaughtUp reports whether this member knows a leader and has applied
+// everything it knows to be committed.
+func (c *Catalog) CaughtUp() (bool, string) {
+	if c.raft.Leader() == "" {
+		return false, "no raft leader known yet"
+	}
+	commit, err := strconv.ParseUint(c.raft.Stats()["commit_index"], 10, 64)
+	if err != nil {
+		return false, "raft commit index unknown"
+	}
+	if applied := c.raft.AppliedIndex(); applied < commit {
+		return false, fmt.Sprintf("catalog catching up (applied %d of %d)", applied, commit)
+	}
+	return true, ""
 }
 
 // IsLeader reports whether this node is the raft leader.

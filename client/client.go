@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -40,25 +41,43 @@ type Error = api.Error
 
 // Do sends a request and returns the response, turning non-2xx into *Error.
 func (c *Client) Do(ctx context.Context, method, path string, body any) (*http.Response, error) {
-	var rd io.Reader
+	var encoded []byte
 	if body != nil {
 		b, err := json.Marshal(body)
 		if err != nil {
 			return nil, err
 		}
-		rd = bytes.NewReader(b)
+		encoded = b
 	}
-	req, err := http.NewRequestWithContext(ctx, method, c.Base+path, rd)
+	bodyReader := func() io.Reader {
+		if encoded == nil {
+			return nil
+		}
+		return bytes.NewReader(encoded)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.Base+path, bodyReader())
 	if err != nil {
 		return nil, err
 	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	if c.Token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.Token)
-	}
+	setHeaders(req, body != nil, c.Token)
 	resp, err := c.HTTP.Do(req)
+	for try := 0; err == nil && resp.StatusCode == http.StatusServiceUnavailable && try < maxBusyRetries; try++ {
+		wait, ok := retryAfter(resp)
+		if !ok { // a 503 without Retry-After is no leader, not a busy node
+			break
+		}
+		resp.Body.Close()
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(wait):
+		}
+		if req, err = http.NewRequestWithContext(ctx, method, c.Base+path, bodyReader()); err != nil {
+			return nil, err
+		}
+		setHeaders(req, body != nil, c.Token)
+		resp, err = c.HTTP.Do(req)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -75,6 +94,29 @@ func (c *Client) Do(ctx context.Context, method, path string, body any) (*http.R
 		return nil, &Error{Status: resp.StatusCode, Message: msg}
 	}
 	return resp, nil
+}
+
+// maxBusyRetries bounds how often a request told to come back later (503
+// with Retry-After: the node's in-flight bytes are at their bound) is sent
+// again.
+const maxBusyRetries = 8
+
+func setHeaders(req *http.Request, hasBody bool, token string) {
+	if hasBody {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+}
+
+// retryAfter reads a Retry-After of whole seconds (at most 10).
+func retryAfter(resp *http.Response) (time.Duration, bool) {
+	secs, err := strconv.Atoi(resp.Header.Get("Retry-After"))
+	if err != nil || secs < 0 {
+		return 0, false
+	}
+	return time.Duration(min(secs, 10)) * time.Second, true
 }
 
 // JSON sends body (if any) and decodes the answer into out (if any).

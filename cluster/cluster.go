@@ -7,7 +7,6 @@ package cluster
 
 import (
 	"context"
-	"crypto/sha256"
 	"fmt"
 	"log/slog"
 	"net"
@@ -19,6 +18,8 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"stallfree/catalog"
+	"stallfree/clusterauth"
+	"stallfree/listen"
 	"stallfree/membership"
 	"stallfree/partition"
 	"stallfree/store"
@@ -63,6 +64,8 @@ type Config struct {
 	DeadGrace                          time.Duration // how long a dead member stays in the raft configuration
 	Fast                               bool          // loopback timers
 	Logger                             *slog.Logger
+	// MaxPeerConns bounds the peer connections this node accepts at once.
+	MaxPeerConns int
 }
 
 // Stats are the cluster's cumulative figures.
@@ -95,17 +98,6 @@ type Cluster struct {
 // node (a join or rejoin: exactly the ring under which the items were filled).
 type ringPair struct{ cur, prev, withoutSelf *partition.Ring }
 
-// deriveKey separates the gossip and transport keys derived from one secret.
-func deriveKey(secret []byte, label string) []byte {
-	if len(secret) == 0 {
-		return nil
-	}
-	h := sha256.New()
-	h.Write([]byte("stallfree/" + label + "/"))
-	h.Write(secret)
-	return h.Sum(nil)
-}
-
 // New prepares this node's part in the cluster; Start joins it. The split
 // lets the node keep the *Cluster before any peer request can reach it.
 func New(cfg Config, local Local, cat *catalog.Catalog, st *store.Store) *Cluster {
@@ -122,7 +114,7 @@ func New(cfg Config, local Local, cat *catalog.Catalog, st *store.Store) *Cluste
 		}
 	}
 	c := &Cluster{cfg: cfg, log: cfg.Logger, local: local, cat: cat, store: st,
-		client: transport.NewClient(deriveKey(cfg.ClusterKey, "transport")), stop: make(chan struct{}),
+		client: transport.NewClient(clusterauth.Derive(cfg.ClusterKey, "transport")), stop: make(chan struct{}),
 		http: &fasthttp.Client{ReadTimeout: time.Second, WriteTimeout: time.Second, MaxConnsPerHost: 4}}
 	empty, _ := partition.New(nil)
 	c.rings.Store(&ringPair{cur: empty})
@@ -137,13 +129,14 @@ func (c *Cluster) Start() error {
 	if err != nil {
 		return fmt.Errorf("--peer: %w", err)
 	}
-	c.srv = transport.NewServer(deriveKey(cfg.ClusterKey, "transport"), c.servePeer, c.log.With("component", "transport"))
+	ln = listen.Guard(ln, listen.Options{Name: "peer", MaxConns: cfg.MaxPeerConns, Log: c.log})
+	c.srv = transport.NewServer(clusterauth.Derive(cfg.ClusterKey, "transport"), c.servePeer, c.log.With("component", "transport"))
 	go c.srv.Serve(ln)
 
 	raftAdv := cfg.RaftAdvert
 	ml, err := membership.Join(membership.Config{
 		Name: cfg.Name, Bind: cfg.GossipBind, Advertise: cfg.Advertise, Join: cfg.Join,
-		SecretKey: deriveKey(cfg.ClusterKey, "gossip"), Fast: cfg.Fast, Logger: c.log,
+		SecretKey: clusterauth.Derive(cfg.ClusterKey, "gossip"), Fast: cfg.Fast, Logger: c.log,
 		Meta: membership.Meta{Incarnation: time.Now().UnixNano(), HTTP: cfg.HTTPAdvert, Peer: cfg.PeerAdvert,
 			Raft: raftAdv, Capacity: cfg.Capacity},
 	})
@@ -181,6 +174,10 @@ func (c *Cluster) Owner(d *catalog.Dataset, index int) (string, bool) {
 	o := c.ring().Owner(d.Name, d.Manifest.Key(index))
 	return o, o == "" || o == c.cfg.Name
 }
+
+// Joined reports whether this node has found the cluster: it sees another
+// member, or it was given no one to join.
+func (c *Cluster) Joined() bool { return len(c.cfg.Join) == 0 || len(c.ml.Alive()) > 1 }
 
 // Members are the live members the ring is built over.
 func (c *Cluster) Members() []string { return c.ring().Members() }

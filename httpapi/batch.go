@@ -12,6 +12,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"stallfree/api"
 	"stallfree/catalog"
 	"stallfree/node"
 )
@@ -20,10 +21,7 @@ import (
 const MaxBatchBytes = 512 << 20
 
 func (s *Server) batch(ctx *fasthttp.RequestCtx, d *catalog.Dataset) {
-	var req struct {
-		Indices []int    `json:"indices"`
-		Keys    []string `json:"keys"`
-	}
+	var req api.BatchRequest
 	if err := decodeStrict(ctx.PostBody(), &req); err != nil {
 		writeError(ctx, fasthttp.StatusBadRequest, err.Error())
 		return
@@ -96,6 +94,9 @@ func (s *Server) writeBatch(ctx *fasthttp.RequestCtx, items []node.Item) {
 	for j := range items {
 		bufs = append(bufs, m[start:ends[j]], items[j].Data)
 		start = ends[j]
+	}
+	if start < len(m) { // framing after the last item: all of it for an empty batch
+		bufs = append(bufs, m[start:])
 	}
 	br := &batchReader{bufs: bufs, items: items}
 	br.conn, _ = ctx.Conn().(*gatherConn)

@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"bufio"
+	"io"
 	"net"
 )
 
@@ -29,14 +30,23 @@ type gatherListener struct {
 
 func (l gatherListener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
-	if tc, ok := c.(*net.TCPConn); ok {
-		if l.sendBuffer > 0 {
-			// Best effort: a refused size leaves the kernel's autotuning.
-			_ = tc.SetWriteBuffer(l.sendBuffer)
-		}
-		return &gatherConn{TCPConn: tc}, nil
+	if err != nil {
+		return nil, err
 	}
-	return c, err
+	var closer io.Closer // the guarded conn, which counts its close
+	tc, ok := c.(*net.TCPConn)
+	if u, isWrapped := c.(interface{ Unwrap() net.Conn }); !ok && isWrapped {
+		tc, ok = u.Unwrap().(*net.TCPConn)
+		closer = c
+	}
+	if !ok {
+		return c, nil
+	}
+	if l.sendBuffer > 0 {
+		// Best effort: a refused size leaves the kernel's autotuning.
+		_ = tc.SetWriteBuffer(l.sendBuffer)
+	}
+	return &gatherConn{TCPConn: tc, closer: closer}, nil
 }
 
 // gatherConn lets a large body leave in the same writev(2) as the response
@@ -45,11 +55,20 @@ func (l gatherListener) Accept() (net.Conn, error) {
 // fasthttp serves one request at a time per connection, so no locking.
 type gatherConn struct {
 	*net.TCPConn
-	hold bool
-	held []byte
+	closer io.Closer // when set, closes the connection instead of TCPConn
+	hold   bool
+	held   []byte
 	// vec is reused for every writev, so a hit allocates nothing; sending
 	// consumes out, a copy of it (a local copy would escape to the heap).
 	vec, out net.Buffers
+}
+
+// Close closes the connection through the listener's guard, if any.
+func (c *gatherConn) Close() error {
+	if c.closer != nil {
+		return c.closer.Close()
+	}
+	return c.TCPConn.Close()
 }
 
 // Write passes through, except the one write writeAfter asks to hold.

@@ -26,6 +26,7 @@ import (
 
 	"stallfree/api"
 	"stallfree/catalog"
+	"stallfree/listen"
 	"stallfree/node"
 	"stallfree/source"
 )
@@ -35,7 +36,7 @@ import (
 const MaxBodySize = 1 << 20
 
 // MaxBatch bounds the items of one batch request.
-const MaxBatch = 4096
+const MaxBatch = node.MaxBatch
 
 // Server is the HTTP front of one node.
 type Server struct {
@@ -51,6 +52,9 @@ type Server struct {
 	// SendBuffer is each client connection's SO_SNDBUF in bytes (0: kernel
 	// autotuning); set it before Serve. New sets DefaultSendBuffer.
 	SendBuffer int
+	// MaxConns bounds the client connections open at once; beyond it a new
+	// one gets 503 and is closed (0: no bound). Set it before Serve.
+	MaxConns int
 }
 
 // New builds the server; token may be empty (no auth).
@@ -68,14 +72,22 @@ func New(n *node.Node, token string, log *slog.Logger) *Server {
 		IdleTimeout:        2 * time.Minute,
 		MaxRequestBodySize: MaxBodySize,
 		NoDefaultDate:      true,
-		Logger:             slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+		Logger:             fasthttpLogger{r: redactor{token: []byte(token)}, log: log},
 	}
 	return s
 }
 
 // Serve serves on ln until Shutdown.
 func (s *Server) Serve(ln net.Listener) error {
-	return s.srv.Serve(gatherListener{Listener: ln, sendBuffer: s.SendBuffer})
+	guarded := listen.Guard(ln, listen.Options{Name: "http", MaxConns: s.MaxConns, Refuse: refuseConn, Log: s.log})
+	return s.srv.Serve(gatherListener{Listener: guarded, sendBuffer: s.SendBuffer})
+}
+
+// refuseConn answers a connection over MaxConns before closing it.
+func refuseConn(c net.Conn) {
+	const body = `{"error":"too many connections; retry"}`
+	io.WriteString(c, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"+
+		"Connection: close\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body)
 }
 
 // Shutdown stops accepting and waits for in-flight requests.
@@ -93,7 +105,11 @@ func (s *Server) parseError(ctx *fasthttp.RequestCtx, err error) {
 		ctx.Conn().Close()
 		return
 	}
-	writeError(ctx, fasthttp.StatusBadRequest, "malformed request: "+err.Error())
+	if _, small := errors.AsType[*fasthttp.ErrSmallBuffer](err); small {
+		writeError(ctx, fasthttp.StatusRequestHeaderFieldsTooLarge, "request headers too large")
+		return
+	}
+	writeError(ctx, fasthttp.StatusBadRequest, "malformed request: "+redactor{token: s.token}.redact(err.Error()))
 }
 
 func writeError(ctx *fasthttp.RequestCtx, code int, msg string) {
@@ -133,11 +149,20 @@ func statusOf(err error) int {
 		return fasthttp.StatusBadRequest
 	case errors.Is(err, source.ErrChanged):
 		return fasthttp.StatusBadGateway
+	case errors.Is(err, node.ErrTooLarge):
+		return fasthttp.StatusRequestEntityTooLarge
+	case errors.Is(err, source.ErrTimeout):
+		return fasthttp.StatusGatewayTimeout
 	}
 	return fasthttp.StatusInternalServerError
 }
 
 func fail(ctx *fasthttp.RequestCtx, err error) {
+	if errors.Is(err, node.ErrBusy) {
+		writeError(ctx, fasthttp.StatusServiceUnavailable, err.Error())
+		ctx.Response.Header.Set("Retry-After", "1") // writeError resets the response
+		return
+	}
 	if e, ok := errors.AsType[*api.Error](err); ok {
 		writeError(ctx, e.Status, e.Message) // relayed as the leader said it
 		return
@@ -171,6 +196,14 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			return
 		case "metrics":
 			s.metrics(ctx)
+			return
+		case "readyz":
+			if ok, why := s.node.Ready(); !ok {
+				writeError(ctx, fasthttp.StatusServiceUnavailable, why)
+				return
+			}
+			ctx.SetContentType("text/plain")
+			ctx.SetBodyString("ready\n")
 			return
 		}
 	}

@@ -23,8 +23,9 @@ import (
 // not the raft leader: the leader must pin it first.
 var errNeedPin = errors.New("epoch not pinned yet")
 
-// maxEpoch bounds epoch numbers in requests.
-const maxEpoch = 1 << 40
+// maxEpoch bounds epoch numbers in requests: a million epochs is more than
+// any training run has.
+const maxEpoch = 1 << 20
 
 type planKey struct {
 	job     string
@@ -103,6 +104,9 @@ func (n *Node) planHere(job string, epoch uint64) (*locality.EpochPlan, error) {
 	}
 	members, ok := n.cat.EpochMembers(job, epoch)
 	if !ok {
+		if err := n.reachable(job, epoch); err != nil {
+			return nil, err
+		}
 		if !n.cat.IsLeader() {
 			return nil, errNeedPin
 		}
@@ -117,6 +121,24 @@ func (n *Node) planHere(job string, epoch uint64) (*locality.EpochPlan, error) {
 	}
 	n.plans.put(k, ep)
 	return ep, nil
+}
+
+// reachable refuses to pin an epoch the job cannot be starting now: reads
+// pin, and pins are raft writes, so only the epoch after the latest pinned
+// one may be pinned (any epoch, for a job's first, so a run can resume from a
+// checkpoint). Each (job, epoch) is pinned once; nothing else a read does
+// writes raft.
+func (n *Node) reachable(job string, epoch uint64) error {
+	latest, ok := n.cat.LatestEpoch(job)
+	switch {
+	case !ok:
+		return nil
+	case epoch > latest+1:
+		return fmt.Errorf("%w: epoch %d: job %s is at epoch %d; the next to start is %d", ErrBadRequest, epoch, job, latest, latest+1)
+	case epoch < latest:
+		return fmt.Errorf("%w: epoch %d of job %s is over (the job is at epoch %d) and its layout is no longer kept", ErrBadRequest, epoch, job, latest)
+	}
+	return nil
 }
 
 // PredictPlan is the plan an epoch will have if it is pinned to today's
@@ -191,6 +213,11 @@ func (n *Node) JobBatch(ctx context.Context, job string, epoch uint64, rank, b i
 		return nil, fmt.Errorf("%w: batch %d: want an integer in [0,%d)", ErrBadRequest, b, ep.Batches())
 	}
 	batch := ep.Batch(rank, b)
+	if len(batch) > MaxBatch {
+		// Held to the limits of /batch: a job registered with a huge
+		// batch_size must not make one response of gigabytes.
+		return nil, fmt.Errorf("%w: minibatch of %d items; the limit is %d (use a smaller batch_size)", ErrTooLarge, len(batch), MaxBatch)
+	}
 	idx := make([]int, len(batch))
 	for j, i := range batch {
 		idx[j] = int(i)

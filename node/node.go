@@ -24,6 +24,7 @@ import (
 	"stallfree/catalog"
 	"stallfree/clairvoyant"
 	"stallfree/cluster"
+	"stallfree/clusterauth"
 	"stallfree/source"
 	"stallfree/store"
 )
@@ -59,6 +60,19 @@ type Config struct {
 	PeerTimeout time.Duration // bound on a peer fetch before falling back to storage
 	// DeadGrace is how long a member stays dead before it leaves the raft configuration.
 	DeadGrace time.Duration
+	// StorageTimeout bounds every storage read (0: 30 s); StorageReaders
+	// bounds the reads in flight per source (0: 64).
+	StorageTimeout time.Duration
+	StorageReaders int
+	// MaxInflightBytes bounds the bytes of responses being assembled at once
+	// (batches, job batches, peer answers); 0: a quarter of Memory, at
+	// least 256 MiB.
+	MaxInflightBytes uint64
+	// Datasets are the --dataset NAME=SOURCE flags: the node is not ready
+	// until each is registered.
+	Datasets []string
+	// MaxPeerConns bounds the peer connections accepted at once (0: none).
+	MaxPeerConns int
 	// Token is the API's bearer token, which this node presents when it
 	// relays a request to the raft leader.
 	Token string
@@ -76,11 +90,12 @@ type Node struct {
 	flight   singleflight.Group
 
 	mu      sync.Mutex
-	sources map[uint32]source.Source
+	sources map[uint32]*source.Bounded
 	warmups map[string]*warmup
 
-	peers  Peers
-	leader leaderLink
+	peers    Peers
+	leader   leaderLink
+	inflight inflight
 
 	plans      plans
 	jobMetrics *jobMetrics
@@ -111,37 +126,52 @@ func New(cfg Config) (*Node, error) {
 	}
 	allowed := make([]string, len(cfg.AllowSources))
 	for i, p := range cfg.AllowSources {
-		norm, err := source.Normalize(p)
+		// Compared resolved: a symlink inside an allowed prefix must not
+		// lead out of it, and an allowed path reached through a symlink is
+		// still allowed.
+		real, err := source.Resolve(p)
 		if err != nil {
 			return nil, fmt.Errorf("--allow-source: %w", err)
 		}
-		allowed[i] = norm
+		allowed[i] = real
 	}
 	cfg.AllowSources = allowed
 	if cfg.RaftAdvert == "" {
 		cfg.RaftAdvert = cfg.RaftBind
+	}
+	if cfg.StorageTimeout <= 0 {
+		cfg.StorageTimeout = 30 * time.Second
+	}
+	if cfg.StorageReaders <= 0 {
+		cfg.StorageReaders = 64
+	}
+	if cfg.MaxInflightBytes == 0 {
+		cfg.MaxInflightBytes = max(cfg.Memory/4, 256<<20)
 	}
 	st, err := store.New(cfg.Memory, pol)
 	if err != nil {
 		return nil, err
 	}
 	cat, err := catalog.Open(catalog.Config{NodeID: cfg.Name, Bind: cfg.RaftBind, Advertise: cfg.RaftAdvert,
-		Dir: cfg.DataDir, Bootstrap: cfg.Bootstrap, Logger: cfg.Logger, Fast: cfg.FastRaft})
+		Dir: cfg.DataDir, Bootstrap: cfg.Bootstrap, Logger: cfg.Logger, Fast: cfg.FastRaft,
+		Key: clusterauth.Derive(cfg.ClusterKey, "raft")})
 	if err != nil {
 		st.Close()
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	n := &Node{cfg: cfg, log: cfg.Logger, cat: cat, store: st, sources: map[uint32]source.Source{},
+	n := &Node{cfg: cfg, log: cfg.Logger, cat: cat, store: st, sources: map[uint32]*source.Bounded{},
 		warmups: map[string]*warmup{}, ctx: ctx, cancel: cancel, foresight: fore, peers: noPeers{self: cfg.Name}}
 	n.leader = newLeaderLink(cfg.Name, cfg.Token)
+	n.inflight.limit = cfg.MaxInflightBytes
 	n.registry = n.registerMetrics()
 	n.jobMetrics = newJobMetrics(n.registry)
 	if cfg.GossipBind != "" {
 		cl := cluster.New(cluster.Config{Name: cfg.Name, GossipBind: cfg.GossipBind, Advertise: cfg.Advertise,
 			Join: cfg.Join, PeerBind: cfg.PeerBind, ClusterKey: cfg.ClusterKey, HTTPAdvert: cfg.HTTPAdvert,
 			PeerAdvert: cfg.PeerAdvert, RaftAdvert: cfg.RaftAdvert, Capacity: cfg.Memory, PeerTimeout: cfg.PeerTimeout,
-			DeadGrace: cfg.DeadGrace, Fast: cfg.FastRaft, Logger: cfg.Logger}, forPeers{n}, cat, st)
+			DeadGrace: cfg.DeadGrace, Fast: cfg.FastRaft, Logger: cfg.Logger, MaxPeerConns: cfg.MaxPeerConns},
+			forPeers{n}, cat, st)
 		n.peers = cl
 		if err := cl.Start(); err != nil {
 			cancel()
@@ -174,6 +204,24 @@ func (n *Node) Close() error {
 	n.mu.Unlock()
 	n.store.Close()
 	return err
+}
+
+// Ready reports whether the node serves as the cluster expects: it has
+// joined, its catalog has caught up with the leader, and every --dataset is
+// registered. When not, reason says what it is waiting for.
+func (n *Node) Ready() (ok bool, reason string) {
+	if !n.peers.Joined() {
+		return false, "not joined to the cluster yet"
+	}
+	if ok, why := n.cat.CaughtUp(); !ok {
+		return false, why
+	}
+	for _, spec := range n.cfg.Datasets {
+		if name, _, _ := strings.Cut(spec, "="); !n.HasDataset(name) {
+			return false, fmt.Sprintf("--dataset %s not registered yet", name)
+		}
+	}
+	return true, ""
 }
 
 // Name is the node's stable name.
@@ -217,15 +265,32 @@ func (n *Node) CheckSource(spec string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("%w: %w", ErrBadRequest, err)
 	}
+	if err := n.allowed(norm); err != nil {
+		return "", err
+	}
+	return norm, nil
+}
+
+// allowed applies --allow-source to where the source really is, symlinks
+// followed; it is checked at registration and again whenever a node opens the
+// source, so a symlink changed in between cannot lead out either.
+func (n *Node) allowed(norm string) error {
 	if len(n.cfg.AllowSources) == 0 {
-		return norm, nil
+		return nil
+	}
+	real, err := source.Resolve(norm)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrBadRequest, err)
 	}
 	for _, p := range n.cfg.AllowSources {
-		if norm == p || strings.HasPrefix(norm, strings.TrimSuffix(p, "/")+"/") {
-			return norm, nil
+		if source.Within(real, p) {
+			return nil
 		}
 	}
-	return "", fmt.Errorf("%w: %s is outside every --allow-source prefix", ErrForbiddenSource, norm)
+	if real != norm {
+		return fmt.Errorf("%w: %s (really %s) is outside every --allow-source prefix", ErrForbiddenSource, norm, real)
+	}
+	return fmt.Errorf("%w: %s is outside every --allow-source prefix", ErrForbiddenSource, norm)
 }
 
 // RegisterDataset lists the source and records the dataset in the catalog.
@@ -295,16 +360,20 @@ func (n *Node) RegisterAtStart(ctx context.Context, specs []string) error {
 	return nil
 }
 
-func (n *Node) source(d *catalog.Dataset) (source.Source, error) {
+func (n *Node) source(d *catalog.Dataset) (*source.Bounded, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if s, ok := n.sources[d.ID]; ok {
 		return s, nil
 	}
-	s, err := source.Open(d.Source, source.Options{BytesPerSecond: n.cfg.SourceRate})
+	if err := n.allowed(d.Source); err != nil {
+		return nil, err
+	}
+	opened, err := source.Open(d.Source, source.Options{BytesPerSecond: n.cfg.SourceRate})
 	if err != nil {
 		return nil, err
 	}
+	s := source.NewBounded(opened, n.cfg.StorageReaders, n.cfg.StorageTimeout)
 	n.sources[d.ID] = s
 	return s, nil
 }
@@ -330,15 +399,22 @@ type Item struct {
 	// recycle hands back the transport buffer Data lives in, when this item
 	// is its only user.
 	recycle func()
+	// charged is what this item holds of the in-flight budget.
+	charged uint64
+	budget  *inflight
 }
 
-// Release unpins store bytes or recycles the peer's bytes; Data must not be
-// used afterwards.
+// Release unpins store bytes or recycles the peer's bytes and gives back its
+// share of the in-flight budget; Data must not be used afterwards.
 func (it *Item) Release() {
 	it.ref.Release()
 	if it.recycle != nil {
 		it.recycle()
 		it.recycle = nil
+	}
+	if it.budget != nil {
+		it.budget.give(it.charged)
+		it.budget = nil
 	}
 }
 
@@ -486,7 +562,11 @@ func (n *Node) readSource(ctx context.Context, d *catalog.Dataset, index int, ca
 	buf := n.bufs.Get(int(d.Manifest.Size(index)))
 	data, err := src.Read(ctx, d.Manifest.Key(index), d.Manifest.Size(index), buf.B)
 	if err != nil {
-		n.bufs.Put(buf)
+		// A read abandoned at its deadline may still land in buf: leave
+		// that buffer to the collector.
+		if !errors.Is(err, source.ErrTimeout) && ctx.Err() == nil {
+			n.bufs.Put(buf)
+		}
 		return filled{}, err
 	}
 	n.counters.sourceReads.Add(1)
@@ -510,12 +590,22 @@ func (n *Node) GetMany(ctx context.Context, d *catalog.Dataset, indices []int) (
 // GetManyFor is GetMany on behalf of a registered job, whose read-ahead
 // schedule the request advances.
 func (n *Node) GetManyFor(ctx context.Context, d *catalog.Dataset, indices []int, job string) ([]Item, error) {
+	var total uint64
 	for _, i := range indices {
 		if i < 0 || i >= d.Manifest.Len() {
 			return nil, fmt.Errorf("%w: index %d out of range [0,%d)", ErrBadRequest, i, d.Manifest.Len())
 		}
+		total += uint64(d.Manifest.Size(i))
+	}
+	if err := n.inflight.take(total); err != nil {
+		return nil, err
 	}
 	out := make([]Item, len(indices))
+	// Each item gives its bytes back when released; the budget is whole
+	// until then.
+	for j, i := range indices {
+		out[j].charged, out[j].budget = uint64(d.Manifest.Size(i)), &n.inflight
+	}
 	release := func() {
 		for j := range out {
 			out[j].Release()
@@ -526,7 +616,8 @@ func (n *Node) GetManyFor(ctx context.Context, d *catalog.Dataset, indices []int
 		n.foresight.Observe(d.ID, i, job)
 		if ref, ok := n.store.Get(store.MakeKey(d.ID, uint32(i))); ok {
 			n.counters.hitsLocal.Add(1)
-			out[j] = Item{Key: d.Manifest.Key(i), Data: ref.Data, Sum: ref.Sum, Cache: Hit, ref: ref}
+			out[j] = Item{Key: d.Manifest.Key(i), Data: ref.Data, Sum: ref.Sum, Cache: Hit, ref: ref,
+				charged: out[j].charged, budget: out[j].budget}
 		} else {
 			missing = append(missing, j)
 		}
@@ -545,7 +636,8 @@ func (n *Node) GetManyFor(ctx context.Context, d *catalog.Dataset, indices []int
 				return err
 			}
 			n.count(f.cache)
-			out[j] = Item{Key: d.Manifest.Key(indices[j]), Data: f.data, Sum: f.sum, Cache: f.cache, recycle: f.recycle}
+			out[j] = Item{Key: d.Manifest.Key(indices[j]), Data: f.data, Sum: f.sum, Cache: f.cache, recycle: f.recycle,
+				charged: out[j].charged, budget: out[j].budget}
 			return nil
 		})
 	}
@@ -581,7 +673,8 @@ func (n *Node) fromOwners(ctx context.Context, d *catalog.Dataset, indices, miss
 			continue
 		}
 		n.counters.hitsPeer.Add(1)
-		out[j] = Item{Key: d.Manifest.Key(indices[j]), Data: got[x].Data, Sum: got[x].Sum, Cache: Peer}
+		out[j] = Item{Key: d.Manifest.Key(indices[j]), Data: got[x].Data, Sum: got[x].Sum, Cache: Peer,
+			charged: out[j].charged, budget: out[j].budget}
 	}
 	return left
 }

@@ -22,6 +22,8 @@ type Peers interface {
 	Handoff(ctx context.Context, d *catalog.Dataset, index int) (cluster.Fill, bool)
 	// FromOwners fetches items other members own, one request per owner.
 	FromOwners(ctx context.Context, d *catalog.Dataset, indices []int) ([]cluster.Fill, []bool)
+	// Joined reports whether this node has found its cluster.
+	Joined() bool
 	// Members are the live members an epoch is pinned to.
 	Members() []string
 	// HTTPAddr is a member's HTTP address.
@@ -44,6 +46,7 @@ func (noPeers) Handoff(context.Context, *catalog.Dataset, int) (cluster.Fill, bo
 func (noPeers) FromOwners(_ context.Context, _ *catalog.Dataset, indices []int) ([]cluster.Fill, []bool) {
 	return make([]cluster.Fill, len(indices)), make([]bool, len(indices))
 }
+func (noPeers) Joined() bool                          { return true }
 func (p noPeers) Members() []string                   { return []string{p.self} }
 func (noPeers) HTTPAddr(string) (string, bool)        { return "", false }
 func (noPeers) Describe(self api.Member) []api.Member { return []api.Member{self} }

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -102,11 +103,19 @@ func (d *Dir) Read(ctx context.Context, key string, size int64, buf []byte) ([]b
 		}
 		left -= n
 	}
-	f, err := d.root.Open(filepath.FromSlash(key))
+	// O_NONBLOCK: opening a FIFO (or a device) put where a file was must
+	// not block; it is refused below. The root keeps the open inside the
+	// dataset, symlinks included.
+	f, err := d.root.OpenFile(filepath.FromSlash(key), os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", key, err)
 	}
 	defer f.Close()
+	if fi, err := f.Stat(); err != nil {
+		return nil, fmt.Errorf("read %s: %w", key, err)
+	} else if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("read %s: %w: no longer a regular file (%v)", key, ErrChanged, fi.Mode().Type())
+	}
 	if int64(cap(buf)) < size {
 		buf = make([]byte, size)
 	}

@@ -70,6 +70,26 @@ func Normalize(spec string) (string, error) {
 	return "dir://" + abs, nil
 }
 
+// Resolve is a normalized spec with every symlink in its path followed: what
+// an allow-list must be checked against, since the source is opened through
+// them. The path must exist.
+func Resolve(spec string) (string, error) {
+	norm, err := Normalize(spec)
+	if err != nil {
+		return "", err
+	}
+	real, err := filepath.EvalSymlinks(strings.TrimPrefix(norm, "dir://"))
+	if err != nil {
+		return "", fmt.Errorf("source %s: %w", norm, err)
+	}
+	return "dir://" + real, nil
+}
+
+// Within reports whether a resolved spec lies at or below a resolved prefix.
+func Within(spec, prefix string) bool {
+	return spec == prefix || strings.HasPrefix(spec, strings.TrimSuffix(prefix, "/")+"/")
+}
+
 // Open opens a normalized or plain source spec.
 func Open(spec string, opt Options) (Source, error) {
 	norm, err := Normalize(spec)

@@ -1,84 +1,15 @@
 package transport
 
 import (
-	"crypto/hmac"
-	"crypto/rand"
-	"crypto/sha256"
-	"errors"
-	"fmt"
-	"io"
 	"net"
-	"time"
-)
 
-// The handshake proves to each side that the other holds the cluster key,
-// without sending it and without replay (both sides contribute a nonce):
-//
-//	client → server  magic, client nonce
-//	server → client  server nonce, HMAC(key, "server" | cn | sn)
-//	client → server  HMAC(key, "client" | cn | sn)
-//
-// No request is read before the client's proof checks out.
-const (
-	magic        = "SFP1"
-	nonceLen     = 32
-	macLen       = sha256.Size
-	handshakeTTL = 2 * time.Second
+	"stallfree/clusterauth"
 )
 
 // ErrAuth means the peer does not hold the cluster key.
-var ErrAuth = errors.New("transport: peer failed authentication")
+var ErrAuth = clusterauth.ErrAuth
 
-func mac(key []byte, role string, cn, sn []byte) []byte {
-	h := hmac.New(sha256.New, key)
-	h.Write([]byte(role))
-	h.Write(cn)
-	h.Write(sn)
-	return h.Sum(nil)
-}
+const handshakeTTL = clusterauth.TTL
 
-func clientHandshake(c net.Conn, key []byte) error {
-	c.SetDeadline(time.Now().Add(handshakeTTL))
-	defer c.SetDeadline(time.Time{})
-	cn := make([]byte, nonceLen)
-	rand.Read(cn)
-	if _, err := c.Write(append([]byte(magic), cn...)); err != nil {
-		return err
-	}
-	buf := make([]byte, nonceLen+macLen)
-	if _, err := io.ReadFull(c, buf); err != nil {
-		return fmt.Errorf("%w: %w", ErrAuth, err)
-	}
-	sn, smac := buf[:nonceLen], buf[nonceLen:]
-	if !hmac.Equal(smac, mac(key, "server", cn, sn)) {
-		return ErrAuth
-	}
-	_, err := c.Write(mac(key, "client", cn, sn))
-	return err
-}
-
-func serverHandshake(c net.Conn, key []byte) error {
-	c.SetDeadline(time.Now().Add(handshakeTTL))
-	defer c.SetDeadline(time.Time{})
-	buf := make([]byte, len(magic)+nonceLen)
-	if _, err := io.ReadFull(c, buf); err != nil {
-		return err
-	}
-	if string(buf[:len(magic)]) != magic {
-		return fmt.Errorf("%w: bad magic", ErrAuth)
-	}
-	cn := buf[len(magic):]
-	sn := make([]byte, nonceLen)
-	rand.Read(sn)
-	if _, err := c.Write(append(sn, mac(key, "server", cn, sn)...)); err != nil {
-		return err
-	}
-	cmac := make([]byte, macLen)
-	if _, err := io.ReadFull(c, cmac); err != nil {
-		return err
-	}
-	if !hmac.Equal(cmac, mac(key, "client", cn, sn)) {
-		return ErrAuth
-	}
-	return nil
-}
+func clientHandshake(c net.Conn, key []byte) error { return clusterauth.Client(c, key) }
+func serverHandshake(c net.Conn, key []byte) error { return clusterauth.Server(c, key) }

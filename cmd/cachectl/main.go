@@ -168,7 +168,8 @@ func (a *app) members(ctx context.Context) error {
 func (a *app) health(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	return a.c.JSON(ctx, "GET", "/healthz", nil, nil)
+	// Ready, not just up: joined, caught up, its --dataset flags registered.
+	return a.c.JSON(ctx, "GET", "/readyz", nil, nil)
 }
 
 func (a *app) datasets(ctx context.Context, args []string) error {

@@ -64,6 +64,8 @@ func run(args []string) error {
 		srcRate   = fs.String("source-rate", "0", "throttle each source to this many bytes/s, e.g. 100MB (0 = off; for simulating slow storage)")
 		fast      = fs.Bool("fast-timers", false, "short raft and gossip timers for loopback tests and demos")
 		peerWait  = fs.Duration("peer-timeout", 2*time.Second, "longest wait for a peer before reading storage instead")
+		storeWait = fs.Duration("storage-timeout", 30*time.Second, "bound on every storage read (a hung mount answers 504 after it)")
+		inflight  = fs.String("max-inflight-bytes", "", "bound on response bytes being assembled at once (batches, peer answers); beyond it 503 with Retry-After (default: a quarter of --memory, at least 256MiB)")
 		logLevel  = fs.String("log-level", "info", "debug, info, warn or error")
 		pprofAddr = fs.String("pprof", "", "serve net/http/pprof on this address (off when empty)")
 		sendBuf   = fs.String("send-buffer", humanize.IBytes(httpapi.DefaultSendBuffer), "kernel send buffer per HTTP connection (0 = autotuning; raise it for links with a bandwidth-delay product over ~1 MiB)")
@@ -101,6 +103,15 @@ func run(args []string) error {
 	if *name == "" {
 		return errors.New("--name: a node needs a name, unique in the cluster")
 	}
+	if *storeWait <= 0 {
+		return fmt.Errorf("--storage-timeout %v: want a positive duration", *storeWait)
+	}
+	var maxInflight uint64
+	if *inflight != "" {
+		if maxInflight, err = parseSize("max-inflight-bytes", *inflight, minMemory, math.MaxInt64, "a size of at least 1MiB, such as 512MiB"); err != nil {
+			return err
+		}
+	}
 	if *peerWait <= 0 {
 		return fmt.Errorf("--peer-timeout %v: want a positive duration", *peerWait)
 	}
@@ -122,6 +133,17 @@ func run(args []string) error {
 			return fmt.Errorf("--cluster-key-file: %w", err)
 		}
 		clusterKey = []byte(k)
+	}
+	if len(clusterKey) == 0 {
+		// Without the key, gossip, peer frames and raft are unauthenticated:
+		// anyone who reaches them could join, read items or rewrite the
+		// catalog. Loopback only, then.
+		for _, b := range []struct{ flag, addr string }{{"gossip", *gossip}, {"peer", *peerAddr}, {"raft", *raftAddr}} {
+			if !loopback(b.addr) {
+				return fmt.Errorf("--%s %s: binding gossip, peer or raft beyond loopback needs --cluster-key-file "+
+					"(without it anyone who reaches the port could join the cluster or rewrite its catalog)", b.flag, b.addr)
+			}
+		}
 	}
 	var seeds []string
 	for s := range strings.SplitSeq(*join, ",") {
@@ -158,10 +180,12 @@ func run(args []string) error {
 	}
 
 	setGC(mem)
+	files := raiseFileLimit(log)
 	n, err := node.New(node.Config{
 		Name: *name, HTTPAdvert: httpAdv, PeerAdvert: peerAdv, RaftBind: *raftAddr, RaftAdvert: raftAdv,
 		DataDir: *dataDir, Bootstrap: *bootstrap, Memory: mem, Policy: *policy, AllowSources: allow,
-		SourceRate: int64(rate), FastRaft: *fast, Logger: log, Token: token,
+		SourceRate: int64(rate), FastRaft: *fast, Logger: log, Token: token, Datasets: datasets,
+		StorageTimeout: *storeWait, MaxInflightBytes: maxInflight, MaxPeerConns: max(64, files/5),
 		GossipBind: *gossip, Advertise: advIP, Join: seeds, PeerBind: *peerAddr, ClusterKey: clusterKey, PeerTimeout: *peerWait,
 	})
 	if err != nil {
@@ -178,6 +202,9 @@ func run(args []string) error {
 	}
 	srv := httpapi.New(n, token, log)
 	srv.SendBuffer = int(sndbuf)
+	// Half the descriptors for clients, a fifth for peers: a flood on one
+	// port leaves the rest (storage reads, raft, gossip) room to work.
+	srv.MaxConns = max(64, files/2)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 	log.Info("serving", "http", ln.Addr().String(), "memory", humanize.IBytes(mem), "policy", *policy, "data_dir", *dataDir)
@@ -245,6 +272,37 @@ func applyEnv(fs *flag.FlagSet) error {
 
 // parseSize reads a size flag ("4GiB", "512 KiB", "100MB") that must lie in
 // [min, max]; want says so in the error.
+// loopback reports whether a listen address binds only loopback.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// raiseFileLimit lifts the soft RLIMIT_NOFILE to the hard limit and returns
+// the limit in force.
+func raiseFileLimit(log *slog.Logger) int {
+	var r syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &r); err != nil {
+		return 1024
+	}
+	if r.Cur < r.Max {
+		want := r
+		want.Cur = r.Max
+		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &want); err == nil {
+			r = want
+		}
+	}
+	log.Debug("file descriptors", "limit", r.Cur)
+	return int(min(r.Cur, 1<<30))
+}
+
 // minMemory refuses budgets that cannot hold a dataset worth caching, such
 // as "--memory 10" meant as 10 GiB.
 const minMemory = 1 << 20

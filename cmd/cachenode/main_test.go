@@ -27,6 +27,11 @@ func TestBadFlagsFailBeforeStarting(t *testing.T) {
 		{"--dataset =/data", `--dataset "=/data": want NAME=SOURCE`},
 		{"--name=", "--name: a node needs a name"},
 		{"--log-level loud", "--log-level"},
+		{"--storage-timeout 0s", "--storage-timeout 0s: want a positive duration"},
+		{"--max-inflight-bytes 12", `--max-inflight-bytes "12": want a size of at least 1MiB`},
+		{"--gossip 0.0.0.0:0", "--gossip 0.0.0.0:0: binding gossip, peer or raft beyond loopback needs --cluster-key-file"},
+		{"--peer 0.0.0.0:0", "--peer 0.0.0.0:0: binding gossip, peer or raft beyond loopback needs --cluster-key-file"},
+		{"--raft 0.0.0.0:0", "--raft 0.0.0.0:0: binding gossip, peer or raft beyond loopback needs --cluster-key-file"},
 	} {
 		err := run(append(base, strings.Fields(c.args)...))
 		if err == nil || !strings.Contains(err.Error(), c.want) {

@@ -13,9 +13,12 @@ import msgpack
 class StallfreeError(Exception):
     """A node answered with an error status (not retried)."""
 
-    def __init__(self, status, message):
+    def __init__(self, status, message, retry_after=None):
         super().__init__(f"HTTP {status}: {message}")
         self.status = status
+        # Seconds the node asked to wait before retrying (503 when its
+        # in-flight response bytes are at their bound), or None.
+        self.retry_after = retry_after
         self.message = message
 
 
@@ -105,7 +108,12 @@ class Client:
                 msg = json.loads(data).get("error", data.decode(errors="replace"))
             except ValueError:
                 msg = data.decode(errors="replace")
-            raise StallfreeError(r.status, msg)
+            retry_after = None
+            try:
+                retry_after = min(float(r.getheader("Retry-After")), 10.0)
+            except (TypeError, ValueError):
+                pass
+            raise StallfreeError(r.status, msg, retry_after)
         return r, data
 
     def request(self, method, path, body=None, headers=None):
@@ -124,6 +132,9 @@ class Client:
                 if e.status != 503:
                     raise
                 last = e
+                if e.retry_after is not None:  # busy, not down: wait as told
+                    time.sleep(e.retry_after)
+                    continue
             except _RETRYABLE as e:
                 last = e
             time.sleep(min(0.05 * (attempt + 1), 0.5))

@@ -91,7 +91,7 @@ class LocalitySampler(torch.utils.data.Sampler):
 class StallMeter:
     """Wraps a DataLoader iterator and measures how long the training loop
     waits for each batch: the data stall. Reports to the node every
-    ``report_every`` batches and at the end (``stallfree_loader_wait_seconds``).
+    ``report_every`` batches and at the end (``stallfree_loader_wait_seconds_total``).
 
         meter = StallMeter(url, loader, job="resnet", rank=0)
         for batch in meter: train(batch)

@@ -124,7 +124,7 @@ class LoaderTest(unittest.TestCase):
         self.assertEqual(reported, waited_batches)
         self.assertGreater(waited, 0)
         metrics = Client(url1).request("GET", "/metrics")[1].decode()
-        self.assertIn("stallfree_loader_wait_seconds", metrics)
+        self.assertIn("stallfree_loader_wait_seconds_total", metrics)
 
     def test_minibatches_in_one_request(self):
         (n1, url1), (n2, url2) = self.cluster.nodes

@@ -1,0 +1,47 @@
+package node
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+)
+
+// ErrBusy means the node is assembling as many response bytes as
+// --max-inflight-bytes allows; the API answers 503 with Retry-After.
+var ErrBusy = errors.New("busy: too many response bytes in flight")
+
+// ErrTooLarge means one response would need more than the whole in-flight
+// budget; no retry can help (413).
+var ErrTooLarge = errors.New("too large")
+
+// MaxBatch bounds the items of one batch response (a dataset batch or a
+// job's minibatch).
+const MaxBatch = 4096
+
+// inflight bounds the bytes of responses being assembled at once, so a few
+// huge batches cannot take memory far past --memory.
+type inflight struct {
+	mu          sync.Mutex
+	used, limit uint64
+}
+
+// take charges n bytes, or fails without waiting: a caller told to come
+// back later frees its connection, where a waiting one would hold it.
+func (b *inflight) take(n uint64) error {
+	if n > b.limit {
+		return fmt.Errorf("%w: a response of %d bytes is over --max-inflight-bytes (%d)", ErrTooLarge, n, b.limit)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.used+n > b.limit {
+		return fmt.Errorf("%w (%d of %d bytes)", ErrBusy, b.used, b.limit)
+	}
+	b.used += n
+	return nil
+}
+
+func (b *inflight) give(n uint64) {
+	b.mu.Lock()
+	b.used -= n
+	b.mu.Unlock()
+}
