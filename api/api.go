@@ -43,8 +43,8 @@ type PutDataset struct {
 // BatchRequest is the body of POST /v1/datasets/{name}/batch: exactly one of
 // the two lists.
 type BatchRequest struct {
-	Indices []int    `json:"indices,omitempty"`
-	Keys    []string `json:"keys,omitempty"`
+	Indices []int    `json:"indices"`
+	Keys    []string `json:"keys"`
 }
 
 // BatchItem is one element of a msgpack batch answer (dataset batches and a

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -32,6 +33,15 @@ func TestMain(m *testing.M) {
 	build.Env = append(os.Environ(), "CGO_ENABLED=1")
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building binaries:", err)
+		os.Exit(1)
+	}
+	// Memory is measured on the binary users run: the race detector's
+	// shadow memory would swamp what a test of RSS looks at.
+	plain := exec.Command("go", "build", "-o", filepath.Join(dir, "plain")+"/", "stallfree/cmd/cachenode")
+	plain.Stdout, plain.Stderr = os.Stderr, os.Stderr
+	plain.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if err := plain.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building the plain binary:", err)
 		os.Exit(1)
 	}
 	code := m.Run()
@@ -61,6 +71,8 @@ type proc struct {
 	log                      *bytes.Buffer
 	c                        *client.Client
 	token                    string
+	wrap                     []string
+	binary                   string
 	fixedGossip              bool // the test chose the gossip address, so it must not change
 	started                  bool // has run before: other nodes may know its addresses
 }
@@ -74,6 +86,9 @@ type nodeOpts struct {
 	memory    string
 	policy    string
 	extra     []string
+	wrap      []string // a command the node runs under, e.g. prlimit
+	plain     bool     // the binary built without the race detector
+	logLevel  string   // warn when empty
 }
 
 func startNode(t *testing.T, o nodeOpts) *proc {
@@ -85,8 +100,16 @@ func startNode(t *testing.T, o nodeOpts) *proc {
 	if o.policy == "" {
 		o.policy = "minio"
 	}
+	if o.logLevel == "" {
+		o.logLevel = "warn"
+	}
+	p.wrap = o.wrap
+	p.binary = filepath.Join(binDir, "cachenode")
+	if o.plain {
+		p.binary = filepath.Join(binDir, "plain", "cachenode")
+	}
 	p.args = []string{"--name", o.name, "--data-dir", p.dataDir, "--memory", o.memory, "--policy", o.policy,
-		"--fast-timers", "--log-level", "warn"}
+		"--fast-timers", "--log-level", o.logLevel}
 	if o.bootstrap {
 		p.args = append(p.args, "--bootstrap")
 	}
@@ -124,7 +147,8 @@ func (p *proc) start() {
 	for attempt := 1; ; attempt++ {
 		p.log = &bytes.Buffer{}
 		args := append([]string{"--http", p.http, "--peer", p.peer, "--gossip", p.gossip, "--raft", p.raft}, p.args...)
-		cmd := exec.Command(filepath.Join(binDir, "cachenode"), args...)
+		argv := append(append(slices.Clone(p.wrap), p.binary), args...)
+		cmd := exec.Command(argv[0], argv[1:]...)
 		cmd.Stdout, cmd.Stderr = p.log, p.log
 		if err := cmd.Start(); err != nil {
 			p.t.Fatal(err)

@@ -76,6 +76,9 @@ func (n *Node) registerMetrics() *prometheus.Registry {
 	gauge("items_cached", "Items resident in this node's store.", func(s api.Stats) float64 { return float64(s.ItemsCached) })
 	gauge("bytes_cached", "Payload bytes resident in this node's store.", func(s api.Stats) float64 { return float64(s.BytesCached) })
 	gauge("used_bytes", "Bytes charged against the memory budget (payload + per-item overhead).", func(s api.Stats) float64 { return float64(s.UsedBytes) })
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "stallfree_catalog_applied_index",
+		Help: "The raft index this node's catalog has applied (every catalog write moves it)."},
+		func() float64 { return float64(n.cat.AppliedIndex()) }))
 	gauge("capacity_bytes", "The store's memory budget.", func(s api.Stats) float64 { return float64(s.CapacityBytes) })
 	return reg
 }
