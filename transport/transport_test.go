@@ -36,6 +36,14 @@ func serve(t *testing.T, k []byte) (string, *atomic.Int64) {
 		if req.Dataset == "boom" {
 			return nil, errors.New("boom")
 		}
+		if req.Dataset == "corrupt" { // bytes that do not match the sum sent with them
+			out := make([]Item, len(req.Indices))
+			for j, i := range req.Indices {
+				b := itemBytes(i)
+				out[j] = Item{Data: append([]byte("X"), b[1:]...), Sum: xxhash.Sum64(b), Found: true}
+			}
+			return out, nil
+		}
 		out := make([]Item, len(req.Indices))
 		for j, i := range req.Indices {
 			if i == 999 {
@@ -82,6 +90,24 @@ func TestGetBatchConcurrent(t *testing.T) {
 	}
 	// The connection survives a handler error.
 	if _, err := c.Get(context.Background(), addr, &Request{Dataset: "d", Indices: []uint32{1}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A peer's bytes that do not match the checksum it sent are never handed
+// on, single item or batch.
+func TestCorruptPayloadFailsTheFetch(t *testing.T) {
+	addr, _ := serve(t, key)
+	c := NewClient(key)
+	defer c.Close()
+	for _, idx := range [][]uint32{{7}, {1, 2, 3}} {
+		res, err := c.Get(context.Background(), addr, &Request{Dataset: "corrupt", Indices: idx})
+		if err == nil {
+			t.Fatalf("indices %v: corrupt bytes accepted: %q", idx, res[0].Data[:8])
+		}
+	}
+	// The same items with their true bytes come through.
+	if _, err := c.Get(context.Background(), addr, &Request{Dataset: "d", Indices: []uint32{7}}); err != nil {
 		t.Fatal(err)
 	}
 }
