@@ -50,7 +50,7 @@ func TestAnalyzePredictsHalfMemory(t *testing.T) {
 		if e == 0 {
 			continue // fills the cache
 		}
-		s, _ := n.c.Stats(ctx)
+		s := mustStats(t, n)
 		measured := rd.Elapsed.Seconds()
 		t.Logf("half memory: %d of %d items cached; epoch %.2fs measured, %.2fs predicted", s.ItemsCached, items, measured, predicted)
 		if diff := math.Abs(measured-predicted) / measured; diff > 0.15 {

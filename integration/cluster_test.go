@@ -169,7 +169,7 @@ func TestThreeNodesHoldEachItemOnce(t *testing.T) {
 	if tot2 := sumStats(t, nodes); tot2.SourceReads != items {
 		t.Fatalf("second pass read storage: %d", tot2.SourceReads)
 	}
-	cl, _ := nodes[0].c.Cluster(ctx)
+	cl := mustCluster(t, nodes[0])
 	for _, m := range cl.Members {
 		if m.Share < 0.2 || m.Share > 0.45 || m.Items < items/6 {
 			t.Errorf("unbalanced: %s owns %.2f of the ring and caches %d items", m.Name, m.Share, m.Items)
@@ -230,7 +230,7 @@ func TestKillNodeMidEpoch(t *testing.T) {
 			t.Fatalf("loader error after kill -9: %v", err)
 		}
 	}
-	cl, _ := nodes[0].c.Cluster(ctx)
+	cl := mustCluster(t, nodes[0])
 	for _, m := range cl.Members {
 		if m.Name == "n3" && m.State == "alive" {
 			t.Fatal("dead node still alive in the member list")
@@ -283,8 +283,8 @@ func TestJoinMovesOnlyRingKeysWithoutStorageReads(t *testing.T) {
 	if after.ItemsCached != items {
 		t.Fatalf("after join the cluster caches %d items, want %d (each once)", after.ItemsCached, items)
 	}
-	s3, _ := n3.c.Stats(ctx)
-	cl, _ := n3.c.Cluster(ctx)
+	s3 := mustStats(t, n3)
+	cl := mustCluster(t, n3)
 	var share float64
 	for _, m := range cl.Members {
 		if m.Name == "n3" {
@@ -309,7 +309,7 @@ func TestCatalogOnEveryNodeAndAfterLeaderDies(t *testing.T) {
 			return err == nil && len(ds) == 1
 		})
 	}
-	cl, _ := nodes[0].c.Cluster(ctx)
+	cl := mustCluster(t, nodes[0])
 	var leader *proc
 	var rest []*proc
 	for _, n := range nodes {
@@ -362,7 +362,7 @@ func TestStrangerStaysOut(t *testing.T) {
 			t.Fatalf("stranger sees %v", alive(cl))
 		}
 		for _, n := range nodes {
-			cl, _ := n.c.Cluster(ctx)
+			cl := mustCluster(t, n)
 			if slices.Contains(alive(cl), "x") {
 				t.Fatalf("%s lists the stranger", n.name)
 			}

@@ -253,3 +253,24 @@ func dataset(t *testing.T, n, size int) (string, map[string][]byte) {
 	}
 	return dir, files
 }
+
+// mustStats is n's /v1/stats; an error fails the test (an ignored one would
+// turn the checks built on it into no-ops).
+func mustStats(t *testing.T, n *proc) client.Stats {
+	t.Helper()
+	s, err := n.c.Stats(context.Background())
+	if err != nil {
+		t.Fatalf("%s stats: %v", n.name, err)
+	}
+	return s
+}
+
+// mustCluster is n's /v1/cluster; an error fails the test.
+func mustCluster(t *testing.T, n *proc) client.Cluster {
+	t.Helper()
+	cl, err := n.c.Cluster(context.Background())
+	if err != nil {
+		t.Fatalf("%s cluster: %v", n.name, err)
+	}
+	return cl
+}

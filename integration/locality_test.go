@@ -80,7 +80,7 @@ func TestLocalityAwareOrders(t *testing.T) {
 		// Each rank reads its batches through its own node: count where samples came from.
 		var local, peer uint64
 		for r, n := range nodes {
-			before, _ := n.c.Stats(ctx)
+			before := mustStats(t, n)
 			o := rankOrder(t, n, "train", epoch, r)
 			for b := range o.Batches {
 				got := jobBatch(t, n, "train", epoch, r, b)
@@ -94,7 +94,7 @@ func TestLocalityAwareOrders(t *testing.T) {
 					}
 				}
 			}
-			after, _ := n.c.Stats(ctx)
+			after := mustStats(t, n)
 			local += after.HitsLocal - before.HitsLocal
 			peer += after.HitsPeer - before.HitsPeer
 			if after.SourceReads != before.SourceReads {
@@ -103,14 +103,14 @@ func TestLocalityAwareOrders(t *testing.T) {
 		}
 		frac := float64(peer) / float64(local+peer)
 		t.Logf("epoch %d: %.3f of samples came from another node (%d local, %d peer)", epoch, frac, local, peer)
-		if frac > 0.05 {
+		if !(frac <= 0.05) { // NaN fails too
 			t.Fatalf("epoch %d: remote fraction %.3f > 0.05", epoch, frac)
 		}
 	}
 	// Plain sampling for contrast: rank r reading a contiguous quarter of a random order.
 	var before, after uint64
 	for _, n := range nodes {
-		s, _ := n.c.Stats(ctx)
+		s := mustStats(t, n)
 		before += s.HitsPeer
 	}
 	for r, n := range nodes {
@@ -121,10 +121,16 @@ func TestLocalityAwareOrders(t *testing.T) {
 		}
 	}
 	for _, n := range nodes {
-		s, _ := n.c.Stats(ctx)
+		s := mustStats(t, n)
 		after += s.HitsPeer
 	}
-	t.Logf("plain sampling: %.3f of samples came from another node", float64(after-before)/float64(world*(items/world)))
+	plain := float64(after-before) / float64(world*(items/world))
+	t.Logf("plain sampling: %.3f of samples came from another node", plain)
+	// With 4 nodes, 3/4 of a random quarter lives elsewhere: the contrast is
+	// what shows the locality-aware orders are doing the work.
+	if plain < 0.5 {
+		t.Fatalf("plain sampling: only %.3f remote, want > 0.5 (did the nodes share items?)", plain)
+	}
 }
 
 func permOf(n, r int) []int {

@@ -28,7 +28,10 @@ func TestCatalogSurvivesRestart(t *testing.T) {
 	if _, err := n.c.PutJob(ctx, api.Job{Name: "train", Dataset: "added", Seed: 7, WorldSize: 1, BatchSize: 4}); err != nil {
 		t.Fatal(err)
 	}
-	before, _ := n.c.Datasets(ctx)
+	before, err := n.c.Datasets(ctx)
+	if err != nil || len(before) != 2 {
+		t.Fatalf("datasets before the restart: %v %v", before, err)
+	}
 	n.kill()
 	n.start()
 	var after []client.Dataset

@@ -31,6 +31,11 @@ func freeAddr(t *testing.T) string {
 // of items random files of size bytes registered as dataset "ds".
 func startNode(t *testing.T, items, size int, memory uint64, clustered bool) (*Node, *catalog.Dataset, map[string][]byte) {
 	t.Helper()
+	return startNodeWith(t, items, size, memory, clustered, "lru")
+}
+
+func startNodeWith(t *testing.T, items, size int, memory uint64, clustered bool, policy string) (*Node, *catalog.Dataset, map[string][]byte) {
+	t.Helper()
 	dir := t.TempDir()
 	files := map[string][]byte{}
 	for i := range items {
@@ -45,7 +50,7 @@ func startNode(t *testing.T, items, size int, memory uint64, clustered bool) (*N
 		files[name] = b
 	}
 	cfg := Config{Name: "t1", RaftBind: freeAddr(t), DataDir: t.TempDir(), Bootstrap: true, Memory: memory,
-		Policy: "lru", FastRaft: true, Logger: slog.New(slog.DiscardHandler)}
+		Policy: policy, FastRaft: true, Logger: slog.New(slog.DiscardHandler)}
 	if clustered {
 		cfg.GossipBind, cfg.Advertise, cfg.PeerBind = freeAddr(t), "127.0.0.1", freeAddr(t)
 		cfg.PeerAdvert = cfg.PeerBind
@@ -105,5 +110,32 @@ func TestRecycledStorageReadsStayExact(t *testing.T) {
 	}
 	if st := n.Stats(); st.SourceReads < 200 {
 		t.Fatalf("only %d storage reads: the test did not exercise recycled fills", st.SourceReads)
+	}
+}
+
+// Warm-up stops once the store admits nothing more: reading the rest would
+// only cost storage bandwidth (MinIO never evicts to make room).
+func TestWarmupStopsWhenFull(t *testing.T) {
+	const items, size = 200, 4 << 10
+	n, d, _ := startNodeWith(t, items, size, 20*(size+256), false, "minio")
+	n.StartWarmup(d)
+	deadline := time.Now().Add(20 * time.Second)
+	for n.WarmupProgress(d).Running {
+		if time.Now().After(deadline) {
+			t.Fatal("warm-up still running")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	p, st := n.WarmupProgress(d), n.Stats()
+	if !p.Full || p.Error != "" {
+		t.Fatalf("progress %+v: want stopped full", p)
+	}
+	// The workers in flight when the store filled may each have read one
+	// item more; nothing beyond.
+	if limit := uint64(st.ItemsCached) + warmConcurrency; st.SourceReads > limit {
+		t.Fatalf("%d storage reads for %d cached items: warm-up went on past a full store", st.SourceReads, st.ItemsCached)
+	}
+	if p.Done >= p.Total {
+		t.Fatalf("done %d of %d with a store for ~20 items", p.Done, p.Total)
 	}
 }
