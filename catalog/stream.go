@@ -89,13 +89,5 @@ func (s *authStream) Close() error {
 func (s *authStream) Addr() net.Addr { return s.adv }
 
 func (s *authStream) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	c, err := net.DialTimeout("tcp", string(addr), timeout)
-	if err != nil {
-		return nil, err
-	}
-	if err := clusterauth.Client(c, s.key); err != nil {
-		c.Close()
-		return nil, err
-	}
-	return c, nil
+	return clusterauth.Dial(string(addr), timeout, s.key)
 }

@@ -104,3 +104,16 @@ func Server(c net.Conn, key []byte) error {
 	}
 	return nil
 }
+
+// Dial connects to addr and proves the key, as a member does.
+func Dial(addr string, timeout time.Duration, key []byte) (net.Conn, error) {
+	c, err := net.DialTimeout("tcp", addr, timeout)
+	if err != nil {
+		return nil, err
+	}
+	if err := Client(c, key); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}

@@ -36,15 +36,7 @@ type authedStream struct {
 }
 
 func (s authedStream) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	c, err := net.DialTimeout("tcp", string(addr), timeout)
-	if err != nil {
-		return nil, err
-	}
-	if err := clusterauth.Client(c, s.key); err != nil {
-		c.Close()
-		return nil, err
-	}
-	return c, nil
+	return clusterauth.Dial(string(addr), timeout, s.key)
 }
 
 // waitReady waits until the node's /readyz answers 200: a leader, a caught-up
