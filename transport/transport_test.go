@@ -224,12 +224,11 @@ func TestHungPeerTimesOut(t *testing.T) {
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
-	start := time.Now()
-	if _, err := c.Get(ctx, ln.Addr().String(), &Request{Dataset: "d", Indices: []uint32{1}}); err == nil {
-		t.Fatal("no error from a hung peer")
-	}
-	if el := time.Since(start); el > 2*time.Second {
-		t.Fatalf("gave up after %v", el)
+	// The deterministic part: the fetch ends with the caller's deadline, not
+	// with some later error of the connection (how fast is for benchmarks).
+	_, err := c.Get(ctx, ln.Addr().String(), &Request{Dataset: "d", Indices: []uint32{1}})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a hung peer: err %v, want the caller's deadline", err)
 	}
 }
 
