@@ -17,9 +17,6 @@ import (
 	"stallfree/node"
 )
 
-// MaxBatchBytes bounds the payload of one batch response.
-const MaxBatchBytes = 512 << 20
-
 func (s *Server) batch(ctx *fasthttp.RequestCtx, d *catalog.Dataset) {
 	var req api.BatchRequest
 	if err := decodeStrict(ctx.PostBody(), &req); err != nil {
@@ -42,22 +39,7 @@ func (s *Server) batch(ctx *fasthttp.RequestCtx, d *catalog.Dataset) {
 			idx[j] = i
 		}
 	}
-	if len(idx) > MaxBatch {
-		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, fmt.Sprintf("%d items in one batch; the limit is %d", len(idx), MaxBatch))
-		return
-	}
-	var total int64
-	for _, i := range idx {
-		if i < 0 || i >= d.Manifest.Len() {
-			writeError(ctx, fasthttp.StatusBadRequest, fmt.Sprintf("index %d out of range [0,%d)", i, d.Manifest.Len()))
-			return
-		}
-		total += d.Manifest.Size(i)
-	}
-	if total > MaxBatchBytes {
-		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, fmt.Sprintf("batch of %d bytes; the limit is %d", total, MaxBatchBytes))
-		return
-	}
+	// The node checks the count, the indices and the bytes (413, 400, 413).
 	rctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	items, err := s.node.GetMany(rctx, d, idx)

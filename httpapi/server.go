@@ -35,9 +35,6 @@ import (
 // ones get 413 before the handler runs.
 const MaxBodySize = 1 << 20
 
-// MaxBatch bounds the items of one batch request.
-const MaxBatch = node.MaxBatch
-
 // Server is the HTTP front of one node.
 type Server struct {
 	node    *node.Node
@@ -133,9 +130,6 @@ func writeJSON(ctx *fasthttp.RequestCtx, code int, v any) {
 
 // statusOf maps domain errors to the contract's status codes.
 func statusOf(err error) int {
-	if e, ok := errors.AsType[*api.Error](err); ok { // the leader's answer to a relayed write
-		return e.Status
-	}
 	switch {
 	case errors.Is(err, catalog.ErrNotFound):
 		return fasthttp.StatusNotFound

@@ -48,6 +48,20 @@ func waitReady(t *testing.T, n *proc) {
 	})
 }
 
+// readBody reads and closes the body of a response that err did not stop.
+func readBody(t *testing.T, resp *http.Response, err error) []byte {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return body
+}
+
 func leaderOf(t *testing.T, nodes []*proc) *proc {
 	t.Helper()
 	cl, err := nodes[0].c.Cluster(context.Background())
@@ -406,14 +420,7 @@ func TestMetricsPassPromlint(t *testing.T) {
 	n := startNode(t, nodeOpts{name: "solo", bootstrap: true, extra: []string{"--dataset", "ds=" + dir, "--policy", "clairvoyant"}})
 	waitReady(t, n)
 	resp, err := http.Get("http://" + n.http + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	body := readBody(t, resp, err)
 	problems, err := promlint.New(bytes.NewReader(body)).Lint()
 	if err != nil {
 		t.Fatal(err)
@@ -432,14 +439,7 @@ func TestEmptyBatchIsAnEmptyArray(t *testing.T) {
 	n := startNode(t, nodeOpts{name: "solo", bootstrap: true, extra: []string{"--dataset", "ds=" + dir}})
 	waitReady(t, n)
 	resp, err := n.c.Do(context.Background(), http.MethodPost, "/v1/datasets/ds/batch", api.BatchRequest{Indices: []int{}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	body := readBody(t, resp, err)
 	if !bytes.Equal(body, []byte{0x90}) || resp.ContentLength != 1 {
 		t.Fatalf("empty batch: Content-Length %d, body % x; want 1 and 90 (an empty msgpack array)", resp.ContentLength, body)
 	}
@@ -448,11 +448,7 @@ func TestEmptyBatchIsAnEmptyArray(t *testing.T) {
 func metric(t *testing.T, n *proc, name string) float64 {
 	t.Helper()
 	resp, err := http.Get("http://" + n.http + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
+	b := readBody(t, resp, err)
 	for line := range strings.SplitSeq(string(b), "\n") {
 		if rest, ok := strings.CutPrefix(line, name+" "); ok {
 			v, err := strconv.ParseFloat(rest, 64)
@@ -501,11 +497,7 @@ func TestReadsPinOnlyTheNextEpochOnce(t *testing.T) {
 func TestReadyzWaitsForJoin(t *testing.T) {
 	n := startNode(t, nodeOpts{name: "lonely", join: []string{freePort(t, "127.0.0.1")}})
 	resp, err := http.Get("http://" + n.http + "/readyz")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	body := readBody(t, resp, err)
 	if resp.StatusCode != http.StatusServiceUnavailable || !bytes.Contains(body, []byte("not joined")) {
 		t.Fatalf("/readyz of a node whose seed is gone: %d %s", resp.StatusCode, body)
 	}

@@ -14,9 +14,11 @@ var ErrBusy = errors.New("busy: too many response bytes in flight")
 // budget; no retry can help (413).
 var ErrTooLarge = errors.New("too large")
 
-// MaxBatch bounds the items of one batch response (a dataset batch or a
-// job's minibatch).
-const MaxBatch = 4096
+// Bounds of one batch response, a dataset batch or a job's minibatch alike.
+const (
+	MaxBatch      = 4096
+	MaxBatchBytes = 512 << 20
+)
 
 // inflight bounds the bytes of responses being assembled at once, so a few
 // huge batches cannot take memory far past --memory.

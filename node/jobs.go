@@ -212,12 +212,9 @@ func (n *Node) JobBatch(ctx context.Context, job string, epoch uint64, rank, b i
 	if b < 0 || b >= ep.Batches() {
 		return nil, fmt.Errorf("%w: batch %d: want an integer in [0,%d)", ErrBadRequest, b, ep.Batches())
 	}
+	// GetManyFor holds it to the limits of /batch: a job registered with a
+	// huge batch_size must not make one response of gigabytes.
 	batch := ep.Batch(rank, b)
-	if len(batch) > MaxBatch {
-		// Held to the limits of /batch: a job registered with a huge
-		// batch_size must not make one response of gigabytes.
-		return nil, fmt.Errorf("%w: minibatch of %d items; the limit is %d (use a smaller batch_size)", ErrTooLarge, len(batch), MaxBatch)
-	}
 	idx := make([]int, len(batch))
 	for j, i := range batch {
 		idx[j] = int(i)

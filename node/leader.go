@@ -37,6 +37,17 @@ func newLeaderLink(self, token string) leaderLink {
 		http: &fasthttp.Client{Name: "stallfree-forward", ReadTimeout: 10 * time.Minute, MaxResponseBodySize: 64 << 20}}
 }
 
+// prepare addresses req to the leader's HTTP API at addr as this node's own
+// request: authenticated, and marked relayed so it is never relayed again.
+func (l leaderLink) prepare(req *fasthttp.Request, method, addr, path string) {
+	req.Header.SetMethod(method)
+	req.SetRequestURI("http://" + addr + path)
+	req.Header.Set(api.HeaderForwarded, l.self)
+	if l.token != "" {
+		req.Header.Set("Authorization", "Bearer "+l.token)
+	}
+}
+
 type relayedKey struct{}
 
 // Relayed marks ctx as serving a request another node relayed here: it is
@@ -102,12 +113,7 @@ func (n *Node) forward(ctx context.Context, method, path string, body, out any, 
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	req.Header.SetMethod(method)
-	req.SetRequestURI("http://" + addr + path)
-	req.Header.Set(api.HeaderForwarded, n.cfg.Name)
-	if n.leader.token != "" {
-		req.Header.Set("Authorization", "Bearer "+n.leader.token)
-	}
+	n.leader.prepare(req, method, addr, path)
 	if body != nil {
 		b, err := json.Marshal(body)
 		if err != nil {
@@ -154,10 +160,6 @@ func (n *Node) leaderHas(ctx context.Context, path string) bool {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + addr + path)
-	req.Header.Set(api.HeaderForwarded, n.cfg.Name)
-	if n.leader.token != "" {
-		req.Header.Set("Authorization", "Bearer "+n.leader.token)
-	}
+	n.leader.prepare(req, fasthttp.MethodGet, addr, path)
 	return n.leader.http.DoTimeout(req, resp, 5*time.Second) == nil && resp.StatusCode() == fasthttp.StatusOK
 }

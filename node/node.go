@@ -590,12 +590,18 @@ func (n *Node) GetMany(ctx context.Context, d *catalog.Dataset, indices []int) (
 // GetManyFor is GetMany on behalf of a registered job, whose read-ahead
 // schedule the request advances.
 func (n *Node) GetManyFor(ctx context.Context, d *catalog.Dataset, indices []int, job string) ([]Item, error) {
+	if len(indices) > MaxBatch {
+		return nil, fmt.Errorf("%w: %d items in one batch; the limit is %d", ErrTooLarge, len(indices), MaxBatch)
+	}
 	var total uint64
 	for _, i := range indices {
 		if i < 0 || i >= d.Manifest.Len() {
 			return nil, fmt.Errorf("%w: index %d out of range [0,%d)", ErrBadRequest, i, d.Manifest.Len())
 		}
 		total += uint64(d.Manifest.Size(i))
+	}
+	if total > MaxBatchBytes {
+		return nil, fmt.Errorf("%w: batch of %d bytes; the limit is %d", ErrTooLarge, total, MaxBatchBytes)
 	}
 	if err := n.inflight.take(total); err != nil {
 		return nil, err
