@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin
 export CGO_ENABLED ?= 0
 
-.PHONY: build test test-deps test-short fuzz lint demo clean
+.PHONY: build test test-deps test-short fuzz lint demo clean mutate
 
 build:
 	$(GO) build -o $(BIN)/ ./cmd/cachenode ./cmd/cachectl
@@ -13,7 +13,7 @@ build:
 # (they belong to /usr/bin/python3, not to a pyenv python3 earlier on PATH).
 PYTHON ?= /usr/bin/python3
 test: build test-deps
-	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 20m ./...
+	STALLFREE_MINIO=$$(./scripts/minio.sh) CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 20m ./...
 	$(PYTHON) -W ignore::ResourceWarning -m unittest discover -s python/tests -v
 
 # Installs what `make test` needs when it is missing: as root through
@@ -23,7 +23,7 @@ test-deps:
 	@./scripts/test-deps.sh $(PYTHON) $(TEST_DEBS)
 
 test-short:
-	CGO_ENABLED=1 $(GO) test -race -short -count=1 ./...
+	STALLFREE_MINIO=$$(./scripts/minio.sh) CGO_ENABLED=1 $(GO) test -race -short -count=1 ./...
 
 # Brief runs of every fuzz target (CI runs these too).
 FUZZTIME ?= 15s
@@ -32,6 +32,11 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzKeyPath$$' -fuzztime $(FUZZTIME) ./httpapi
 	$(GO) test -run '^$$' -fuzz '^FuzzValidName$$' -fuzztime $(FUZZTIME) ./httpapi
 	$(GO) test -run '^$$' -fuzz '^FuzzReadFrame$$' -fuzztime $(FUZZTIME) ./transport
+
+# Mutation testing of the core packages (not in CI: about 15 minutes here).
+# The table it prints is kept in docs/testing.md.
+mutate:
+	./scripts/mutate.sh
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -98,4 +103,4 @@ bench-deps:
 BENCH_FLAGS ?=
 bench: build bench-deps
 	$(GO) build -o $(BIN)/sfbench ./bench/cmd/sfbench
-	$(BIN)/sfbench $(BENCH_FLAGS)
+	$(BIN)/sfbench -minio $$(./scripts/minio.sh) $(BENCH_FLAGS)

@@ -101,6 +101,23 @@ func Markdown(rep *Report, out string) string {
 		w("| %d | %d | %.3f | %.3f |\n", l.Nodes, l.Batch, l.Locality, l.Plain)
 	}
 	w("\n![remote fraction vs batch size](%s)\n", filepath.Join(out, "remote_fraction_vs_batch.png"))
+	if s := rep.S3; s != nil {
+		w("\n## S3: a real MinIO server on this machine\n\n")
+		w("%d objects of %d KiB in one bucket prefix, %d nodes (`--s3-endpoint`), MinIO on the same 2 cores.\n\n", s.Objects, s.ObjectBytes>>10, s.Nodes)
+		w("| | items/s | MB/s |\n|---|---:|---:|\n")
+		w("| plain GET loop, %d at once (each object once) | %.0f | %.0f |\n", s.Concurrency, s.LoopItemsPerSec, s.LoopMBPerSec)
+		w("| Stallfree warm-up (%d per node, each object read once cluster-wide) | %.0f | %.0f |\n", s.Concurrency/s.Nodes, s.WarmItemsPerSec, s.WarmMBPerSec)
+		w("| epoch through one node, nothing cached (16 loader workers) | %.0f | |\n", s.ColdEpochItemsPerSec)
+		w("| epoch through one node, warmed | %.0f | |\n\n", s.WarmEpochItemsPerSec)
+		w("Warm-up / GET loop: **%.2f** (goal ≥ 0.8). Registering a prefix of %d small objects (listing split over its\n", s.WarmVsLoop, s.ListObjects)
+		w("common prefixes, manifest through raft): %.1f s.\n", s.RegisterSeconds)
+	}
+	if a := rep.Analyze; a != nil {
+		w("\n## `cachectl analyze`: predicted against measured\n\n")
+		w("One node, %d items of %d KiB, storage throttled to %s/s, %d loader workers. Rates measured by `stall.Analyze` on a node\n", a.Items, a.ItemBytes>>10, a.SourceRate, a.Workers)
+		w("holding everything: cold %.0f items/s, cached %.0f items/s. A node with memory for half the dataset, second epoch:\n\n", a.ColdRate, a.CachedRate)
+		w("| hit fraction | predicted | measured | error |\n|---|---|---|---|\n| %.2f | %.2f s | %.2f s | %.1f%% |\n", a.HitFraction, a.Predicted, a.Measured, 100*a.ErrorFr)
+	}
 	w("%s", notes)
 	return b.String()
 }

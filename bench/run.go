@@ -34,7 +34,11 @@ type Config struct {
 	MemGiB   float64       // cached GiB for the memory figures
 	Only     []string      // when set: only these targets, and no memory, policy or locality runs
 	Profile  bool          // serve pprof on every benchmark node (addresses in the log)
-	Log      io.Writer
+	MinIO    string        // a MinIO server binary for the S3 figures (none: skipped)
+	// S3Objects and S3List size the S3 figures: objects of Size bytes read
+	// in warm-up and epochs, and small objects registered as one dataset.
+	S3Objects, S3List int
+	Log               io.Writer
 }
 
 // Report is everything one run measured.
@@ -53,8 +57,11 @@ type Report struct {
 	Memory     []MemResult      `json:"memory"`
 	Policies   []PolicyResult   `json:"policies"`
 	Locality   []LocalityResult `json:"locality"`
-	Commands   []string         `json:"commands"`
-	DurationS  float64          `json:"duration_s"`
+	// Analyze is cachectl analyze's prediction against a measured epoch.
+	Analyze   *AnalyzeResult `json:"analyze,omitempty"`
+	S3        *S3Result      `json:"s3,omitempty"`
+	Commands  []string       `json:"commands"`
+	DurationS float64        `json:"duration_s"`
 }
 
 func (c *Config) logf(format string, args ...any) { fmt.Fprintf(c.Log, format+"\n", args...) }
@@ -133,15 +140,8 @@ func Main(c Config) (*Report, error) {
 		}
 	}
 	// Wait until both cluster members see each other, then warm every node.
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		cl, err := b.c.Cluster(context.Background())
-		if err == nil && len(cl.Members) == 2 && cl.Members[0].State == "alive" && cl.Members[1].State == "alive" {
-			break
-		}
-		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("2-node cluster did not form")
-		}
-		time.Sleep(50 * time.Millisecond)
+	if err := waitMembers(b, 2); err != nil {
+		return nil, err
 	}
 	if err := warm([]*nodeProc{a}, "bench"); err != nil {
 		return nil, err
@@ -262,6 +262,20 @@ func Main(c Config) (*Report, error) {
 	if rep.Locality, err = Locality(20000, []int{2, 4, 8}, []int{32, 64, 128, 256}); err != nil {
 		return nil, err
 	}
+	if rep.Analyze, err = Analyze(c.Work, filepath.Join(c.Bin, "cachenode")); err != nil {
+		return nil, fmt.Errorf("analyze: %w", err)
+	}
+	if c.MinIO != "" {
+		if rep.S3, err = S3(&c, c.MinIO, c.S3Objects, c.Size, c.S3List); err != nil {
+			return nil, fmt.Errorf("s3: %w", err)
+		}
+		s := rep.S3
+		c.logf("s3: GET loop %.0f items/s %.0f MB/s; warm-up %.0f items/s %.0f MB/s (%.2fx); epoch cold %.0f, warm %.0f items/s; %d objects registered in %.1fs",
+			s.LoopItemsPerSec, s.LoopMBPerSec, s.WarmItemsPerSec, s.WarmMBPerSec, s.WarmVsLoop, s.ColdEpochItemsPerSec, s.WarmEpochItemsPerSec, s.ListObjects, s.RegisterSeconds)
+	}
+	an := rep.Analyze
+	c.logf("analyze: half-memory epoch %.2fs measured, %.2fs predicted (%.1f%% off) at hit fraction %.2f",
+		an.Measured, an.Predicted, 100*an.ErrorFr, an.HitFraction)
 	rep.DurationS = time.Since(start).Seconds()
 	return rep, nil
 }

@@ -23,7 +23,15 @@ type proc struct {
 }
 
 func startProc(name string, logTo string, bin string, args ...string) (*proc, error) {
+	return startProcEnv(name, logTo, bin, nil, args...)
+}
+
+// startProcEnv starts bin with env added to this process's environment.
+func startProcEnv(name string, logTo string, bin string, env []string, args ...string) (*proc, error) {
 	cmd := exec.Command(bin, args...)
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	// Its own process group, so stop can end nginx's workers with it; and
 	// told to stop if this benchmark dies (Ctrl-C, kill), which skips the
 	// deferred stops and would leave servers running.
@@ -185,6 +193,10 @@ type nodeProc struct {
 }
 
 func startNode(work, bin, name string, memory string, join string, extra ...string) (*nodeProc, error) {
+	return startNodeEnv(work, bin, name, memory, join, nil, extra...)
+}
+
+func startNodeEnv(work, bin, name string, memory string, join string, env []string, extra ...string) (*nodeProc, error) {
 	n := &nodeProc{name: name, http: freePort(), gossip: freePort()}
 	state := filepath.Join(work, "state-"+name)
 	os.RemoveAll(state) // every run forms a new cluster
@@ -196,7 +208,7 @@ func startNode(work, bin, name string, memory string, join string, extra ...stri
 		args = append(args, "--join", join)
 	}
 	args = append(args, extra...)
-	p, err := startProc(name, filepath.Join(work, name+".log"), bin, args...)
+	p, err := startProcEnv(name, filepath.Join(work, name+".log"), bin, env, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -268,4 +280,27 @@ func rssOf(pid int) uint64 {
 		}
 	}
 	return 0
+}
+
+// waitMembers waits until n sees want members alive and a raft leader.
+func waitMembers(n *nodeProc, want int) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		cl, err := n.c.Cluster(context.Background())
+		alive := 0
+		if err == nil {
+			for _, m := range cl.Members {
+				if m.State == "alive" {
+					alive++
+				}
+			}
+		}
+		if alive == want && cl.Leader != "" {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s sees %d of %d members alive", n.name, alive, want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

@@ -145,6 +145,9 @@ func (f *fsm) apply(index uint64, c *command) any {
 		if !ok || p.Token != c.Token || c.Chunk == nil {
 			return fmt.Errorf("%w: registration of %q was superseded", ErrConflict, c.Name)
 		}
+		if !c.Chunk.wellFormed() {
+			return fmt.Errorf("catalog: a malformed manifest chunk for %q", c.Name)
+		}
 		p.Manifest.appendChunk(c.Chunk)
 		return nil
 	case opCommit:

@@ -14,6 +14,9 @@ type Manifest struct {
 	Keys  string   `msgpack:"k"`
 	Ends  []uint32 `msgpack:"e"`
 	Sizes []int64  `msgpack:"s"`
+	// Tags are the entries' version fingerprints, nil when the source has
+	// none (directories), so they cost nothing there.
+	Tags []uint64 `msgpack:"t,omitempty"`
 }
 
 // NewManifest packs sorted entries.
@@ -31,7 +34,24 @@ func NewManifest(entries []source.Entry) *Manifest {
 		m.Sizes[i] = e.Size
 	}
 	m.Keys = b.String()
+	for i, e := range entries {
+		if e.Tag != 0 && m.Tags == nil {
+			m.Tags = make([]uint64, len(entries))
+		}
+		if m.Tags != nil {
+			m.Tags[i] = e.Tag
+		}
+	}
 	return m
+}
+
+// Entry returns the i-th manifest line, what a source reads by.
+func (m *Manifest) Entry(i int) source.Entry {
+	e := source.Entry{Key: m.Key(i), Size: m.Sizes[i]}
+	if m.Tags != nil {
+		e.Tag = m.Tags[i]
+	}
+	return e
 }
 
 // Len is the number of items.
@@ -64,11 +84,36 @@ func (m *Manifest) TotalBytes() int64 {
 	return n
 }
 
+// wellFormed reports whether a chunk's slices agree with each other and its
+// key offsets stay inside its keys, ascending.
+func (m *Manifest) wellFormed() bool {
+	if len(m.Sizes) != len(m.Ends) || (m.Tags != nil && len(m.Tags) != len(m.Ends)) {
+		return false
+	}
+	prev := uint32(0)
+	for _, e := range m.Ends {
+		if e < prev || int(e) > len(m.Keys) {
+			return false
+		}
+		prev = e
+	}
+	return true
+}
+
 func (m *Manifest) appendChunk(c *Manifest) {
 	base := uint32(len(m.Keys))
 	m.Keys += c.Keys
 	for _, e := range c.Ends {
 		m.Ends = append(m.Ends, base+e)
+	}
+	// Chunks of one manifest come from one source: all tagged or none.
+	if c.Tags != nil {
+		if m.Tags == nil {
+			m.Tags = make([]uint64, len(m.Sizes))
+		}
+		m.Tags = append(m.Tags, c.Tags...)
+	} else if m.Tags != nil {
+		m.Tags = append(m.Tags, make([]uint64, len(c.Sizes))...)
 	}
 	m.Sizes = append(m.Sizes, c.Sizes...)
 }
@@ -78,11 +123,11 @@ func chunks(entries []source.Entry, maxBytes int) [][]source.Entry {
 	var out [][]source.Entry
 	start, n := 0, 0
 	for i, e := range entries {
-		if n+len(e.Key)+16 > maxBytes && i > start {
+		if n+len(e.Key)+24 > maxBytes && i > start {
 			out = append(out, entries[start:i])
 			start, n = i, 0
 		}
-		n += len(e.Key) + 16
+		n += len(e.Key) + 24
 	}
 	if start < len(entries) || len(out) == 0 {
 		out = append(out, entries[start:])

@@ -353,9 +353,16 @@ func (c *Clairvoyant) notePrefetchHit(k store.Key) {
 }
 
 // Observe tells the schedule that an item was asked for, by job when known.
+// Callers look the item up in the store first and observe after: observing
+// first moves the item's next use to a later epoch, which makes it the
+// read-ahead's favourite victim in the instant before the loader's lookup.
 func (c *Clairvoyant) Observe(dataset uint32, index int, job string) {
+	k := store.MakeKey(dataset, uint32(index))
 	c.sched.observe(dataset, index, job)
-	c.notePrefetchHit(store.MakeKey(dataset, uint32(index)))
+	if c.store != nil {
+		c.store.Retrack(k) // the lookup's priority predates the use
+	}
+	c.notePrefetchHit(k)
 }
 
 // Refresh follows the jobs in the catalog: each job's cursor sits on

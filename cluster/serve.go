@@ -78,14 +78,14 @@ func (c *Cluster) servePeer(ctx context.Context, req *transport.Request) (_ []tr
 			return nil, fmt.Errorf("index %d out of range", i)
 		}
 		k := store.MakeKey(d.ID, i)
-		if !req.Handoff {
-			c.local.Observe(d.ID, int(i))
-		}
 		if !items[j].Found { // not pinned by the inline pass
 			if ref, ok := c.store.Get(k); ok {
 				items[j] = transport.Item{Data: ref.Data, Sum: ref.Sum, Found: true, Release: ref.Release}
 				undo[j] = ref.Release
 			}
+		}
+		if !req.Handoff {
+			c.local.Observe(d.ID, int(i)) // after the lookup: see clairvoyant.Observe
 		}
 		if it := items[j]; it.Found {
 			if req.Handoff {

@@ -39,6 +39,7 @@ func (s *Server) relayUnknown(ctx *fasthttp.RequestCtx) bool {
 		return false
 	}
 	resp.CopyTo(&ctx.Response)
+	s.node.CountRelayedRead()
 	return true
 }
 

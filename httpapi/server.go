@@ -137,8 +137,12 @@ func statusOf(err error) int {
 		return fasthttp.StatusConflict
 	case errors.Is(err, catalog.ErrNoLeader), errors.Is(err, catalog.ErrNotLeader):
 		return fasthttp.StatusServiceUnavailable
-	case errors.Is(err, node.ErrForbiddenSource):
+	case errors.Is(err, node.ErrForbiddenSource), errors.Is(err, source.ErrDenied):
 		return fasthttp.StatusForbidden
+	case errors.Is(err, source.ErrNotFound):
+		return fasthttp.StatusNotFound
+	case errors.Is(err, source.ErrUnavailable):
+		return fasthttp.StatusBadGateway
 	case errors.Is(err, node.ErrBadRequest), errors.Is(err, source.ErrBadKey):
 		return fasthttp.StatusBadRequest
 	case errors.Is(err, source.ErrChanged):

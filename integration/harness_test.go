@@ -75,6 +75,7 @@ type proc struct {
 	binary                   string
 	fixedGossip              bool // the test chose the gossip address, so it must not change
 	started                  bool // has run before: other nodes may know its addresses
+	env                      []string
 }
 
 type nodeOpts struct {
@@ -89,6 +90,7 @@ type nodeOpts struct {
 	wrap      []string // a command the node runs under, e.g. prlimit
 	plain     bool     // the binary built without the race detector
 	logLevel  string   // warn when empty
+	env       []string // added to the test's environment
 }
 
 func startNode(t *testing.T, o nodeOpts) *proc {
@@ -103,7 +105,7 @@ func startNode(t *testing.T, o nodeOpts) *proc {
 	if o.logLevel == "" {
 		o.logLevel = "warn"
 	}
-	p.wrap = o.wrap
+	p.wrap, p.env = o.wrap, o.env
 	p.binary = filepath.Join(binDir, "cachenode")
 	if o.plain {
 		p.binary = filepath.Join(binDir, "plain", "cachenode")
@@ -150,6 +152,9 @@ func (p *proc) start() {
 		argv := append(append(slices.Clone(p.wrap), p.binary), args...)
 		cmd := exec.Command(argv[0], argv[1:]...)
 		cmd.Stdout, cmd.Stderr = p.log, p.log
+		if len(p.env) > 0 {
+			cmd.Env = append(os.Environ(), p.env...)
+		}
 		if err := cmd.Start(); err != nil {
 			p.t.Fatal(err)
 		}

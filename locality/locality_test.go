@@ -2,6 +2,7 @@ package locality
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"testing"
 
@@ -161,5 +162,23 @@ func TestRanksWithoutNodes(t *testing.T) {
 	}
 	if inc == 0 || inc == len(p.Ranks[0])-1 {
 		t.Fatal("order is sorted")
+	}
+}
+
+// The bounded draw is pinned as the shuffle is, with a bound near 2^63:
+// there Lemire's rejection step (lo < threshold) redraws about half the time,
+// so a change to it changes these values, where small bounds would almost
+// never show it.
+func TestBoundedDrawIsStable(t *testing.T) {
+	src := rand.NewPCG(5, 6)
+	want := []uint64{0x255d6ea2a184a86f, 0x2988dd14dc7e8356, 0x43fe4a83ceb4ebf6, 0x4cc897e4ff4a9343,
+		0x2adca27fef3cecce, 0x5e5ec8dc546f8514, 0x36831f50dfe392ac, 0x9f147add4f235a7}
+	for i, w := range want {
+		if got := below(src, 1<<63+12345); got != w {
+			t.Fatalf("draw %d = %#x, was %#x", i, got, w)
+		}
+	}
+	if p, want := Permutation(12, 7, 3), []int32{8, 3, 1, 2, 6, 10, 5, 11, 9, 0, 4, 7}; !slices.Equal(p, want) {
+		t.Fatalf("Permutation(12, 7, 3) = %v; it changed (was %v)", p, want)
 	}
 }

@@ -71,6 +71,11 @@ type Membership struct {
 	changed chan struct{}
 	stop    chan struct{}
 	wg      sync.WaitGroup
+	// leaving holds members that said goodbye and have not gone yet.
+	// memberlist's leave event does not tell a leave from a failure (the
+	// Node it hands over never carries StateLeft), so a leaving node tells
+	// every member itself, over memberlist's encrypted TCP, before it goes.
+	leaving map[string]bool
 }
 
 // Join starts gossip and contacts the seeds (failing to reach them is not
@@ -111,7 +116,7 @@ func Join(cfg Config) (*Membership, error) {
 	// A node restarted in a container gets a new IP under the same name.
 	mc.DeadNodeReclaimTime = 10 * time.Second
 	mc.Logger = slog.NewLogLogger(cfg.Logger.With("component", "memberlist").Handler(), slog.LevelDebug)
-	m := &Membership{cfg: cfg, log: cfg.Logger, members: map[string]*Member{}, changed: make(chan struct{}, 1), stop: make(chan struct{})}
+	m := &Membership{cfg: cfg, log: cfg.Logger, members: map[string]*Member{}, leaving: map[string]bool{}, changed: make(chan struct{}, 1), stop: make(chan struct{})}
 	mc.Delegate = delegate{m}
 	mc.Events = events{m}
 	ml, err := memberlist.Create(mc)
@@ -139,6 +144,7 @@ func Join(cfg Config) (*Membership, error) {
 func (m *Membership) Leave(timeout time.Duration) error {
 	close(m.stop)
 	m.wg.Wait()
+	m.sayGoodbye(timeout)
 	err := m.ml.Leave(timeout)
 	if serr := m.ml.Shutdown(); err == nil {
 		err = serr
@@ -208,6 +214,33 @@ func (m *Membership) notify() {
 	select {
 	case m.changed <- struct{}{}:
 	default:
+	}
+}
+
+// goodbye prefixes the message a leaving node sends every member.
+const goodbye = "stallfree-leaving:"
+
+// sayGoodbye tells every member, directly and reliably, that this node is
+// leaving. Best effort within timeout: a member that does not hear it sees a
+// failure instead, which costs it a few rejoin attempts, nothing more.
+func (m *Membership) sayGoodbye(timeout time.Duration) {
+	msg := []byte(goodbye + m.cfg.Name)
+	var wg sync.WaitGroup
+	for _, n := range m.ml.Members() {
+		if n.Name == m.cfg.Name {
+			continue
+		}
+		wg.Go(func() {
+			if err := m.ml.SendReliable(n, msg); err != nil {
+				m.log.Debug("saying goodbye", "member", n.Name, "err", err)
+			}
+		})
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(timeout):
 	}
 }
 
@@ -282,7 +315,13 @@ func (d delegate) NodeMeta(limit int) []byte {
 	}
 	return b
 }
-func (delegate) NotifyMsg([]byte)                           {}
+func (d delegate) NotifyMsg(b []byte) {
+	if name, ok := strings.CutPrefix(string(b), goodbye); ok {
+		d.m.mu.Lock()
+		d.m.leaving[name] = true
+		d.m.mu.Unlock()
+	}
+}
 func (delegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
 func (delegate) LocalState(join bool) []byte                { return nil }
 func (delegate) MergeRemoteState(buf []byte, join bool)     {}
@@ -294,8 +333,11 @@ func (e events) NotifyJoin(n *memberlist.Node)   { e.m.update(n, Alive) }
 func (e events) NotifyUpdate(n *memberlist.Node) { e.m.update(n, Alive) }
 func (e events) NotifyLeave(n *memberlist.Node) {
 	st := Dead
-	if n.State == memberlist.StateLeft {
+	e.m.mu.Lock()
+	if e.m.leaving[n.Name] {
 		st = Left
+		delete(e.m.leaving, n.Name)
 	}
+	e.m.mu.Unlock()
 	e.m.update(n, st)
 }

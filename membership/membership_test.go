@@ -49,33 +49,52 @@ func waitAlive(t *testing.T, m *Membership, want []string) {
 	}
 }
 
-func TestJoinFailLeaveAndKey(t *testing.T) {
+// Members join with their metadata; a node with another key never enters
+// the list; a node that leaves is seen as left, one that crashes as dead.
+func TestJoinLeaveCrashAndKey(t *testing.T) {
 	key := []byte("0123456789abcdef")
 	a := join(t, "a", key)
 	defer a.Leave(time.Second)
 	seed := a.ml.LocalNode().Address()
 	b := join(t, "b", key, seed)
 	c := join(t, "c", key, seed)
-	defer c.Leave(time.Second)
-	waitAlive(t, a, []string{"a", "b", "c"})
+	d := join(t, "d", key, seed)
+	waitAlive(t, a, []string{"a", "b", "c", "d"})
 	if m, ok := a.Get("b"); !ok || m.Meta.HTTP != "h-b" || m.Meta.Capacity != 42 {
 		t.Fatalf("meta of b: %+v", m)
 	}
 
-	stranger := join(t, "x", []byte("fedcba9876543210"), seed)
+	// The stranger's gossip cannot be decrypted: it never enters a's list,
+	// and a's never enters the stranger's. Its join fails outright, so there
+	// is nothing to wait for: the lists are as they will stay.
+	stranger, err := Join(Config{Name: "x", Bind: freeAddr(t), Join: []string{seed}, SecretKey: []byte("fedcba9876543210"),
+		Fast: true, Meta: Meta{HTTP: "h-x"}, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer stranger.Leave(time.Second)
-	// The stranger's gossip cannot be decrypted: it never enters the list.
-	time.Sleep(time.Second)
 	if slices.Contains(a.Alive(), "x") || len(stranger.Alive()) != 1 {
 		t.Fatalf("stranger joined: a sees %v, x sees %v", a.Alive(), stranger.Alive())
 	}
 
-	// Stop b without a goodbye: shutting down memberlist looks like a crash.
+	// c says goodbye: the others see it as left, not failed.
+	if err := c.Leave(time.Second); err != nil {
+		t.Fatalf("leave: %v", err)
+	}
+	waitAlive(t, a, []string{"a", "b", "d"})
+	if m, _ := a.Get("c"); m.State != Left {
+		t.Fatalf("c left but is %s", m.State)
+	}
+
+	// b stops without a goodbye: shutting down memberlist looks like a crash.
 	close(b.stop)
 	b.wg.Wait()
 	b.ml.Shutdown()
-	waitAlive(t, a, []string{"a", "c"})
+	waitAlive(t, a, []string{"a", "d"})
 	if m, _ := a.Get("b"); m.State != Dead {
-		t.Fatalf("b is %s", m.State)
+		t.Fatalf("b crashed but is %s", m.State)
+	}
+	if err := d.Leave(time.Second); err != nil {
+		t.Fatalf("leave: %v", err)
 	}
 }

@@ -151,6 +151,9 @@ func (n *Node) awaitApplied(ctx context.Context, idx uint64) {
 	n.cat.WaitFor(wctx, func() bool { return n.cat.AppliedIndex() >= idx })
 }
 
+// CountRelayedRead counts a read the leader answered for this follower.
+func (n *Node) CountRelayedRead() { n.counters.relayedReads.Add(1) }
+
 // leaderHas reports whether the raft leader answers 200 to GET path.
 func (n *Node) leaderHas(ctx context.Context, path string) bool {
 	addr := n.AwaitLeader(ctx)

@@ -48,8 +48,10 @@ type Config struct {
 	Policy       string
 	AllowSources []string
 	SourceRate   int64 // bytes/s per source, 0 = unlimited (for simulating slow storage)
-	FastRaft     bool
-	Logger       *slog.Logger
+	// S3 is how s3:// datasets are reached (endpoint, region, credentials).
+	S3       source.S3Config
+	FastRaft bool
+	Logger   *slog.Logger
 
 	// Cluster settings. With no GossipBind the node runs alone.
 	GossipBind  string
@@ -306,19 +308,29 @@ func (n *Node) RegisterDataset(ctx context.Context, name, spec string) (*catalog
 		}
 		return nil, false, fmt.Errorf("%w: dataset %q is registered with source %s", catalog.ErrConflict, name, d.Source)
 	}
-	src, err := source.Open(norm, source.Options{})
+	src, err := source.Open(norm, source.Options{S3: n.cfg.S3})
 	if err != nil {
 		return nil, false, fmt.Errorf("%w: %w", ErrBadRequest, err)
 	}
 	defer src.Close()
 	entries, err := src.List(ctx)
 	if err != nil {
+		if storageFault(err) {
+			return nil, false, err // 403, 404 or 502 as storage said
+		}
 		return nil, false, fmt.Errorf("%w: %w", ErrBadRequest, err)
 	}
 	if len(entries) > 1<<31 {
 		return nil, false, fmt.Errorf("%w: %d items is more than one dataset may hold", ErrBadRequest, len(entries))
 	}
 	return n.cat.RegisterDataset(name, norm, entries)
+}
+
+// storageFault reports whether err is storage's answer rather than a fault
+// in the request: the API passes it on with its own status.
+func storageFault(err error) bool {
+	return errors.Is(err, source.ErrDenied) || errors.Is(err, source.ErrNotFound) ||
+		errors.Is(err, source.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // RegisterAtStart registers --dataset flags once the catalog has a leader.
@@ -369,7 +381,7 @@ func (n *Node) source(d *catalog.Dataset) (*source.Bounded, error) {
 	if err := n.allowed(d.Source); err != nil {
 		return nil, err
 	}
-	opened, err := source.Open(d.Source, source.Options{BytesPerSecond: n.cfg.SourceRate})
+	opened, err := source.Open(d.Source, source.Options{BytesPerSecond: n.cfg.SourceRate, S3: n.cfg.S3})
 	if err != nil {
 		return nil, err
 	}
@@ -426,8 +438,9 @@ func (n *Node) Get(ctx context.Context, d *catalog.Dataset, index int) (Item, er
 	}
 	k := store.MakeKey(d.ID, uint32(index))
 	key := d.Manifest.Key(index)
-	n.foresight.Observe(d.ID, index, "")
-	if ref, ok := n.store.Get(k); ok {
+	ref, ok := n.store.Get(k)
+	n.foresight.Observe(d.ID, index, "") // after the lookup: see clairvoyant.Observe
+	if ok {
 		n.counters.hitsLocal.Add(1)
 		return Item{Key: key, Data: ref.Data, Sum: ref.Sum, Cache: Hit, ref: ref}, nil
 	}
@@ -448,6 +461,12 @@ func (n *Node) count(c Cache) {
 	default:
 		n.counters.misses.Add(1)
 	}
+}
+
+// Holds reports whether this node's memory holds item index of d now. Tests
+// and diagnostics use it to wait for read-ahead instead of racing it.
+func (n *Node) Holds(d *catalog.Dataset, index int) bool {
+	return n.store.Contains(store.MakeKey(d.ID, uint32(index)))
 }
 
 // resident returns a copy of an item that became resident between a caller's
@@ -560,7 +579,7 @@ func (n *Node) readSource(ctx context.Context, d *catalog.Dataset, index int, ca
 		return filled{}, err
 	}
 	buf := n.bufs.Get(int(d.Manifest.Size(index)))
-	data, err := src.Read(ctx, d.Manifest.Key(index), d.Manifest.Size(index), buf.B)
+	data, err := src.Read(ctx, d.Manifest.Entry(index), buf.B)
 	if err != nil {
 		// A read abandoned at its deadline may still land in buf: leave
 		// that buffer to the collector.
@@ -619,8 +638,9 @@ func (n *Node) GetManyFor(ctx context.Context, d *catalog.Dataset, indices []int
 	}
 	var missing []int // positions in out
 	for j, i := range indices {
-		n.foresight.Observe(d.ID, i, job)
-		if ref, ok := n.store.Get(store.MakeKey(d.ID, uint32(i))); ok {
+		ref, ok := n.store.Get(store.MakeKey(d.ID, uint32(i)))
+		n.foresight.Observe(d.ID, i, job) // after the lookup: see clairvoyant.Observe
+		if ok {
 			n.counters.hitsLocal.Add(1)
 			out[j] = Item{Key: d.Manifest.Key(i), Data: ref.Data, Sum: ref.Sum, Cache: Hit, ref: ref,
 				charged: out[j].charged, budget: out[j].budget}

@@ -22,6 +22,7 @@ type counters struct {
 	bytesServed   atomic.Uint64
 	loaderWaitNs  atomic.Uint64
 	loaderBatches atomic.Uint64
+	relayedReads  atomic.Uint64
 }
 
 // Stats returns this node's figures.
@@ -68,6 +69,7 @@ func (n *Node) registerMetrics() *prometheus.Registry {
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "stallfree_loader_wait_seconds_total",
 		Help: "Total time training loops reported waiting for data."},
 		func() float64 { return float64(c.loaderWaitNs.Load()) / 1e9 }))
+	counter("relayed_reads_total", "Reads this follower's catalog could not answer yet, answered by the raft leader.", &c.relayedReads)
 	counter("loader_batches_total", "Batches training loops reported through the stall meter.", &c.loaderBatches)
 	gauge := func(name, help string, f func(api.Stats) float64) {
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "stallfree_" + name, Help: help},

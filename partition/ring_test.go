@@ -2,6 +2,7 @@ package partition
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 )
@@ -35,8 +36,12 @@ func TestOwnerIsPureFunctionOfMemberSet(t *testing.T) {
 	}
 }
 
-// A join to 8 nodes moves at most 1.25/9 of the keys (the goal in BENCHMARKS.md), and only
-// keys that the ring diff says moved.
+// A join to 8 nodes moves at most 1.25/9 of the partitions (the goal in
+// BENCHMARKS.md); keys move with their partitions, so the fraction of keys
+// that change owner is the fraction of partitions. Most go to the newcomer:
+// the ring's bounded loads hand a few partitions between old members too
+// (up to 14% of the moved keys over these 20 name sets), which a handoff
+// must therefore cover.
 func TestJoinMovesLittle(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 1))
 	worst := 0.0
@@ -52,16 +57,23 @@ func TestJoinMovesLittle(t *testing.T) {
 		if moved > 1.25/9 {
 			t.Errorf("trial %d: %.3f of partitions moved", trial, moved)
 		}
-		// Key-level check: the keys whose owner changed are the moved partitions' keys.
-		changed := 0
+		changed, toOld := 0, 0
 		for i := range 20000 {
 			k := fmt.Sprintf("train/%d.jpg", i)
-			if before.Owner("imagenet", k) != after.Owner("imagenet", k) {
-				changed++
+			was, is := before.Owner("imagenet", k), after.Owner("imagenet", k)
+			if was == is {
+				continue
+			}
+			changed++
+			if is != ms[8] {
+				toOld++
 			}
 		}
-		if f := float64(changed) / 20000; f > 1.25/9+0.01 {
-			t.Errorf("trial %d: %.3f of keys moved", trial, f)
+		if f := float64(changed) / 20000; math.Abs(f-moved) > 0.015 {
+			t.Errorf("trial %d: %.3f of keys moved with %.3f of partitions", trial, f, moved)
+		}
+		if f := float64(toOld) / float64(changed); f > 0.2 {
+			t.Errorf("trial %d: %.3f of the moved keys went to old members, not the newcomer", trial, f)
 		}
 	}
 	t.Logf("worst fraction of partitions moved on a join to 9 over 20 name sets: %.3f (goal %.3f)", worst, 1.25/9)

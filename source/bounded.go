@@ -34,7 +34,7 @@ type readResult struct {
 
 // Read is the wrapped source's Read, bounded. After ErrTimeout, buf may still
 // be written by the abandoned read: the caller must not reuse it.
-func (b *Bounded) Read(ctx context.Context, key string, size int64, buf []byte) ([]byte, error) {
+func (b *Bounded) Read(ctx context.Context, e Entry, buf []byte) ([]byte, error) {
 	if b.timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, b.timeout)
@@ -43,19 +43,19 @@ func (b *Bounded) Read(ctx context.Context, key string, size int64, buf []byte) 
 	select {
 	case b.slots <- struct{}{}:
 	case <-ctx.Done():
-		return nil, fmt.Errorf("read %s: waiting for a storage reader: %w", key, timeoutErr(ctx))
+		return nil, fmt.Errorf("read %s: waiting for a storage reader: %w", e.Key, timeoutErr(ctx))
 	}
 	done := make(chan readResult, 1)
 	go func() {
 		defer func() { <-b.slots }()
-		data, err := b.Source.Read(ctx, key, size, buf)
+		data, err := b.Source.Read(ctx, e, buf)
 		done <- readResult{data, err}
 	}()
 	select {
 	case r := <-done:
 		return r.b, r.err
 	case <-ctx.Done():
-		return nil, fmt.Errorf("read %s: %w", key, timeoutErr(ctx))
+		return nil, fmt.Errorf("read %s: %w", e.Key, timeoutErr(ctx))
 	}
 }
 

@@ -18,13 +18,13 @@ type hung struct {
 
 func (h *hung) List(context.Context) ([]Entry, error) { return nil, nil }
 func (h *hung) Close() error                          { return nil }
-func (h *hung) Read(_ context.Context, _ string, size int64, buf []byte) ([]byte, error) {
+func (h *hung) Read(_ context.Context, e Entry, buf []byte) ([]byte, error) {
 	n := h.running.Add(1)
 	for p := h.peak.Load(); n > p && !h.peak.CompareAndSwap(p, n); p = h.peak.Load() {
 	}
 	<-h.release // the kernel does not let go: the context is not looked at
 	h.running.Add(-1)
-	return buf[:size], nil
+	return buf[:e.Size], nil
 }
 
 // Reads of a hung source end with ErrTimeout at the deadline, and no more
@@ -39,7 +39,7 @@ func TestBoundedReadsTimeOutAndStayFew(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, err := b.Read(context.Background(), "k", 4, make([]byte, 4))
+			_, err := b.Read(context.Background(), Entry{Key: "k", Size: 4}, make([]byte, 4))
 			errs <- err
 		}()
 	}
@@ -63,7 +63,7 @@ func TestBoundedReadsTimeOutAndStayFew(t *testing.T) {
 	}
 	h2 := &hung{release: make(chan struct{})}
 	close(h2.release)
-	if _, err := NewBounded(h2, 1, time.Second).Read(context.Background(), "k", 2, make([]byte, 2)); err != nil {
+	if _, err := NewBounded(h2, 1, time.Second).Read(context.Background(), Entry{Key: "k", Size: 2}, make([]byte, 2)); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -89,7 +89,8 @@ func (d *Dir) List(ctx context.Context) ([]Entry, error) {
 
 // Read returns the file's bytes and fails with ErrChanged when its size no
 // longer matches the manifest.
-func (d *Dir) Read(ctx context.Context, key string, size int64, buf []byte) ([]byte, error) {
+func (d *Dir) Read(ctx context.Context, e Entry, buf []byte) ([]byte, error) {
+	key, size := e.Key, e.Size
 	if err := ValidKey(key); err != nil {
 		return nil, err
 	}

@@ -20,36 +20,53 @@ var (
 	ErrBadKey = errors.New("invalid key")
 	// ErrChanged means the object no longer matches the manifest.
 	ErrChanged = errors.New("object changed since registration")
+	// ErrDenied means storage refused the credentials (S3 403).
+	ErrDenied = errors.New("storage denied access")
+	// ErrNotFound means the bucket or directory does not exist.
+	ErrNotFound = errors.New("no such bucket")
+	// ErrUnavailable means storage failed after retries (5xx, connection).
+	ErrUnavailable = errors.New("storage unavailable")
 )
 
 // Entry is one manifest line.
 type Entry struct {
 	Key  string
 	Size int64
+	// Tag fingerprints the object's version where the storage has one (a
+	// hash of an S3 ETag), 0 where it has none (directories: size only).
+	// A read whose object no longer carries it fails with ErrChanged.
+	Tag uint64
 }
 
 // Source is backing storage. Implementations are safe for concurrent use.
 type Source interface {
 	// List returns every object, sorted bytewise by key.
 	List(ctx context.Context) ([]Entry, error)
-	// Read returns the object's bytes, which must be exactly size long. They
-	// are read into buf when it has room for them (buf[:size] is returned),
-	// so that callers can recycle buffers; a nil buf is allocated.
-	Read(ctx context.Context, key string, size int64, buf []byte) ([]byte, error)
+	// Read returns the object's bytes, which must be exactly e.Size long
+	// and, where e.Tag is set, of that version. They are read into buf when
+	// it has room for them (buf[:e.Size] is returned), so that callers can
+	// recycle buffers; a nil buf is allocated.
+	Read(ctx context.Context, e Entry, buf []byte) ([]byte, error)
 	Close() error
 }
 
 // Options tune how a source is opened.
 type Options struct {
-	// BytesPerSecond throttles reads (0 = unlimited), to simulate slow storage.
+	// BytesPerSecond throttles directory reads (0 = unlimited), to simulate
+	// slow storage.
 	BytesPerSecond int64
+	S3             S3Config
 }
 
 // Normalize turns a user's source spec into the canonical form stored in the
-// catalog: "dir:///abs/path". A plain path is taken as a directory.
+// catalog: "dir:///abs/path" (a plain path is taken as a directory) or
+// "s3://BUCKET" / "s3://BUCKET/PREFIX" (no trailing "/").
 func Normalize(spec string) (string, error) {
 	if strings.ContainsRune(spec, 0) || !utf8.ValidString(spec) {
 		return "", fmt.Errorf("source %q: invalid characters", spec)
+	}
+	if rest, ok := strings.CutPrefix(spec, "s3://"); ok {
+		return normalizeS3(spec, rest)
 	}
 	path := spec
 	if rest, ok := strings.CutPrefix(spec, "dir://"); ok {
@@ -58,7 +75,7 @@ func Normalize(spec string) (string, error) {
 			return "", fmt.Errorf("source %q: dir:// needs an absolute path (dir:///abs/path)", spec)
 		}
 	} else if strings.Contains(spec, "://") {
-		return "", fmt.Errorf("source %q: unsupported scheme (want dir:// or a path)", spec)
+		return "", fmt.Errorf("source %q: unsupported scheme (want dir://, s3:// or a path)", spec)
 	}
 	if path == "" {
 		return "", fmt.Errorf("source: empty path")
@@ -70,13 +87,34 @@ func Normalize(spec string) (string, error) {
 	return "dir://" + abs, nil
 }
 
+// normalizeS3 checks a bucket name (S3's rules: 3-63 characters, lowercase
+// letters, digits, dots and hyphens) and a prefix (a key, or nothing).
+func normalizeS3(spec, rest string) (string, error) {
+	bucket, prefix, _ := strings.Cut(rest, "/")
+	prefix = strings.TrimSuffix(prefix, "/")
+	if len(bucket) < 3 || len(bucket) > 63 || strings.Trim(bucket, "abcdefghijklmnopqrstuvwxyz0123456789.-") != "" ||
+		strings.Trim(bucket[:1]+bucket[len(bucket)-1:], "abcdefghijklmnopqrstuvwxyz0123456789") != "" {
+		return "", fmt.Errorf("source %q: %q is not a bucket name", spec, bucket)
+	}
+	if prefix == "" {
+		return "s3://" + bucket, nil
+	}
+	if err := ValidKey(prefix); err != nil {
+		return "", fmt.Errorf("source %q: prefix: %w", spec, err)
+	}
+	return "s3://" + bucket + "/" + prefix, nil
+}
+
 // Resolve is a normalized spec with every symlink in its path followed: what
 // an allow-list must be checked against, since the source is opened through
-// them. The path must exist.
+// them. The path must exist. An S3 spec is its normalized self.
 func Resolve(spec string) (string, error) {
 	norm, err := Normalize(spec)
 	if err != nil {
 		return "", err
+	}
+	if strings.HasPrefix(norm, "s3://") {
+		return norm, nil
 	}
 	real, err := filepath.EvalSymlinks(strings.TrimPrefix(norm, "dir://"))
 	if err != nil {
@@ -95,6 +133,9 @@ func Open(spec string, opt Options) (Source, error) {
 	norm, err := Normalize(spec)
 	if err != nil {
 		return nil, err
+	}
+	if strings.HasPrefix(norm, "s3://") {
+		return openS3(norm, opt.S3)
 	}
 	return OpenDir(strings.TrimPrefix(norm, "dir://"), opt)
 }

@@ -162,6 +162,17 @@ func (s *Store) Contains(k Key) bool {
 	return ok
 }
 
+// Retrack tells the policy again that k was accessed, without pinning it:
+// for a policy whose idea of k's next use changed after the access was
+// counted (the clairvoyant policy learns of a use after the store lookup).
+func (s *Store) Retrack(k Key) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if i, ok := s.index[k]; ok {
+		s.policy.Accessed(i, k)
+	}
+}
+
 // Put stores a copy of data under k after checking it against sum. Storing a
 // key that is already resident is a no-op (items are immutable).
 func (s *Store) Put(k Key, data []byte, sum uint64) error {

@@ -54,6 +54,13 @@ func serve(t *testing.T, k []byte) (string, *atomic.Int64) {
 		}
 		return out, nil
 	}
+	return serveWith(t, k, h), &calls
+}
+
+// serveWith starts a server with handler h on a loopback port until the
+// test ends, and returns its address.
+func serveWith(t *testing.T, k []byte, h Handler) string {
+	t.Helper()
 	s := NewServer(k, h, slog.New(slog.DiscardHandler))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -61,7 +68,7 @@ func serve(t *testing.T, k []byte) (string, *atomic.Int64) {
 	}
 	go s.Serve(ln)
 	t.Cleanup(func() { s.Close() })
-	return ln.Addr().String(), &calls
+	return ln.Addr().String()
 }
 
 func TestGetBatchConcurrent(t *testing.T) {
@@ -298,16 +305,9 @@ func TestBlockingRequestDoesNotHoldTheConnection(t *testing.T) {
 		b := itemBytes(req.Indices[0])
 		return []Item{{Data: b, Sum: xxhash.Sum64(b), Found: true}}, nil
 	}
-	s := NewServer(key, h, slog.New(slog.DiscardHandler))
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Serve(ln)
-	defer s.Close()
+	addr := serveWith(t, key, h)
 	c := NewClient(key)
 	defer c.Close()
-	addr := ln.Addr().String()
 	slow := make(chan error, connsPerPeer)
 	for range connsPerPeer { // one blocked request on every pooled connection
 		go func() {

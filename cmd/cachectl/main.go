@@ -25,7 +25,7 @@ const usage = `usage: cachectl [--node URL] [--token-file F] [--json] <command>
 commands:
   members                      the cluster's members and their state
   health                       exit 0 when the node answers /healthz (for container health checks)
-  datasets add NAME SOURCE     register a dataset (dir:///abs/path or a path)
+  datasets add NAME SOURCE     register a dataset (a path, dir:///abs/path or s3://BUCKET/PREFIX)
   datasets ls                  list datasets
   datasets rm NAME             remove a dataset
   warmup NAME                  load a dataset into the cluster's memory, with progress

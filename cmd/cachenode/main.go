@@ -24,6 +24,7 @@ import (
 
 	"stallfree/httpapi"
 	"stallfree/node"
+	"stallfree/source"
 )
 
 type listFlag []string
@@ -66,6 +67,10 @@ func run(args []string) error {
 		peerWait  = fs.Duration("peer-timeout", 2*time.Second, "longest wait for a peer before reading storage instead")
 		storeWait = fs.Duration("storage-timeout", 30*time.Second, "bound on every storage read (a hung mount answers 504 after it)")
 		inflight  = fs.String("max-inflight-bytes", "", "bound on response bytes being assembled at once (batches, peer answers); beyond it 503 with Retry-After (default: a quarter of --memory, at least 256MiB)")
+		s3Endpt   = fs.String("s3-endpoint", "", "S3-compatible endpoint URL for s3:// datasets, e.g. http://127.0.0.1:9000 (default AWS; path-style addressing when set)")
+		s3Region  = fs.String("s3-region", "us-east-1", "S3 region")
+		s3Creds   = fs.String("s3-credentials-file", "", "shared AWS credentials file (default: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN from the environment)")
+		s3Profile = fs.String("s3-profile", "default", "profile in --s3-credentials-file")
 		logLevel  = fs.String("log-level", "info", "debug, info, warn or error")
 		pprofAddr = fs.String("pprof", "", "serve net/http/pprof on this address (off when empty)")
 		sendBuf   = fs.String("send-buffer", humanize.IBytes(httpapi.DefaultSendBuffer), "kernel send buffer per HTTP connection (0 = autotuning; raise it for links with a bandwidth-delay product over ~1 MiB)")
@@ -102,6 +107,11 @@ func run(args []string) error {
 	}
 	if *name == "" {
 		return errors.New("--name: a node needs a name, unique in the cluster")
+	}
+	if *s3Creds != "" {
+		if _, err := os.Stat(*s3Creds); err != nil {
+			return fmt.Errorf("--s3-credentials-file: %w", err)
+		}
 	}
 	if *storeWait <= 0 {
 		return fmt.Errorf("--storage-timeout %v: want a positive duration", *storeWait)
@@ -186,6 +196,7 @@ func run(args []string) error {
 		DataDir: *dataDir, Bootstrap: *bootstrap, Memory: mem, Policy: *policy, AllowSources: allow,
 		SourceRate: int64(rate), FastRaft: *fast, Logger: log, Token: token, Datasets: datasets,
 		StorageTimeout: *storeWait, MaxInflightBytes: maxInflight, MaxPeerConns: max(64, files/5),
+		S3:         source.S3Config{Endpoint: *s3Endpt, Region: *s3Region, CredentialsFile: *s3Creds, Profile: *s3Profile, Env: os.Getenv},
 		GossipBind: *gossip, Advertise: advIP, Join: seeds, PeerBind: *peerAddr, ClusterKey: clusterKey, PeerTimeout: *peerWait,
 	})
 	if err != nil {

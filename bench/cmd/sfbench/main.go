@@ -31,6 +31,10 @@ func main() {
 	serveRaw := flag.String("serve-raw", "", "internal: serve the raw TCP ceiling on this address")
 	only := flag.String("only", "", "comma-separated targets to run alone (for profiling; writes no report)")
 	profile := flag.Bool("pprof", false, "serve pprof on every benchmark node (addresses in the log)")
+	minioBin := flag.String("minio", "", "MinIO server binary for the S3 figures (scripts/minio.sh prints it; empty: no S3 figures)")
+	s3Objects := flag.Int("s3-objects", 4000, "objects of -size read from MinIO in the S3 figures")
+	s3List := flag.Int("s3-list", 100000, "small objects registered as one S3 dataset")
+	s3Only := flag.Bool("s3-only", false, "measure only the S3 figures (needs -minio) and print them as JSON; writes no report")
 	report := flag.Bool("report", false, "measure nothing: rewrite the report and plots from OUT/results.json (after editing the notes)")
 	flag.Parse()
 	if *report {
@@ -59,9 +63,19 @@ func main() {
 	os.MkdirAll(*work, 0o755)
 	os.MkdirAll(*out, 0o755)
 	cfg := bench.Config{Items: *items, Size: int(sz), Rounds: *rounds, Duration: *dur, Conc: *conc,
-		Work: *work, Bin: bin, Self: self, Out: *out, Doc: *doc, MemGiB: *memGiB, Profile: *profile, Log: os.Stderr}
+		Work: *work, Bin: bin, Self: self, Out: *out, Doc: *doc, MemGiB: *memGiB, Profile: *profile, Log: os.Stderr,
+		MinIO: *minioBin, S3Objects: *s3Objects, S3List: *s3List}
 	if *only != "" {
 		cfg.Only = strings.Split(*only, ",")
+	}
+	if *s3Only {
+		r, err := bench.S3(&cfg, cfg.MinIO, cfg.S3Objects, cfg.Size, cfg.S3List)
+		if err != nil {
+			fail(err)
+		}
+		b, _ := json.MarshalIndent(r, "", "  ")
+		fmt.Println(string(b))
+		return
 	}
 	rep, err := bench.Main(cfg)
 	if err != nil {

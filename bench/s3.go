@@ -1,0 +1,159 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+
+	"stallfree/miniotest"
+	"stallfree/stall"
+)
+
+// S3Result is Stallfree over a real MinIO server on this machine.
+type S3Result struct {
+	Objects     int `json:"objects"`
+	ObjectBytes int `json:"object_bytes"`
+	Nodes       int `json:"nodes"`
+	Concurrency int `json:"concurrency"`
+	// A plain loop of GETs at the warm-up's concurrency: what the server gives.
+	LoopItemsPerSec float64 `json:"get_loop_items_per_s"`
+	LoopMBPerSec    float64 `json:"get_loop_mb_per_s"`
+	WarmItemsPerSec float64 `json:"warmup_items_per_s"`
+	WarmMBPerSec    float64 `json:"warmup_mb_per_s"`
+	WarmVsLoop      float64 `json:"warmup_vs_get_loop"`
+	// A random-order epoch through one node with 16 loader workers, on a
+	// dataset nothing of which is cached, then on the warmed one.
+	ColdEpochItemsPerSec float64 `json:"cold_epoch_items_per_s"`
+	WarmEpochItemsPerSec float64 `json:"warm_epoch_items_per_s"`
+	// Registration (listing, manifest, raft) of a prefix of many small objects.
+	ListObjects     int     `json:"list_objects"`
+	RegisterSeconds float64 `json:"register_s"`
+}
+
+// S3 measures warm-up from MinIO against a plain parallel GET loop, a cold
+// and a warm epoch, and the registration of listObjects objects.
+func S3(c *Config, minioBin string, objects, size, listObjects int) (*S3Result, error) {
+	const nodes, perNode = 2, 8 // node/warmup.go's warmConcurrency
+	res := &S3Result{Objects: objects, ObjectBytes: size, Nodes: nodes, Concurrency: nodes * perNode, ListObjects: listObjects}
+	srv, err := miniotest.Run(minioBin, filepath.Join(c.Work, "minio"))
+	if err != nil {
+		return nil, err
+	}
+	defer srv.Stop()
+	if err := srv.Bucket("bench"); err != nil {
+		return nil, err
+	}
+	c.logf("s3: uploading %d objects of %d bytes and %d small ones to MinIO", objects, size, listObjects)
+	data := map[string][]byte{}
+	for i := range objects {
+		b := make([]byte, size)
+		for j := range b {
+			b[j] = byte(i*31 + j)
+		}
+		data[fmt.Sprintf("train/c%02d/i%07d.bin", i%16, i)] = b
+	}
+	if err := srv.Put("bench", data); err != nil {
+		return nil, err
+	}
+	small := map[string][]byte{}
+	for i := range listObjects {
+		small[fmt.Sprintf("many/d%03d/k%07d", i%500, i)] = []byte{byte(i)}
+	}
+	if err := srv.Put("bench", small); err != nil {
+		return nil, err
+	}
+
+	// The ceiling: every object GET once, at the warm-up's concurrency.
+	keys := make(chan string, len(data))
+	for k := range data {
+		keys <- k
+	}
+	close(keys)
+	var got atomic.Int64
+	var wg sync.WaitGroup
+	var loopErr atomic.Value
+	start := time.Now()
+	for range res.Concurrency {
+		wg.Go(func() {
+			for k := range keys {
+				obj, err := srv.Client.GetObject(context.Background(), "bench", k, minio.GetObjectOptions{})
+				if err == nil {
+					var n int64
+					n, err = drain(obj)
+					got.Add(n)
+				}
+				if err != nil {
+					loopErr.Store(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err, ok := loopErr.Load().(error); ok {
+		return nil, fmt.Errorf("GET loop: %w", err)
+	}
+	el := time.Since(start).Seconds()
+	res.LoopItemsPerSec, res.LoopMBPerSec = float64(objects)/el, float64(got.Load())/el/1e6
+
+	env := []string{"AWS_ACCESS_KEY_ID=" + miniotest.User, "AWS_SECRET_ACCESS_KEY=" + miniotest.Password}
+	bin := filepath.Join(c.Bin, "cachenode")
+	s3 := []string{"--s3-endpoint", srv.Endpoint}
+	n1, err := startNodeEnv(c.Work, bin, "s3-1", "4GiB", "", env, s3...)
+	if err != nil {
+		return nil, err
+	}
+	defer n1.stop()
+	n2, err := startNodeEnv(c.Work, bin, "s3-2", "4GiB", n1.gossip, env, s3...)
+	if err != nil {
+		return nil, err
+	}
+	defer n2.stop()
+	if err := waitMembers(n1, 2); err != nil {
+		return nil, err
+	}
+	if err := register(n1, "s3", "s3://bench/train"); err != nil {
+		return nil, err
+	}
+	start = time.Now()
+	if err := warm([]*nodeProc{n1, n2}, "s3"); err != nil {
+		return nil, err
+	}
+	el = time.Since(start).Seconds()
+	res.WarmItemsPerSec, res.WarmMBPerSec = float64(objects)/el, float64(objects*size)/el/1e6
+	res.WarmVsLoop = res.WarmItemsPerSec / res.LoopItemsPerSec
+
+	ctx := context.Background()
+	order := rand.New(rand.NewPCG(1, 2)).Perm(objects)
+	if err := register(n1, "s3-cold", "s3://bench/train"); err != nil {
+		return nil, err
+	}
+	for _, run := range []struct {
+		ds  string
+		out *float64
+	}{{"s3-cold", &res.ColdEpochItemsPerSec}, {"s3", &res.WarmEpochItemsPerSec}} {
+		rd, err := stall.Read(ctx, n1.c, run.ds, order, stall.ReadOptions{Workers: 16})
+		if err != nil {
+			return nil, fmt.Errorf("epoch of %s: %w", run.ds, err)
+		}
+		*run.out = float64(objects) / rd.Elapsed.Seconds()
+	}
+
+	start = time.Now()
+	if _, err := n1.c.PutDataset(ctx, "s3-many", "s3://bench/many"); err != nil {
+		return nil, fmt.Errorf("registering %d objects: %w", listObjects, err)
+	}
+	res.RegisterSeconds = time.Since(start).Seconds()
+	return res, nil
+}
+
+func drain(obj *minio.Object) (int64, error) {
+	defer obj.Close()
+	return io.Copy(io.Discard, obj)
+}

@@ -1,0 +1,208 @@
+package source
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
+	"golang.org/x/sync/errgroup"
+)
+
+// S3Config is how a node reaches S3-compatible storage.
+type S3Config struct {
+	// Endpoint is a URL (http:// or https://); empty means AWS. An explicit
+	// endpoint is addressed path-style (MinIO, Ceph and most others need it).
+	Endpoint string
+	Region   string // default us-east-1
+	// CredentialsFile is a shared AWS credentials file, read with Profile
+	// (default "default"). Without one, Env supplies AWS_ACCESS_KEY_ID,
+	// AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN; with neither, requests
+	// are anonymous.
+	CredentialsFile, Profile string
+	Env                      func(string) string
+	// Listers bounds the listings that run at once when a registration splits
+	// a prefix by its common prefixes (default 16).
+	Listers int
+}
+
+// S3 serves the objects below a bucket prefix. Keys are object keys with
+// the prefix and its "/" removed.
+type S3 struct {
+	core   minio.Core
+	bucket string
+	prefix string // "" or ending in "/"
+	cfg    S3Config
+}
+
+// openS3 opens s3://BUCKET/PREFIX (normalized).
+func openS3(norm string, cfg S3Config) (*S3, error) {
+	bucket, prefix, _ := strings.Cut(strings.TrimPrefix(norm, "s3://"), "/")
+	if prefix != "" {
+		prefix += "/"
+	}
+	host, secure := "s3.amazonaws.com", true
+	lookup := minio.BucketLookupAuto
+	if cfg.Endpoint != "" {
+		u, err := url.Parse(cfg.Endpoint)
+		if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+			return nil, fmt.Errorf("--s3-endpoint %q: want http://HOST[:PORT] or https://HOST[:PORT]", cfg.Endpoint)
+		}
+		host, secure, lookup = u.Host, u.Scheme == "https", minio.BucketLookupPath
+	}
+	region := cfg.Region
+	if region == "" {
+		region = "us-east-1"
+	}
+	tr, err := minio.DefaultTransport(secure)
+	if err != nil {
+		return nil, err
+	}
+	// Every node reads in parallel from one endpoint: keep connections.
+	tr.MaxIdleConnsPerHost = 256
+	c, err := minio.NewCore(host, &minio.Options{Creds: cfg.credentials(), Secure: secure, Region: region,
+		BucketLookup: lookup, Transport: tr})
+	if err != nil {
+		return nil, fmt.Errorf("s3 client: %w", err)
+	}
+	return &S3{core: *c, bucket: bucket, prefix: prefix, cfg: cfg}, nil
+}
+
+func (c S3Config) credentials() *credentials.Credentials {
+	if c.CredentialsFile != "" {
+		profile := c.Profile
+		if profile == "" {
+			profile = "default"
+		}
+		return credentials.NewFileAWSCredentials(c.CredentialsFile, profile)
+	}
+	env := c.Env
+	if env == nil {
+		env = func(string) string { return "" }
+	}
+	return credentials.NewStaticV4(env("AWS_ACCESS_KEY_ID"), env("AWS_SECRET_ACCESS_KEY"), env("AWS_SESSION_TOKEN"))
+}
+
+// Close has nothing to release: connections belong to the HTTP transport.
+func (s *S3) Close() error { return nil }
+
+// etagTag turns an ETag into a manifest tag (never 0: 0 means "untagged").
+func etagTag(etag string) uint64 {
+	return max(xxhash.Sum64String(strings.Trim(etag, `"`)), 1)
+}
+
+// List lists the prefix. A flat listing of millions of keys is one request
+// per 1000 keys in a row; the first level of "directories" under the prefix
+// is listed first and each is then listed on its own, several at once.
+func (s *S3) List(ctx context.Context) ([]Entry, error) {
+	var out []Entry
+	var subs []string
+	for o := range s.core.ListObjectsIter(ctx, s.bucket, minio.ListObjectsOptions{Prefix: s.prefix}) {
+		if o.Err != nil {
+			return nil, s.storageErr("list", s.prefix, o.Err)
+		}
+		if strings.HasSuffix(o.Key, "/") && o.ETag == "" { // a common prefix
+			subs = append(subs, o.Key)
+			continue
+		}
+		if e, ok := s.entry(o); ok {
+			out = append(out, e)
+		}
+	}
+	listers := s.cfg.Listers
+	if listers <= 0 {
+		listers = 16
+	}
+	var mu sync.Mutex
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(listers)
+	for _, p := range subs {
+		g.Go(func() error {
+			var part []Entry
+			for o := range s.core.ListObjectsIter(gctx, s.bucket, minio.ListObjectsOptions{Prefix: p, Recursive: true}) {
+				if o.Err != nil {
+					return s.storageErr("list", p, o.Err)
+				}
+				if e, ok := s.entry(o); ok {
+					part = append(part, e)
+				}
+			}
+			mu.Lock()
+			out = append(out, part...)
+			mu.Unlock()
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	slices.SortFunc(out, func(a, b Entry) int { return strings.Compare(a.Key, b.Key) })
+	return out, nil
+}
+
+// entry turns a listed object into a manifest line, leaving out what cannot
+// be a key (directory markers, "a//b", ".." segments, control characters).
+func (s *S3) entry(o minio.ObjectInfo) (Entry, bool) {
+	key := strings.TrimPrefix(o.Key, s.prefix)
+	if ValidKey(key) != nil || o.Size < 0 || o.Size > MaxItemSize {
+		return Entry{}, false
+	}
+	return Entry{Key: key, Size: o.Size, Tag: etagTag(o.ETag)}, true
+}
+
+// Read GETs the object and checks that it is still the version listed.
+func (s *S3) Read(ctx context.Context, e Entry, buf []byte) ([]byte, error) {
+	if err := ValidKey(e.Key); err != nil {
+		return nil, err
+	}
+	if e.Size < 0 || e.Size > MaxItemSize {
+		return nil, fmt.Errorf("read %s: size %d out of range", e.Key, e.Size)
+	}
+	body, info, _, err := s.core.GetObject(ctx, s.bucket, s.prefix+e.Key, minio.GetObjectOptions{})
+	if err != nil {
+		return nil, s.storageErr("read", s.prefix+e.Key, err)
+	}
+	defer body.Close()
+	if info.Size != e.Size || (e.Tag != 0 && etagTag(info.ETag) != e.Tag) {
+		return nil, fmt.Errorf("read %s: %w (size %d, listed %d; or a new ETag)", e.Key, ErrChanged, info.Size, e.Size)
+	}
+	if int64(cap(buf)) < e.Size {
+		buf = make([]byte, e.Size)
+	}
+	buf = buf[:e.Size]
+	if _, err := io.ReadFull(body, buf); err != nil {
+		return nil, s.storageErr("read", s.prefix+e.Key, err)
+	}
+	return buf, nil
+}
+
+// storageErr sorts an S3 failure into the kinds the API answers for.
+// minio-go has already retried what is worth retrying (5xx, throttling,
+// connection errors) with backoff, within the caller's deadline.
+// object is the full object key (or key prefix) the operation was on.
+func (s *S3) storageErr(op, object string, err error) error {
+	where := fmt.Sprintf("%s s3://%s/%s", op, s.bucket, object)
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("%s: %w", where, err)
+	}
+	resp := minio.ToErrorResponse(err)
+	kind := ErrUnavailable
+	switch {
+	case resp.Code == "AccessDenied" || resp.Code == "InvalidAccessKeyId" || resp.Code == "SignatureDoesNotMatch" ||
+		resp.StatusCode == http.StatusForbidden:
+		kind = ErrDenied
+	case resp.Code == "NoSuchBucket":
+		kind = ErrNotFound
+	case resp.Code == "NoSuchKey":
+		kind = ErrChanged // listed at registration, gone now
+	}
+	return fmt.Errorf("%s: %w: %w", where, kind, err)
+}

@@ -1,0 +1,161 @@
+package source
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"maps"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+
+	"stallfree/miniotest"
+)
+
+func s3Config(srv *miniotest.TestServer, user, password string) S3Config {
+	env := map[string]string{"AWS_ACCESS_KEY_ID": user, "AWS_SECRET_ACCESS_KEY": password}
+	return S3Config{Endpoint: srv.Endpoint, Env: func(k string) string { return env[k] }}
+}
+
+// objects is miniotest.Objects plus objects that must be left out of a
+// manifest of prefix: a directory marker, a key with a control character,
+// and objects outside the prefix.
+func objects(prefix string, n int) (all map[string][]byte, want map[string][]byte) {
+	all, want = miniotest.Objects(prefix, n)
+	all[prefix+"marker/"] = nil
+	all[prefix+"tab\there.bin"] = []byte("x")
+	all["elsewhere/outside.bin"] = []byte("not below the prefix")
+	all[prefix[:len(prefix)-1]+"-sibling/x.bin"] = []byte("a sibling prefix")
+	return all, want
+}
+
+func TestS3ListsAndReadsAPrefix(t *testing.T) {
+	srv := miniotest.Start(t)
+	srv.Bucket("train")
+	all, want := objects("imagenet/train/", 600)
+	srv.Put("train", all)
+	ctx := context.Background()
+	src, err := Open("s3://train/imagenet/train/", Options{S3: s3Config(srv, miniotest.User, miniotest.Password)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	entries, err := src.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := slices.Sorted(maps.Keys(want))
+	if len(entries) != len(keys) {
+		t.Fatalf("listed %d objects, want %d", len(entries), len(keys))
+	}
+	for i, e := range entries {
+		if e.Key != keys[i] || e.Size != int64(len(want[e.Key])) || e.Tag == 0 {
+			t.Fatalf("entry %d: %+v, want key %q of %d bytes with a tag", i, e, keys[i], len(want[keys[i]]))
+		}
+		b, err := src.Read(ctx, e, nil)
+		if err != nil {
+			t.Fatalf("read %s: %v", e.Key, err)
+		}
+		if !bytes.Equal(b, want[e.Key]) {
+			t.Fatalf("read %s: wrong bytes", e.Key)
+		}
+	}
+	// Read into a buffer with room: the caller's memory is used.
+	buf := make([]byte, 0, entries[0].Size+10)
+	if b, err := src.Read(ctx, entries[0], buf); err != nil || &b[0] != &buf[:1][0] {
+		t.Fatalf("read into a buffer: %v", err)
+	}
+
+	// Overwritten after listing, even with the same size: never the new
+	// bytes under the old listing.
+	e := entries[1]
+	changed := bytes.Repeat([]byte{0xAB}, int(e.Size))
+	srv.Put("train", map[string][]byte{"imagenet/train/" + e.Key: changed})
+	if b, err := src.Read(ctx, e, nil); !errors.Is(err, ErrChanged) {
+		t.Fatalf("read of an overwritten object: %v (equal to the new bytes: %v)", err, bytes.Equal(b, changed))
+	}
+	// Deleted after listing.
+	if err := srv.Client.RemoveObject(ctx, "train", "imagenet/train/"+entries[2].Key, minio.RemoveObjectOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.Read(ctx, entries[2], nil); !errors.Is(err, ErrChanged) {
+		t.Fatalf("read of a deleted object: %v", err)
+	}
+	// A key that was never listed cannot be read as another's.
+	if _, err := src.Read(ctx, Entry{Key: "../elsewhere/outside.bin", Size: 20, Tag: 1}, nil); !errors.Is(err, ErrBadKey) {
+		t.Fatalf("read outside the prefix: %v", err)
+	}
+}
+
+func TestS3ErrorsSayWhatStorageSaid(t *testing.T) {
+	srv := miniotest.Start(t)
+	srv.Bucket("data")
+	srv.Put("data", map[string][]byte{"p/x.bin": []byte("x")})
+	ctx := context.Background()
+	list := func(spec string, cfg S3Config) error {
+		src, err := Open(spec, Options{S3: cfg})
+		if err != nil {
+			return err
+		}
+		defer src.Close()
+		_, err = src.List(ctx)
+		return err
+	}
+	if err := list("s3://data/p", s3Config(srv, miniotest.User, "wrong-password")); !errors.Is(err, ErrDenied) {
+		t.Errorf("wrong secret: %v, want ErrDenied", err)
+	}
+	if err := list("s3://data/p", s3Config(srv, "nobody", "wrong-password")); !errors.Is(err, ErrDenied) {
+		t.Errorf("unknown key id: %v, want ErrDenied", err)
+	}
+	if err := list("s3://missing-bucket/p", s3Config(srv, miniotest.User, miniotest.Password)); !errors.Is(err, ErrNotFound) {
+		t.Errorf("missing bucket: %v, want ErrNotFound", err)
+	}
+	for _, err := range []error{
+		list("s3://data/p", s3Config(srv, miniotest.User, "wrong-password")),
+		list("s3://missing-bucket/p", s3Config(srv, miniotest.User, miniotest.Password)),
+	} {
+		if bytes.Contains([]byte(err.Error()), []byte(miniotest.Password)) || bytes.Contains([]byte(err.Error()), []byte("wrong-password")) {
+			t.Errorf("a secret in an error: %v", err)
+		}
+	}
+
+	// Storage gone: reads fail (after minio-go's retries) within the
+	// caller's deadline and work again once it is back.
+	src, err := Open("s3://data/p", Options{S3: s3Config(srv, miniotest.User, miniotest.Password)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	entries, err := src.List(ctx)
+	if err != nil || len(entries) != 1 {
+		t.Fatalf("list: %v %v", entries, err)
+	}
+	srv.Stop()
+	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	_, err = src.Read(dctx, entries[0], nil)
+	cancel()
+	if !errors.Is(err, ErrUnavailable) && !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("read with storage down: %v", err)
+	}
+	srv.Restart()
+	if b, err := src.Read(ctx, entries[0], nil); err != nil || string(b) != "x" {
+		t.Fatalf("read after storage came back: %q %v", b, err)
+	}
+}
+
+func TestNormalizeS3(t *testing.T) {
+	for spec, want := range map[string]string{
+		"s3://bucket": "s3://bucket", "s3://bucket/": "s3://bucket", "s3://my.bucket-1/a/b/": "s3://my.bucket-1/a/b",
+		"s3://Bucket/x": "", "s3://b/x": "", "s3://bucket/a/../b": "", "s3://bucket//a": "", "s3://-bucket/x": "",
+		"s3://bucket/a\x01b": "", "s3://": "",
+	} {
+		got, err := Normalize(spec)
+		if (want == "") != (err != nil) || got != want {
+			t.Errorf("Normalize(%q) = %q, %v; want %q", spec, got, err, want)
+		}
+	}
+	if !Within("s3://bucket/a/b", "s3://bucket/a") || Within("s3://bucket/ab", "s3://bucket/a") || Within("s3://bucketx", "s3://bucket") {
+		t.Error("Within on s3 specs")
+	}
+}
