@@ -169,4 +169,9 @@ type Dataset struct {
 	Bytes   int64  `json:"bytes"`
 	Version uint64 `json:"version"`
 	ID      uint32 `json:"id"`
+	// Tar datasets only: WebDataset samples, shards, and members the
+	// registration left out (not regular files, unsafe or repeated names).
+	Samples int `json:"samples,omitempty"`
+	Shards  int `json:"shards,omitempty"`
+	LeftOut int `json:"left_out,omitempty"`
 }

@@ -255,7 +255,9 @@ func (c *Catalog) apply(cmd *command) (any, error) {
 // RegisterDataset records a dataset and its manifest. Registering the same
 // name with the same source again returns the existing entry unchanged; a
 // different source is ErrConflict. Must run on the leader.
-func (c *Catalog) RegisterDataset(name, src string, entries []source.Entry) (*Dataset, bool, error) {
+// leftOut counts what the source's listing left out (a tar source's unsafe
+// members), kept with the dataset so users can see it.
+func (c *Catalog) RegisterDataset(name, src string, entries []source.Entry, leftOut int) (*Dataset, bool, error) {
 	c.mu.Lock() // one registration at a time keeps chunk streams from interleaving
 	defer c.mu.Unlock()
 	token := newToken()
@@ -266,8 +268,12 @@ func (c *Catalog) RegisterDataset(name, src string, entries []source.Entry) (*Da
 	if br := res.(beginResult); br.existing != nil {
 		return br.existing, false, nil
 	}
-	for _, ch := range chunks(entries, maxChunkKeyBytes) {
-		if _, err := c.apply(&command{Op: opChunk, Name: name, Token: token, Chunk: NewManifest(ch)}); err != nil {
+	for x, ch := range chunks(entries, maxChunkKeyBytes) {
+		m := NewManifest(ch)
+		if x == 0 {
+			m.LeftOut = leftOut
+		}
+		if _, err := c.apply(&command{Op: opChunk, Name: name, Token: token, Chunk: m}); err != nil {
 			return nil, false, err
 		}
 	}

@@ -49,18 +49,18 @@ func entries(n int) []source.Entry {
 func TestRegisterRestartAndIdempotence(t *testing.T) {
 	dir, addr := t.TempDir(), freeAddr(t)
 	c := openLeader(t, dir, addr)
-	d, created, err := c.RegisterDataset("imgs", "dir:///data", entries(1000))
+	d, created, err := c.RegisterDataset("imgs", "dir:///data", entries(1000), 0)
 	if err != nil || !created {
 		t.Fatalf("register: %v %v", created, err)
 	}
 	if d.Manifest.Len() != 1000 || d.Manifest.Key(7) != entries(1000)[7].Key {
 		t.Fatalf("manifest wrong")
 	}
-	again, created, err := c.RegisterDataset("imgs", "dir:///data", entries(1000))
+	again, created, err := c.RegisterDataset("imgs", "dir:///data", entries(1000), 0)
 	if err != nil || created || again.Version != d.Version || again.ID != d.ID {
 		t.Fatalf("re-register: %v %v %+v", created, err, again)
 	}
-	if _, _, err := c.RegisterDataset("imgs", "dir:///other", entries(3)); !errors.Is(err, ErrConflict) {
+	if _, _, err := c.RegisterDataset("imgs", "dir:///other", entries(3), 0); !errors.Is(err, ErrConflict) {
 		t.Fatalf("conflict: %v", err)
 	}
 	if _, err := c.PutJob(Job{Name: "j", Dataset: "imgs", Seed: 1, WorldSize: 2, BatchSize: 4, Ranks: []string{"a", "b"}}); err != nil {
@@ -74,7 +74,7 @@ func TestRegisterRestartAndIdempotence(t *testing.T) {
 	if err := c.raft.Snapshot().Error(); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := c.RegisterDataset("second", "dir:///s", entries(10)); err != nil {
+	if _, _, err := c.RegisterDataset("second", "dir:///s", entries(10), 0); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Close(); err != nil {

@@ -159,6 +159,7 @@ func (f *fsm) apply(index uint64, c *command) any {
 			return fmt.Errorf("catalog: %q manifest has %d of %d entries", c.Name, p.Manifest.Len(), p.Count)
 		}
 		delete(st.Pending, c.Name)
+		p.Manifest.seal()
 		d := &Dataset{ID: p.ID, Name: c.Name, Source: p.Source, Version: index, Manifest: p.Manifest}
 		st.Datasets[c.Name] = d
 		return d
@@ -233,7 +234,8 @@ func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	for k, p := range f.st.Pending {
 		pc := *p
 		m := *p.Manifest
-		m.Ends, m.Sizes = slices.Clone(m.Ends), slices.Clone(m.Sizes)
+		m.Ends, m.Sizes, m.Tags = slices.Clone(m.Ends), slices.Clone(m.Sizes), slices.Clone(m.Tags)
+		m.Shards, m.ShardOf, m.Offsets = slices.Clone(m.Shards), slices.Clone(m.ShardOf), slices.Clone(m.Offsets)
 		pc.Manifest = &m
 		cp.Pending[k] = &pc
 	}
@@ -248,6 +250,12 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	}
 	if st.Datasets == nil {
 		st.Datasets = map[string]*Dataset{}
+	}
+	for name, d := range st.Datasets {
+		if d == nil || d.Manifest == nil || !d.Manifest.wellFormed() {
+			return fmt.Errorf("catalog: restore: dataset %q has a malformed manifest", name)
+		}
+		d.Manifest.seal()
 	}
 	if st.Pending == nil {
 		st.Pending = map[string]*pending{}

@@ -17,6 +17,24 @@ type Manifest struct {
 	// Tags are the entries' version fingerprints, nil when the source has
 	// none (directories), so they cost nothing there.
 	Tags []uint64 `msgpack:"t,omitempty"`
+	// A tar dataset's items are members of shards: ShardOf[i] indexes
+	// Shards, Offsets[i] is where the member's bytes start in its shard.
+	// All three are nil for other datasets.
+	Shards  []Shard  `msgpack:"sh,omitempty"`
+	ShardOf []uint32 `msgpack:"so,omitempty"`
+	Offsets []int64  `msgpack:"of,omitempty"`
+
+	// LeftOut counts the members a tar source's listing left out.
+	LeftOut int `msgpack:"lo,omitempty"`
+
+	tar *tarIndex // derived from the above by seal; nil until then
+}
+
+// Shard is one tar shard as indexed.
+type Shard struct {
+	Key  string `msgpack:"k"`
+	Size int64  `msgpack:"s"`
+	Tag  uint64 `msgpack:"t,omitempty"`
 }
 
 // NewManifest packs sorted entries.
@@ -34,6 +52,17 @@ func NewManifest(entries []source.Entry) *Manifest {
 		m.Sizes[i] = e.Size
 	}
 	m.Keys = b.String()
+	if len(entries) > 0 && entries[0].Shard != "" {
+		m.ShardOf, m.Offsets = make([]uint32, len(entries)), make([]int64, len(entries))
+		for i, e := range entries {
+			if n := len(m.Shards); n == 0 || m.Shards[n-1].Key != e.Shard {
+				m.Shards = append(m.Shards, Shard{Key: e.Shard, Size: e.ShardSize, Tag: e.Tag})
+			}
+			m.ShardOf[i], m.Offsets[i] = uint32(len(m.Shards)-1), e.Offset
+		}
+		m.seal()
+		return m
+	}
 	for i, e := range entries {
 		if e.Tag != 0 && m.Tags == nil {
 			m.Tags = make([]uint64, len(entries))
@@ -50,6 +79,10 @@ func (m *Manifest) Entry(i int) source.Entry {
 	e := source.Entry{Key: m.Key(i), Size: m.Sizes[i]}
 	if m.Tags != nil {
 		e.Tag = m.Tags[i]
+	}
+	if m.Shards != nil {
+		sh := m.Shards[m.ShardOf[i]]
+		e.Shard, e.ShardSize, e.Tag, e.Offset = sh.Key, sh.Size, sh.Tag, m.Offsets[i]
 	}
 	return e
 }
@@ -69,8 +102,16 @@ func (m *Manifest) Key(i int) string {
 // Size returns the i-th item's size in bytes.
 func (m *Manifest) Size(i int) int64 { return m.Sizes[i] }
 
-// Index finds key by binary search; keys are sorted bytewise.
+// Index finds key by binary search: over the keys, sorted bytewise, or for a
+// tar dataset (in archive order) over its sorted permutation.
 func (m *Manifest) Index(key string) (int, bool) {
+	if t := m.tar; t != nil {
+		x := sort.Search(len(t.byKey), func(x int) bool { return m.Key(int(t.byKey[x])) >= key })
+		if x < len(t.byKey) && m.Key(int(t.byKey[x])) == key {
+			return int(t.byKey[x]), true
+		}
+		return 0, false
+	}
 	i := sort.Search(m.Len(), func(i int) bool { return m.Key(i) >= key })
 	return i, i < m.Len() && m.Key(i) == key
 }
@@ -89,6 +130,16 @@ func (m *Manifest) TotalBytes() int64 {
 func (m *Manifest) wellFormed() bool {
 	if len(m.Sizes) != len(m.Ends) || (m.Tags != nil && len(m.Tags) != len(m.Ends)) {
 		return false
+	}
+	if m.Shards != nil || m.ShardOf != nil || m.Offsets != nil {
+		if len(m.ShardOf) != len(m.Ends) || len(m.Offsets) != len(m.Ends) || m.Tags != nil {
+			return false
+		}
+		for _, s := range m.ShardOf {
+			if int(s) >= len(m.Shards) {
+				return false
+			}
+		}
 	}
 	prev := uint32(0)
 	for _, e := range m.Ends {
@@ -116,6 +167,23 @@ func (m *Manifest) appendChunk(c *Manifest) {
 		m.Tags = append(m.Tags, make([]uint64, len(c.Sizes))...)
 	}
 	m.Sizes = append(m.Sizes, c.Sizes...)
+	m.LeftOut += c.LeftOut
+	if c.Shards != nil {
+		// A shard split over two chunks is one shard.
+		base := uint32(len(m.Shards))
+		first := 0
+		if len(m.Shards) > 0 && m.Shards[len(m.Shards)-1] == c.Shards[0] {
+			base--
+		}
+		if base < uint32(len(m.Shards)) {
+			first = 1
+		}
+		m.Shards = append(m.Shards, c.Shards[first:]...)
+		for _, s := range c.ShardOf {
+			m.ShardOf = append(m.ShardOf, base+s)
+		}
+		m.Offsets = append(m.Offsets, c.Offsets...)
+	}
 }
 
 // chunks splits entries so no raft entry carries more than maxBytes of keys.
@@ -133,4 +201,84 @@ func chunks(entries []source.Entry, maxBytes int) [][]source.Entry {
 		out = append(out, entries[start:])
 	}
 	return out
+}
+
+// tarIndex is what a tar manifest derives from its keys: their bytewise
+// order (keys are stored in archive order) and the WebDataset samples.
+type tarIndex struct {
+	byKey []uint32
+	// samples[s] is the first item of sample s; samples[len-1] = Len().
+	samples []uint32
+}
+
+// seal derives a tar manifest's index once its items are all in (a
+// committed or restored dataset); manifests of other sources have none.
+func (m *Manifest) seal() {
+	if m.Shards == nil || m.tar != nil {
+		return
+	}
+	t := &tarIndex{byKey: make([]uint32, m.Len())}
+	for i := range t.byKey {
+		t.byKey[i] = uint32(i)
+	}
+	sort.Slice(t.byKey, func(a, b int) bool { return m.Key(int(t.byKey[a])) < m.Key(int(t.byKey[b])) })
+	prev := ""
+	for i := range m.Len() {
+		if k := m.sampleKeyOf(i); i == 0 || k != prev {
+			t.samples = append(t.samples, uint32(i))
+			prev = k
+		}
+	}
+	t.samples = append(t.samples, uint32(m.Len()))
+	m.tar = t
+}
+
+// IsTar reports whether the items are members of tar shards.
+func (m *Manifest) IsTar() bool { return m.Shards != nil }
+
+// sampleKeyOf is member i's WebDataset sample key: SHARD/ and the member's
+// path up to the first "." of its base name.
+func (m *Manifest) sampleKeyOf(i int) string {
+	key := m.Key(i)
+	dir := len(m.Shards[m.ShardOf[i]].Key) + 1 + strings.LastIndexByte(key[len(m.Shards[m.ShardOf[i]].Key)+1:], '/') + 1
+	if dot := strings.IndexByte(key[dir:], '.'); dot >= 0 {
+		return key[:dir+dot]
+	}
+	return key
+}
+
+// Ext is member i's extension in its sample: its base name after the first
+// "." ("jpg", "seg.png"; "" when it has none).
+func (m *Manifest) Ext(i int) string {
+	return strings.TrimPrefix(m.Key(i)[len(m.sampleKeyOf(i)):], ".")
+}
+
+// Samples is the number of WebDataset samples (0: not a tar dataset).
+func (m *Manifest) Samples() int {
+	if m.tar == nil {
+		return 0
+	}
+	return len(m.tar.samples) - 1
+}
+
+// Sample returns the items [first, end) of sample s.
+func (m *Manifest) Sample(s int) (first, end int) {
+	return int(m.tar.samples[s]), int(m.tar.samples[s+1])
+}
+
+// SampleKey is sample s's key, SHARD/SAMPLEKEY.
+func (m *Manifest) SampleKey(s int) string { return m.sampleKeyOf(int(m.tar.samples[s])) }
+
+// SampleOf is the sample item i belongs to.
+func (m *Manifest) SampleOf(i int) int {
+	return sort.Search(len(m.tar.samples), func(s int) bool { return int(m.tar.samples[s]) > i }) - 1
+}
+
+// OwnerKey is what decides item i's owner: its key, or for a tar dataset its
+// sample's key, so that all members of a sample have one owner.
+func (m *Manifest) OwnerKey(i int) string {
+	if m.Shards != nil {
+		return m.sampleKeyOf(i)
+	}
+	return m.Key(i)
 }

@@ -491,7 +491,7 @@ func (c *Clairvoyant) prefetchJob(ctx context.Context, cur *cursor, sem chan str
 			continue
 		}
 		for r := range ep.Ranks {
-			for _, i := range ep.Batch(r, b) {
+			for _, i := range ep.BatchItems(r, b) {
 				if !c.prefetchOne(ctx, cur, ep, t, int(i), sem, inflight) {
 					return
 				}

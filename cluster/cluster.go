@@ -171,7 +171,7 @@ func (c *Cluster) ring() *partition.Ring { return c.rings.Load().cur }
 // Owner returns the member owning item index of d and whether that is this
 // node (an empty ring makes every item this node's).
 func (c *Cluster) Owner(d *catalog.Dataset, index int) (string, bool) {
-	o := c.ring().Owner(d.Name, d.Manifest.Key(index))
+	o := c.ring().Owner(d.Name, d.Manifest.OwnerKey(index))
 	return o, o == "" || o == c.cfg.Name
 }
 

@@ -70,7 +70,7 @@ func oneMember(t *testing.T, n, size int) (*Cluster, *catalog.Dataset, *store.St
 	}
 	var d *catalog.Dataset
 	for {
-		d, _, err = cat.RegisterDataset("ds", "/nowhere", entries)
+		d, _, err = cat.RegisterDataset("ds", "/nowhere", entries, 0)
 		if !errors.Is(err, catalog.ErrNotLeader) && !errors.Is(err, catalog.ErrNoLeader) {
 			break
 		}

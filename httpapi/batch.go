@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -50,6 +52,44 @@ func (s *Server) batch(ctx *fasthttp.RequestCtx, d *catalog.Dataset) {
 	s.writeBatch(ctx, items)
 }
 
+// samples serves GET samples/{i} (one map) and POST samples/batch
+// {"indices": [...]} (an array of maps in request order) of a tar dataset.
+func (s *Server) samples(ctx *fasthttp.RequestCtx, method string, d *catalog.Dataset, seg []string) {
+	var idx []int
+	one := false
+	switch {
+	case len(seg) == 1 && seg[0] == "batch" && method == fasthttp.MethodPost:
+		var req api.BatchRequest
+		if err := decodeStrict(ctx.PostBody(), &req); err != nil {
+			writeError(ctx, fasthttp.StatusBadRequest, err.Error())
+			return
+		}
+		if req.Indices == nil || req.Keys != nil {
+			writeError(ctx, fasthttp.StatusBadRequest, `body needs {"indices": [...]} (samples are asked for by index)`)
+			return
+		}
+		idx = req.Indices
+	case len(seg) == 1 && method == fasthttp.MethodGet:
+		i, err := strconv.Atoi(seg[0])
+		if err != nil || i < 0 {
+			writeError(ctx, fasthttp.StatusBadRequest, fmt.Sprintf("sample %q: want a non-negative integer", seg[0]))
+			return
+		}
+		idx, one = []int{i}, true
+	default:
+		writeError(ctx, fasthttp.StatusNotFound, "no such route")
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	items, spans, err := s.node.GetSamplesFor(rctx, d, idx, "")
+	if err != nil {
+		fail(ctx, err)
+		return
+	}
+	s.writeSamples(ctx, items, spans, one)
+}
+
 // writeBatch answers [{"key": str, "data": bin}, ...]. The msgpack framing
 // is built in one small buffer and the item bytes are not copied: they go to
 // the socket from where they live (pinned until fasthttp closes the body)
@@ -59,7 +99,6 @@ func (s *Server) writeBatch(ctx *fasthttp.RequestCtx, items []node.Item) {
 	enc := msgpack.NewEncoder(&meta)
 	ends := make([]int, len(items)) // end of each item's framing in meta
 	_ = enc.EncodeArrayLen(len(items))
-	total := 0
 	for j := range items {
 		_ = enc.EncodeMapLen(2)
 		_ = enc.EncodeString("key")
@@ -67,10 +106,41 @@ func (s *Server) writeBatch(ctx *fasthttp.RequestCtx, items []node.Item) {
 		_ = enc.EncodeString("data")
 		_ = enc.EncodeBytesLen(len(items[j].Data))
 		ends[j] = meta.Len()
+	}
+	s.writeFramed(ctx, items, meta.Bytes(), ends)
+}
+
+// writeSamples answers WebDataset sample maps, {"__key__": str, EXT: bin,
+// ...}: one map (one) or an array of them, framed like writeBatch.
+func (s *Server) writeSamples(ctx *fasthttp.RequestCtx, items []node.Item, spans []node.SampleSpan, one bool) {
+	var meta bytes.Buffer
+	enc := msgpack.NewEncoder(&meta)
+	ends := make([]int, len(items))
+	if !one {
+		_ = enc.EncodeArrayLen(len(spans))
+	}
+	j := 0
+	for _, sp := range spans {
+		_ = enc.EncodeMapLen(1 + sp.End - j)
+		_ = enc.EncodeString("__key__")
+		_ = enc.EncodeString(sp.Key)
+		for ; j < sp.End; j++ {
+			_ = enc.EncodeString(strings.TrimPrefix(items[j].Key[len(sp.Key):], "."))
+			_ = enc.EncodeBytesLen(len(items[j].Data))
+			ends[j] = meta.Len()
+		}
+	}
+	s.writeFramed(ctx, items, meta.Bytes(), ends)
+}
+
+// writeFramed sends msgpack framing m with each item's bytes spliced in
+// after ends[j], the end of its framing.
+func (s *Server) writeFramed(ctx *fasthttp.RequestCtx, items []node.Item, m []byte, ends []int) {
+	total := 0
+	for j := range items {
 		total += len(items[j].Data)
 		s.node.ServedBytes(len(items[j].Data))
 	}
-	m := meta.Bytes()
 	bufs := make(net.Buffers, 0, 2*len(items))
 	start := 0
 	for j := range items {

@@ -60,9 +60,13 @@ func (s *Server) jobOrder(ctx *fasthttp.RequestCtx, method, job string, seg []st
 			writeError(ctx, fasthttp.StatusBadRequest, fmt.Sprintf("batch %q: want a non-negative integer", seg[5]))
 			return
 		}
-		items, err := s.node.JobBatch(rctx, job, epoch, rank, b)
+		items, spans, err := s.node.JobBatch(rctx, job, epoch, rank, b)
 		if err != nil {
 			fail(ctx, err)
+			return
+		}
+		if spans != nil {
+			s.writeSamples(ctx, items, spans, false)
 			return
 		}
 		s.writeBatch(ctx, items)

@@ -339,6 +339,9 @@ func (s *Server) datasets(ctx *fasthttp.RequestCtx, method, path string, seg []s
 		}
 		s.batch(ctx, d)
 		return
+	case "samples":
+		s.samples(ctx, method, d, seg[2:])
+		return
 	case "warmup":
 		if len(seg) != 2 {
 			break

@@ -29,20 +29,56 @@ func PlanEpoch(j *catalog.Job, d *catalog.Dataset, epoch uint64, members []strin
 	if err != nil {
 		return nil, err
 	}
-	perm := Permutation(d.Manifest.Len(), j.Seed, epoch)
-	owner := func(i int32) string { return ring.Owner(d.Name, d.Manifest.Key(int(i))) }
+	m := d.Manifest
+	// A tar dataset is sampled by WebDataset sample, each owned whole.
+	units, ownerKey := m.Len(), m.Key
+	if m.IsTar() {
+		units, ownerKey = m.Samples(), m.SampleKey
+	}
+	perm := Permutation(units, j.Seed, epoch)
+	owner := func(i int32) string { return ring.Owner(d.Name, ownerKey(int(i))) }
 	p, err := Assign(perm, j.WorldSize, j.BatchSize, j.Ranks, owner)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidJob, err)
 	}
-	ep := &EpochPlan{Job: j, Data: d, Epoch: epoch, Plan: p, Step: make([]int32, d.Manifest.Len())}
+	ep := &EpochPlan{Job: j, Data: d, Epoch: epoch, Plan: p, Step: make([]int32, m.Len())}
 	for i := range ep.Step {
 		ep.Step[i] = -1
 	}
 	for _, order := range p.Ranks {
-		for x, i := range order {
-			ep.Step[i] = int32(x / p.BatchSize)
+		for x, u := range order {
+			for _, i := range ep.items(u) {
+				ep.Step[i] = int32(x / p.BatchSize)
+			}
 		}
 	}
 	return ep, nil
+}
+
+// items are the items of a unit of the order: the item itself, or a tar
+// dataset's sample's members.
+func (ep *EpochPlan) items(u int32) []int32 {
+	if !ep.Data.Manifest.IsTar() {
+		return []int32{u}
+	}
+	first, end := ep.Data.Manifest.Sample(int(u))
+	out := make([]int32, 0, end-first)
+	for i := first; i < end; i++ {
+		out = append(out, int32(i))
+	}
+	return out
+}
+
+// BatchItems are the items minibatch b of rank r reads: Batch's indices, or
+// for a tar dataset the members of Batch's samples, in order.
+func (ep *EpochPlan) BatchItems(r, b int) []int32 {
+	batch := ep.Batch(r, b)
+	if !ep.Data.Manifest.IsTar() {
+		return batch
+	}
+	var out []int32
+	for _, u := range batch {
+		out = append(out, ep.items(u)...)
+	}
+	return out
 }

@@ -201,16 +201,18 @@ func (n *Node) RankOrder(ctx context.Context, job string, epoch uint64, rank int
 
 // JobBatch returns minibatch b of a rank's order for an epoch, its items
 // pinned until released, and counts them for the job's metrics.
-func (n *Node) JobBatch(ctx context.Context, job string, epoch uint64, rank, b int) ([]Item, error) {
+// On a tar dataset the batch is of samples: spans groups the items by sample
+// (nil otherwise).
+func (n *Node) JobBatch(ctx context.Context, job string, epoch uint64, rank, b int) (items []Item, spans []SampleSpan, err error) {
 	ep, err := n.Plan(ctx, job, epoch)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if rank < 0 || rank >= len(ep.Ranks) {
-		return nil, fmt.Errorf("%w: rank %d: want an integer in [0,%d)", ErrBadRequest, rank, len(ep.Ranks))
+		return nil, nil, fmt.Errorf("%w: rank %d: want an integer in [0,%d)", ErrBadRequest, rank, len(ep.Ranks))
 	}
 	if b < 0 || b >= ep.Batches() {
-		return nil, fmt.Errorf("%w: batch %d: want an integer in [0,%d)", ErrBadRequest, b, ep.Batches())
+		return nil, nil, fmt.Errorf("%w: batch %d: want an integer in [0,%d)", ErrBadRequest, b, ep.Batches())
 	}
 	// GetManyFor holds it to the limits of /batch: a job registered with a
 	// huge batch_size must not make one response of gigabytes.
@@ -219,12 +221,52 @@ func (n *Node) JobBatch(ctx context.Context, job string, epoch uint64, rank, b i
 	for j, i := range batch {
 		idx[j] = int(i)
 	}
-	items, err := n.GetManyFor(ctx, ep.Data, idx, ep.Job.Name)
+	if ep.Data.Manifest.IsTar() {
+		items, spans, err = n.GetSamplesFor(ctx, ep.Data, idx, ep.Job.Name)
+	} else {
+		items, err = n.GetManyFor(ctx, ep.Data, idx, ep.Job.Name)
+	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	n.recordJobItems(ep.Job.Name, rank, items)
-	return items, nil
+	return items, spans, nil
+}
+
+// SampleSpan places a WebDataset sample among a batch's items: its key, and
+// the end of its members (they start where the previous sample's end).
+type SampleSpan struct {
+	Key string
+	End int
+}
+
+// GetSamplesFor returns the members of samples of a tar dataset, sample after
+// sample in the order asked, for a job (or "" for none).
+func (n *Node) GetSamplesFor(ctx context.Context, d *catalog.Dataset, samples []int, job string) ([]Item, []SampleSpan, error) {
+	m := d.Manifest
+	if !m.IsTar() {
+		return nil, nil, fmt.Errorf("%w: dataset %s is not a tar dataset: it has items, not samples", ErrBadRequest, d.Name)
+	}
+	if len(samples) > MaxBatch {
+		return nil, nil, fmt.Errorf("%w: %d samples in one batch; the limit is %d", ErrTooLarge, len(samples), MaxBatch)
+	}
+	spans := make([]SampleSpan, len(samples))
+	var idx []int
+	for j, s := range samples {
+		if s < 0 || s >= m.Samples() {
+			return nil, nil, fmt.Errorf("%w: sample %d out of range [0,%d)", ErrBadRequest, s, m.Samples())
+		}
+		first, end := m.Sample(s)
+		for i := first; i < end; i++ {
+			idx = append(idx, i)
+		}
+		spans[j] = SampleSpan{Key: m.SampleKey(s), End: len(idx)}
+	}
+	items, err := n.GetManyFor(ctx, d, idx, job)
+	if err != nil {
+		return nil, nil, err
+	}
+	return items, spans, nil
 }
 
 // jobMetrics counts what each rank of each job was served.

@@ -323,7 +323,11 @@ func (n *Node) RegisterDataset(ctx context.Context, name, spec string) (*catalog
 	if len(entries) > 1<<31 {
 		return nil, false, fmt.Errorf("%w: %d items is more than one dataset may hold", ErrBadRequest, len(entries))
 	}
-	return n.cat.RegisterDataset(name, norm, entries)
+	leftOut := 0
+	if t, ok := src.(*source.Tar); ok {
+		leftOut = t.LeftOut()
+	}
+	return n.cat.RegisterDataset(name, norm, entries, leftOut)
 }
 
 // storageFault reports whether err is storage's answer rather than a fault

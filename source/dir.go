@@ -49,7 +49,10 @@ func (d *Dir) Close() error { return d.root.Close() }
 
 // List walks the tree. Symlinks are followed only when they resolve to a
 // regular file inside the root; files whose names cannot be keys are skipped.
-func (d *Dir) List(ctx context.Context) ([]Entry, error) {
+func (d *Dir) List(ctx context.Context) ([]Entry, error) { return d.list(ctx, MaxItemSize) }
+
+// list lists files of at most maxSize bytes and fails on a larger one.
+func (d *Dir) list(ctx context.Context, maxSize int64) ([]Entry, error) {
 	var out []Entry
 	err := filepath.WalkDir(d.path, func(p string, de fs.DirEntry, err error) error {
 		if err != nil {
@@ -74,8 +77,8 @@ func (d *Dir) List(ctx context.Context) ([]Entry, error) {
 		if err != nil || !fi.Mode().IsRegular() {
 			return nil
 		}
-		if fi.Size() > MaxItemSize {
-			return fmt.Errorf("source %s: %s is %d bytes, over the %d-byte item limit", d.path, key, fi.Size(), MaxItemSize)
+		if fi.Size() > maxSize {
+			return fmt.Errorf("source %s: %s is %d bytes, over the %d-byte item limit", d.path, key, fi.Size(), maxSize)
 		}
 		out = append(out, Entry{Key: key, Size: fi.Size()})
 		return nil
@@ -97,26 +100,14 @@ func (d *Dir) Read(ctx context.Context, e Entry, buf []byte) ([]byte, error) {
 	if size < 0 || size > MaxItemSize {
 		return nil, fmt.Errorf("read %s: size %d out of range", key, size)
 	}
-	for left := int(size); d.limiter != nil && left > 0; {
-		n := min(left, d.limiter.Burst())
-		if err := d.limiter.WaitN(ctx, n); err != nil {
-			return nil, fmt.Errorf("read %s: %w", key, err)
-		}
-		left -= n
+	if err := d.throttle(ctx, key, size); err != nil {
+		return nil, err
 	}
-	// O_NONBLOCK: opening a FIFO (or a device) put where a file was must
-	// not block; it is refused below. The root keeps the open inside the
-	// dataset, symlinks included.
-	f, err := d.root.OpenFile(filepath.FromSlash(key), os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	f, _, err := d.openRegular(key)
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", key, err)
+		return nil, err
 	}
 	defer f.Close()
-	if fi, err := f.Stat(); err != nil {
-		return nil, fmt.Errorf("read %s: %w", key, err)
-	} else if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("read %s: %w: no longer a regular file (%v)", key, ErrChanged, fi.Mode().Type())
-	}
 	if int64(cap(buf)) < size {
 		buf = make([]byte, size)
 	}
@@ -134,4 +125,64 @@ func (d *Dir) Read(ctx context.Context, e Entry, buf []byte) ([]byte, error) {
 		return nil, fmt.Errorf("read %s: %w (manifest says %d bytes)", key, ErrChanged, size)
 	}
 	return buf, nil
+}
+
+// throttle waits until the rate limit (if any) allows reading size bytes.
+func (d *Dir) throttle(ctx context.Context, key string, size int64) error {
+	for left := int(size); d.limiter != nil && left > 0; {
+		n := min(left, d.limiter.Burst())
+		if err := d.limiter.WaitN(ctx, n); err != nil {
+			return fmt.Errorf("read %s: %w", key, err)
+		}
+		left -= n
+	}
+	return nil
+}
+
+// openRegular opens key for reading, refusing anything but a regular file.
+func (d *Dir) openRegular(key string) (*os.File, int64, error) {
+	// O_NONBLOCK: opening a FIFO (or a device) put where a file was must
+	// not block; it is refused below. The root keeps the open inside the
+	// dataset, symlinks included.
+	f, err := d.root.OpenFile(filepath.FromSlash(key), os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, 0, fmt.Errorf("read %s: %w", key, err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, 0, fmt.Errorf("read %s: %w", key, err)
+	}
+	if !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, 0, fmt.Errorf("read %s: %w: no longer a regular file (%v)", key, ErrChanged, fi.Mode().Type())
+	}
+	return f, fi.Size(), nil
+}
+
+// readAt reads len(buf) bytes at off of a shard file, which must still be
+// the size it was indexed at (a rewritten shard moves its members).
+func (d *Dir) readAt(ctx context.Context, shard Entry, off int64, buf []byte) error {
+	if err := d.throttle(ctx, shard.Key, int64(len(buf))); err != nil {
+		return err
+	}
+	f, size, err := d.openRegular(shard.Key)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if size != shard.Size {
+		return fmt.Errorf("read %s: %w (%d bytes, indexed at %d)", shard.Key, ErrChanged, size, shard.Size)
+	}
+	if _, err := f.ReadAt(buf, off); err != nil {
+		return fmt.Errorf("read %s at %d: %w", shard.Key, off, err)
+	}
+	return nil
+}
+
+// open opens a shard file for indexing: seekable, so headers are read and
+// member data is skipped.
+func (d *Dir) open(_ context.Context, shard Entry) (io.ReadCloser, error) {
+	f, _, err := d.openRegular(shard.Key)
+	return f, err
 }

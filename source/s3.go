@@ -102,7 +102,10 @@ func etagTag(etag string) uint64 {
 // List lists the prefix. A flat listing of millions of keys is one request
 // per 1000 keys in a row; the first level of "directories" under the prefix
 // is listed first and each is then listed on its own, several at once.
-func (s *S3) List(ctx context.Context) ([]Entry, error) {
+func (s *S3) List(ctx context.Context) ([]Entry, error) { return s.list(ctx, MaxItemSize) }
+
+// list lists objects of at most maxSize bytes (larger ones are left out).
+func (s *S3) list(ctx context.Context, maxSize int64) ([]Entry, error) {
 	var out []Entry
 	var subs []string
 	for o := range s.core.ListObjectsIter(ctx, s.bucket, minio.ListObjectsOptions{Prefix: s.prefix}) {
@@ -113,7 +116,7 @@ func (s *S3) List(ctx context.Context) ([]Entry, error) {
 			subs = append(subs, o.Key)
 			continue
 		}
-		if e, ok := s.entry(o); ok {
+		if e, ok := s.entry(o, maxSize); ok {
 			out = append(out, e)
 		}
 	}
@@ -131,7 +134,7 @@ func (s *S3) List(ctx context.Context) ([]Entry, error) {
 				if o.Err != nil {
 					return s.storageErr("list", p, o.Err)
 				}
-				if e, ok := s.entry(o); ok {
+				if e, ok := s.entry(o, maxSize); ok {
 					part = append(part, e)
 				}
 			}
@@ -150,9 +153,9 @@ func (s *S3) List(ctx context.Context) ([]Entry, error) {
 
 // entry turns a listed object into a manifest line, leaving out what cannot
 // be a key (directory markers, "a//b", ".." segments, control characters).
-func (s *S3) entry(o minio.ObjectInfo) (Entry, bool) {
+func (s *S3) entry(o minio.ObjectInfo, maxSize int64) (Entry, bool) {
 	key := strings.TrimPrefix(o.Key, s.prefix)
-	if ValidKey(key) != nil || o.Size < 0 || o.Size > MaxItemSize {
+	if ValidKey(key) != nil || o.Size < 0 || o.Size > maxSize {
 		return Entry{}, false
 	}
 	return Entry{Key: key, Size: o.Size, Tag: etagTag(o.ETag)}, true
@@ -182,6 +185,43 @@ func (s *S3) Read(ctx context.Context, e Entry, buf []byte) ([]byte, error) {
 		return nil, s.storageErr("read", s.prefix+e.Key, err)
 	}
 	return buf, nil
+}
+
+// readAt is a ranged GET of len(buf) bytes at off of a shard, which must
+// still be the version indexed.
+func (s *S3) readAt(ctx context.Context, shard Entry, off int64, buf []byte) error {
+	if len(buf) == 0 {
+		return nil
+	}
+	var opts minio.GetObjectOptions
+	if err := opts.SetRange(off, off+int64(len(buf))-1); err != nil {
+		return fmt.Errorf("read %s: %w", shard.Key, err)
+	}
+	body, info, _, err := s.core.GetObject(ctx, s.bucket, s.prefix+shard.Key, opts)
+	if err != nil {
+		return s.storageErr("read", s.prefix+shard.Key, err)
+	}
+	defer body.Close()
+	if shard.Tag != 0 && etagTag(info.ETag) != shard.Tag {
+		return fmt.Errorf("read %s: %w (a new ETag)", shard.Key, ErrChanged)
+	}
+	if _, err := io.ReadFull(body, buf); err != nil {
+		return s.storageErr("read", s.prefix+shard.Key, err)
+	}
+	return nil
+}
+
+// open streams a whole shard (one GET) for indexing.
+func (s *S3) open(ctx context.Context, shard Entry) (io.ReadCloser, error) {
+	body, info, _, err := s.core.GetObject(ctx, s.bucket, s.prefix+shard.Key, minio.GetObjectOptions{})
+	if err != nil {
+		return nil, s.storageErr("read", s.prefix+shard.Key, err)
+	}
+	if shard.Tag != 0 && etagTag(info.ETag) != shard.Tag {
+		body.Close()
+		return nil, fmt.Errorf("read %s: %w (a new ETag)", shard.Key, ErrChanged)
+	}
+	return body, nil
 }
 
 // storageErr sorts an S3 failure into the kinds the API answers for.

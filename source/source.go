@@ -26,6 +26,8 @@ var (
 	ErrNotFound = errors.New("no such bucket")
 	// ErrUnavailable means storage failed after retries (5xx, connection).
 	ErrUnavailable = errors.New("storage unavailable")
+	// ErrCorrupt means a shard is not a readable tar archive.
+	ErrCorrupt = errors.New("corrupt shard")
 )
 
 // Entry is one manifest line.
@@ -36,6 +38,12 @@ type Entry struct {
 	// hash of an S3 ETag), 0 where it has none (directories: size only).
 	// A read whose object no longer carries it fails with ErrChanged.
 	Tag uint64
+	// Shard, ShardSize and Offset place a member of a tar shard: its bytes
+	// are Size bytes at Offset in the shard object Shard of ShardSize bytes
+	// (Tag is then the shard's). Empty Shard: the entry is a whole object.
+	Shard     string
+	ShardSize int64
+	Offset    int64
 }
 
 // Source is backing storage. Implementations are safe for concurrent use.
@@ -60,10 +68,21 @@ type Options struct {
 
 // Normalize turns a user's source spec into the canonical form stored in the
 // catalog: "dir:///abs/path" (a plain path is taken as a directory) or
-// "s3://BUCKET" / "s3://BUCKET/PREFIX" (no trailing "/").
+// "s3://BUCKET" / "s3://BUCKET/PREFIX" (no trailing "/"), either of them
+// behind "tar+" for a dataset of tar shards.
 func Normalize(spec string) (string, error) {
 	if strings.ContainsRune(spec, 0) || !utf8.ValidString(spec) {
 		return "", fmt.Errorf("source %q: invalid characters", spec)
+	}
+	if rest, ok := strings.CutPrefix(spec, tarScheme); ok {
+		if !strings.HasPrefix(rest, "dir://") && !strings.HasPrefix(rest, "s3://") {
+			return "", fmt.Errorf("source %q: want tar+dir:///abs/path or tar+s3://BUCKET[/PREFIX]", spec)
+		}
+		norm, err := Normalize(rest)
+		if err != nil {
+			return "", err
+		}
+		return tarScheme + norm, nil
 	}
 	if rest, ok := strings.CutPrefix(spec, "s3://"); ok {
 		return normalizeS3(spec, rest)
@@ -75,7 +94,7 @@ func Normalize(spec string) (string, error) {
 			return "", fmt.Errorf("source %q: dir:// needs an absolute path (dir:///abs/path)", spec)
 		}
 	} else if strings.Contains(spec, "://") {
-		return "", fmt.Errorf("source %q: unsupported scheme (want dir://, s3:// or a path)", spec)
+		return "", fmt.Errorf("source %q: unsupported scheme (want dir://, s3://, tar+dir://, tar+s3:// or a path)", spec)
 	}
 	if path == "" {
 		return "", fmt.Errorf("source: empty path")
@@ -105,14 +124,16 @@ func normalizeS3(spec, rest string) (string, error) {
 	return "s3://" + bucket + "/" + prefix, nil
 }
 
-// Resolve is a normalized spec with every symlink in its path followed: what
-// an allow-list must be checked against, since the source is opened through
-// them. The path must exist. An S3 spec is its normalized self.
+// Resolve is the storage a spec reads, normalized, with every symlink in its
+// path followed: what an allow-list must be checked against, since the source
+// is opened through them. The path must exist. An S3 spec is its normalized
+// self; a tar spec resolves to the storage holding its shards.
 func Resolve(spec string) (string, error) {
 	norm, err := Normalize(spec)
 	if err != nil {
 		return "", err
 	}
+	norm = strings.TrimPrefix(norm, tarScheme)
 	if strings.HasPrefix(norm, "s3://") {
 		return norm, nil
 	}
@@ -133,6 +154,13 @@ func Open(spec string, opt Options) (Source, error) {
 	norm, err := Normalize(spec)
 	if err != nil {
 		return nil, err
+	}
+	if rest, ok := strings.CutPrefix(norm, tarScheme); ok {
+		st, err := openShards(rest, opt)
+		if err != nil {
+			return nil, err
+		}
+		return &Tar{shards: st, spec: norm}, nil
 	}
 	if strings.HasPrefix(norm, "s3://") {
 		return openS3(norm, opt.S3)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"flag"
@@ -23,7 +24,9 @@ func (a *app) gendata(args []string) error {
 	size := fs.String("size", "110KiB", "mean file size")
 	classes := fs.Int("classes", 10, "number of class folders")
 	seed := fs.Uint64("seed", 1, "random seed")
-	pos, err := parseCommand(fs, args, 1, "gendata DIR [--items N --size 110KiB --classes C]")
+	format := fs.String("format", "files", "files (one file per item) or tar (WebDataset shards of .jpg/.cls/.json samples)")
+	perShard := fs.Int("shard-samples", 100, "samples per tar shard (--format tar)")
+	pos, err := parseCommand(fs, args, 1, "gendata DIR [--items N --size 110KiB --classes C --format files|tar --shard-samples N]")
 	if err != nil {
 		return err
 	}
@@ -32,13 +35,11 @@ func (a *app) gendata(args []string) error {
 	if err != nil {
 		return fmt.Errorf("--size: %w", err)
 	}
+	if *items < 0 || *perShard < 1 {
+		return fmt.Errorf("--items and --shard-samples: want --items >= 0 and --shard-samples >= 1")
+	}
 	r := rand.New(rand.NewPCG(*seed, 42))
-	var total uint64
-	for i := range *items {
-		dir := filepath.Join(dirName, fmt.Sprintf("class%03d", i%max(*classes, 1)))
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return err
-		}
+	payload := func() []byte {
 		n := int(float64(mean) * (0.5 + r.Float64())) // uniform in [0.5, 1.5) x mean
 		b := make([]byte, n)
 		for j := 0; j < n; j += 8 {
@@ -47,13 +48,80 @@ func (a *app) gendata(args []string) error {
 				b[j+k] = byte(v >> (8 * k))
 			}
 		}
-		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("img_%07d.bin", i)), b, 0o644); err != nil {
+		return b
+	}
+	var total uint64
+	switch *format {
+	case "files":
+		for i := range *items {
+			dir := filepath.Join(dirName, fmt.Sprintf("class%03d", i%max(*classes, 1)))
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				return err
+			}
+			b := payload()
+			if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("img_%07d.bin", i)), b, 0o644); err != nil {
+				return err
+			}
+			total += uint64(len(b))
+		}
+	case "tar":
+		if total, err = writeShards(dirName, *items, *perShard, max(*classes, 1), payload); err != nil {
 			return err
 		}
-		total += uint64(n)
+		fmt.Fprintf(a.out, "wrote %d samples in %d shards (%s) to %s\n", *items, (*items+*perShard-1) / *perShard, humanize.IBytes(total), dirName)
+		return nil
+	default:
+		return fmt.Errorf("--format %q: want files or tar", *format)
 	}
 	fmt.Fprintf(a.out, "wrote %d items (%s) to %s\n", *items, humanize.IBytes(total), dirName)
 	return nil
+}
+
+// writeShards writes WebDataset shards train-NNNNNN.tar of perShard samples,
+// each sample a .jpg (payload bytes), a .cls (its class) and a .json.
+func writeShards(dir string, samples, perShard, classes int, payload func() []byte) (uint64, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return 0, err
+	}
+	var total uint64
+	for first := 0; first < samples; first += perShard {
+		f, err := os.Create(filepath.Join(dir, fmt.Sprintf("train-%06d.tar", first/perShard)))
+		if err != nil {
+			return 0, err
+		}
+		tw := tar.NewWriter(f)
+		for i := first; i < min(first+perShard, samples); i++ {
+			key := fmt.Sprintf("s%07d", i)
+			members := []struct {
+				ext  string
+				data []byte
+			}{
+				{"jpg", payload()},
+				{"cls", fmt.Appendf(nil, "%d", i%classes)},
+				{"json", fmt.Appendf(nil, `{"class":%d,"index":%d}`, i%classes, i)},
+			}
+			for _, m := range members {
+				hdr := &tar.Header{Name: key + "." + m.ext, Mode: 0o644, Size: int64(len(m.data)), Typeflag: tar.TypeReg}
+				if err := tw.WriteHeader(hdr); err != nil {
+					f.Close()
+					return 0, err
+				}
+				if _, err := tw.Write(m.data); err != nil {
+					f.Close()
+					return 0, err
+				}
+				total += uint64(len(m.data))
+			}
+		}
+		if err := tw.Close(); err != nil {
+			f.Close()
+			return 0, err
+		}
+		if err := f.Close(); err != nil {
+			return 0, err
+		}
+	}
+	return total, nil
 }
 
 // epoch reads a whole dataset in a fresh random order with several workers,

@@ -38,8 +38,9 @@ commands:
                                simulate the job's loaders: throughput, hit mix, remote fraction, stall per epoch
   analyze DATASET [--gpu-rate ITEMS/S]
                                DS-Analyzer: ingestion rates (memory, cluster, cold), fetch stall, what-if by cache size
-  gendata DIR [--items N --size 110KiB]
-                               write a synthetic dataset (for demos and benchmarks)
+  gendata DIR [--items N --size 110KiB --format files|tar --shard-samples N]
+                               write a synthetic dataset (for demos and benchmarks);
+                               tar: WebDataset shards of .jpg/.cls/.json samples
 `
 
 type app struct {

@@ -1,0 +1,206 @@
+package source
+
+import (
+	"archive/tar"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync/atomic"
+
+	"golang.org/x/sync/errgroup"
+)
+
+const tarScheme = "tar+"
+
+// MaxShardSize bounds one tar shard (members are read by range, so a shard
+// is never held whole).
+const MaxShardSize = 1 << 40
+
+// shardIndexers is how many shards are indexed at once.
+const shardIndexers = 8
+
+// shardStore is storage holding tar shards: the directory and S3 sources,
+// read by range and, for indexing, as a stream.
+type shardStore interface {
+	list(ctx context.Context, maxSize int64) ([]Entry, error)
+	readAt(ctx context.Context, shard Entry, off int64, buf []byte) error
+	open(ctx context.Context, shard Entry) (io.ReadCloser, error)
+	Close() error
+}
+
+func openShards(norm string, opt Options) (shardStore, error) {
+	if strings.HasPrefix(norm, "s3://") {
+		return openS3(norm, opt.S3)
+	}
+	return OpenDir(strings.TrimPrefix(norm, "dir://"), opt)
+}
+
+// Tar serves the members of the tar shards (every *.tar object) below a
+// directory or an S3 prefix: WebDataset's layout. Items are regular-file
+// members, keyed SHARD/MEMBER, in shard order and then archive order.
+type Tar struct {
+	shards  shardStore
+	spec    string
+	leftOut atomic.Int64
+}
+
+// Close releases the storage.
+func (t *Tar) Close() error { return t.shards.Close() }
+
+// LeftOut is how many members the last List left out: not regular files,
+// absolute names, ".." segments, names that cannot be keys, repeated names,
+// members over MaxItemSize.
+func (t *Tar) LeftOut() int { return int(t.leftOut.Load()) }
+
+// List indexes every shard, several at once: headers only, skipping member
+// data by seeking where storage can (files), one streaming read per shard
+// where it cannot (S3). Its order is not bytewise by key: shards in order,
+// then each shard's members as archived.
+func (t *Tar) List(ctx context.Context) ([]Entry, error) {
+	all, err := t.shards.list(ctx, MaxShardSize)
+	if err != nil {
+		return nil, err
+	}
+	var shards []Entry
+	for _, e := range all {
+		if strings.HasSuffix(e.Key, ".tar") {
+			shards = append(shards, e)
+		}
+	}
+	members := make([][]Entry, len(shards))
+	left := make([]int, len(shards))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(shardIndexers)
+	for s, shard := range shards {
+		g.Go(func() error {
+			var err error
+			members[s], left[s], err = t.index(gctx, shard)
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	var out []Entry
+	total := 0
+	for s := range shards {
+		out = append(out, members[s]...)
+		total += left[s]
+	}
+	t.leftOut.Store(int64(total))
+	return out, nil
+}
+
+// index reads one shard's headers.
+func (t *Tar) index(ctx context.Context, shard Entry) ([]Entry, int, error) {
+	rc, err := t.shards.open(ctx, shard)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer rc.Close()
+	cr := &countingReader{r: rc}
+	if s, ok := rc.(io.Seeker); ok {
+		cr.s = s
+	}
+	tr := tar.NewReader(cr)
+	var out []Entry
+	seen := map[string]bool{}
+	left := 0
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return out, left, nil
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, 0, ctx.Err()
+			}
+			return nil, 0, fmt.Errorf("%w: %s at byte %d: %w", ErrCorrupt, shard.Key, cr.pos, err)
+		}
+		name := memberName(hdr.Name)
+		key := shard.Key + "/" + name
+		if !regular(hdr) || ValidKey(name) != nil || ValidKey(key) != nil || seen[name] || hdr.Size > MaxItemSize {
+			left++
+			continue
+		}
+		if cr.pos+hdr.Size > shard.Size {
+			return nil, 0, fmt.Errorf("%w: %s at byte %d: member %q of %d bytes runs past the shard's end (%d bytes)",
+				ErrCorrupt, shard.Key, cr.pos, name, hdr.Size, shard.Size)
+		}
+		seen[name] = true
+		out = append(out, Entry{Key: key, Size: hdr.Size, Tag: shard.Tag, Shard: shard.Key, ShardSize: shard.Size, Offset: cr.pos})
+	}
+}
+
+// memberName drops the "./" that `tar -C dir .` puts before every name.
+func memberName(name string) string {
+	for strings.HasPrefix(name, "./") {
+		name = name[2:]
+	}
+	return name
+}
+
+// regular reports whether a member's data is its bytes as stored: a regular
+// file, not stored sparse (GNU sparse members in PAX records say so).
+func regular(hdr *tar.Header) bool {
+	if hdr.Typeflag != tar.TypeReg && hdr.Typeflag != tar.TypeRegA { //nolint:staticcheck // old archives use TypeRegA
+		return false
+	}
+	for k := range hdr.PAXRecords {
+		if strings.HasPrefix(k, "GNU.sparse.") {
+			return false
+		}
+	}
+	return true
+}
+
+// Read reads one member by range.
+func (t *Tar) Read(ctx context.Context, e Entry, buf []byte) ([]byte, error) {
+	if err := ValidKey(e.Key); err != nil {
+		return nil, err
+	}
+	if e.Shard == "" || !strings.HasPrefix(e.Key, e.Shard+"/") || ValidKey(e.Shard) != nil {
+		return nil, fmt.Errorf("read %s: %w: not a member of a shard", e.Key, ErrBadKey)
+	}
+	if e.Size < 0 || e.Size > MaxItemSize || e.Offset < 0 || e.Offset+e.Size > e.ShardSize {
+		return nil, fmt.Errorf("read %s: size %d at %d out of range", e.Key, e.Size, e.Offset)
+	}
+	if int64(cap(buf)) < e.Size {
+		buf = make([]byte, e.Size)
+	}
+	buf = buf[:e.Size]
+	if err := t.shards.readAt(ctx, Entry{Key: e.Shard, Size: e.ShardSize, Tag: e.Tag}, e.Offset, buf); err != nil {
+		return nil, err
+	}
+	return buf, nil
+}
+
+// countingReader knows the offset it has reached, which after tar's Next is
+// where the member's data starts (archive/tar reads whole blocks, no more).
+// It seeks only when the reader below can.
+type countingReader struct {
+	r   io.Reader
+	s   io.Seeker
+	pos int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.pos += int64(n)
+	return n, err
+}
+
+var errNoSeek = errors.New("not seekable")
+
+func (c *countingReader) Seek(off int64, whence int) (int64, error) {
+	if c.s == nil {
+		return 0, errNoSeek
+	}
+	p, err := c.s.Seek(off, whence)
+	if err == nil {
+		c.pos = p
+	}
+	return p, err
+}
