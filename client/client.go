@@ -182,14 +182,64 @@ func (c *Client) ItemByIndexUncached(ctx context.Context, dataset string, i int)
 
 // Batch fetches several items in one request, in order.
 func (c *Client) Batch(ctx context.Context, dataset string, indices []int) ([]Item, error) {
-	resp, err := c.Do(ctx, http.MethodPost, "/v1/datasets/"+url.PathEscape(dataset)+"/batch", api.BatchRequest{Indices: indices})
+	var items []Item
+	err := c.msgpack(ctx, http.MethodPost, "/v1/datasets/"+url.PathEscape(dataset)+"/batch", api.BatchRequest{Indices: indices}, &items)
+	return items, err
+}
+
+// Sample is one WebDataset sample of a tar dataset: its key (SHARD/SAMPLE)
+// and its members' bytes by extension ("jpg", "cls", "seg.png").
+type Sample struct {
+	Key   string
+	Parts map[string][]byte
+}
+
+// DecodeMsgpack reads a sample map {"__key__": str, EXT: bin, ...}.
+func (s *Sample) DecodeMsgpack(dec *msgpack.Decoder) error {
+	n, err := dec.DecodeMapLen()
 	if err != nil {
-		return nil, err
+		return err
+	}
+	s.Parts = make(map[string][]byte, max(n-1, 0))
+	for range n {
+		k, err := dec.DecodeString()
+		if err != nil {
+			return err
+		}
+		if k == "__key__" {
+			if s.Key, err = dec.DecodeString(); err != nil {
+				return err
+			}
+			continue
+		}
+		if s.Parts[k], err = dec.DecodeBytes(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Sample fetches sample i of a tar dataset.
+func (c *Client) Sample(ctx context.Context, dataset string, i int) (Sample, error) {
+	var s Sample
+	err := c.msgpack(ctx, http.MethodGet, fmt.Sprintf("/v1/datasets/%s/samples/%d", url.PathEscape(dataset), i), nil, &s)
+	return s, err
+}
+
+// Samples fetches several samples of a tar dataset in one request, in order.
+func (c *Client) Samples(ctx context.Context, dataset string, indices []int) ([]Sample, error) {
+	var out []Sample
+	err := c.msgpack(ctx, http.MethodPost, "/v1/datasets/"+url.PathEscape(dataset)+"/samples/batch", api.BatchRequest{Indices: indices}, &out)
+	return out, err
+}
+
+func (c *Client) msgpack(ctx context.Context, method, path string, body, out any) error {
+	resp, err := c.Do(ctx, method, path, body)
+	if err != nil {
+		return err
 	}
 	defer resp.Body.Close()
-	var items []Item
-	err = msgpack.NewDecoder(resp.Body).Decode(&items)
-	return items, err
+	return msgpack.NewDecoder(resp.Body).Decode(out)
 }
 
 // PutDataset registers a dataset (idempotent).

@@ -1,0 +1,262 @@
+package source
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"stallfree/miniotest"
+)
+
+type member struct {
+	name string
+	data []byte
+	typ  byte
+}
+
+// writeTar writes members with Go's archive/tar.
+func writeTar(t *testing.T, path string, members []member) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, m := range members {
+		hdr := &tar.Header{Name: m.name, Mode: 0o644, Size: int64(len(m.data)), Typeflag: m.typ}
+		switch m.typ {
+		case tar.TypeSymlink:
+			hdr.Linkname, hdr.Size = "target", 0
+		case tar.TypeDir:
+			hdr.Size = 0
+		}
+		if err := tw.WriteHeader(hdr); err != nil {
+			t.Fatal(err)
+		}
+		if hdr.Size > 0 {
+			if _, err := tw.Write(m.data); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+// shardsDir holds a shard written by Go (with members that must be left out)
+// and one written by GNU tar from a directory ("./" names, a subdirectory).
+// It returns the root and the members every listing must give, in order.
+func shardsDir(t *testing.T) (string, []member) {
+	t.Helper()
+	root := t.TempDir()
+	long := strings.Repeat("l", 120) + ".txt" // needs a PAX or GNU long name
+	writeTar(t, filepath.Join(root, "a", "train-0.tar"), []member{
+		{name: "s1.jpg", data: []byte("jpeg one"), typ: tar.TypeReg},
+		{name: "s1.cls", data: []byte("3"), typ: tar.TypeReg},
+		{name: "dir/", typ: tar.TypeDir},
+		{name: "link.jpg", typ: tar.TypeSymlink},
+		{name: "../evil.jpg", data: []byte("escape"), typ: tar.TypeReg},
+		{name: "/abs.jpg", data: []byte("absolute"), typ: tar.TypeReg},
+		{name: "x/../y.jpg", data: []byte("dotdot"), typ: tar.TypeReg},
+		{name: "s1.jpg", data: []byte("a second s1.jpg"), typ: tar.TypeReg},
+		{name: long, data: []byte("long name"), typ: tar.TypeReg},
+		{name: "s2.seg.png", data: bytes.Repeat([]byte{7}, 1500), typ: tar.TypeReg},
+	})
+	src := t.TempDir()
+	files := map[string][]byte{"s3.jpg": bytes.Repeat([]byte("g"), 700), "s3.json": []byte(`{"a":1}`), "sub/s4.txt": []byte("four")}
+	for name, b := range files {
+		p := filepath.Join(src, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Sorted names keep GNU tar's member order known.
+	cmd := exec.Command("tar", "--sort=name", "-cf", filepath.Join(root, "b.tar"), "-C", src, ".")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("GNU tar: %v: %s", err, out)
+	}
+	if err := os.WriteFile(filepath.Join(root, "notes.txt"), []byte("not a shard"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	want := []member{
+		{name: "a/train-0.tar/s1.jpg", data: []byte("jpeg one")},
+		{name: "a/train-0.tar/s1.cls", data: []byte("3")},
+		{name: "a/train-0.tar/" + long, data: []byte("long name")},
+		{name: "a/train-0.tar/s2.seg.png", data: bytes.Repeat([]byte{7}, 1500)},
+		{name: "b.tar/s3.jpg", data: files["s3.jpg"]},
+		{name: "b.tar/s3.json", data: files["s3.json"]},
+		{name: "b.tar/sub/s4.txt", data: files["sub/s4.txt"]},
+	}
+	return root, want
+}
+
+// listed asserts a tar source's listing and the bytes of every member.
+func listed(t *testing.T, src Source, want []member, leftOut int) []Entry {
+	t.Helper()
+	ctx := context.Background()
+	entries, err := src.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range entries {
+		got = append(got, e.Key)
+	}
+	var names []string
+	for _, m := range want {
+		names = append(names, m.name)
+	}
+	if strings.Join(got, "\n") != strings.Join(names, "\n") {
+		t.Fatalf("members:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(names, "\n"))
+	}
+	for i, e := range entries {
+		b, err := src.Read(ctx, e, nil)
+		if err != nil {
+			t.Fatalf("read %s: %v", e.Key, err)
+		}
+		if !bytes.Equal(b, want[i].data) {
+			t.Fatalf("%s: %q, want %q", e.Key, b, want[i].data)
+		}
+	}
+	if got := src.(*Tar).LeftOut(); got != leftOut {
+		t.Fatalf("left out %d members, want %d", got, leftOut)
+	}
+	return entries
+}
+
+// Shards written by Go and by GNU tar: regular members listed in shard and
+// archive order and read back byte for byte by range; directories, links,
+// "..", absolute and repeated names left out and counted.
+func TestTarDirListsAndReadsMembers(t *testing.T) {
+	root, want := shardsDir(t)
+	src, err := Open("tar+dir://"+root, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	// Go shard: dir, symlink, ../evil, /abs, x/../y, the repeated s1.jpg.
+	// GNU shard: the "./" and "./sub/" directory entries.
+	listed(t, src, want, 6+2)
+}
+
+func TestTarRefusesTruncatedAndCorruptShards(t *testing.T) {
+	root := t.TempDir()
+	full := writeTar(t, filepath.Join(root, "x.tar"), []member{
+		{name: "a.jpg", data: bytes.Repeat([]byte("a"), 3000), typ: tar.TypeReg},
+		{name: "b.jpg", data: bytes.Repeat([]byte("b"), 3000), typ: tar.TypeReg},
+	})
+	for _, c := range []struct {
+		name  string
+		shard []byte
+	}{
+		{"cut in a member's data", full[:512+1024]},
+		{"cut in the second header", full[:512+3072+100]},
+		{"a garbled header", append(append([]byte{}, full[:512+3072]...), bytes.Repeat([]byte{0xff}, 512)...)},
+	} {
+		name, shard := c.name, c.shard
+		t.Run(name, func(t *testing.T) {
+			if err := os.WriteFile(filepath.Join(root, "x.tar"), shard, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			src, err := Open("tar+dir://"+root, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer src.Close()
+			_, err = src.List(context.Background())
+			if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "x.tar at byte") {
+				t.Fatalf("err %v, want ErrCorrupt naming x.tar and an offset", err)
+			}
+		})
+	}
+}
+
+// A shard rewritten after indexing moves its members: reads fail rather
+// than return other bytes.
+func TestTarReadOfARewrittenShardFails(t *testing.T) {
+	root := t.TempDir()
+	path := filepath.Join(root, "x.tar")
+	writeTar(t, path, []member{{name: "a.jpg", data: []byte("first"), typ: tar.TypeReg}})
+	src, err := Open("tar+dir://"+root, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	entries, err := src.List(context.Background())
+	if err != nil || len(entries) != 1 {
+		t.Fatalf("%v %v", entries, err)
+	}
+	writeTar(t, path, []member{{name: "z.jpg", data: bytes.Repeat([]byte("z"), 4000), typ: tar.TypeReg},
+		{name: "a.jpg", data: []byte("other"), typ: tar.TypeReg}})
+	if b, err := src.Read(context.Background(), entries[0], nil); !errors.Is(err, ErrChanged) {
+		t.Fatalf("read %q, err %v: want ErrChanged", b, err)
+	}
+	// An entry that does not name its shard is refused, not read.
+	bad := entries[0]
+	bad.Shard = "other.tar"
+	if _, err := src.Read(context.Background(), bad, nil); !errors.Is(err, ErrBadKey) {
+		t.Fatalf("a member outside its shard: err %v, want ErrBadKey", err)
+	}
+}
+
+func TestTarSpecs(t *testing.T) {
+	for spec, want := range map[string]string{
+		"tar+dir:///data/wds/":      "tar+dir:///data/wds",
+		"tar+s3://bucket/shards/":   "tar+s3://bucket/shards",
+		"tar+s3://bucket":           "tar+s3://bucket",
+		"tar+/data":                 "",
+		"tar+gs://bucket":           "",
+		"tar+dir://relative":        "",
+		"tar+tar+dir:///data":       "",
+		"tar+s3://bucket/../escape": "",
+	} {
+		got, err := Normalize(spec)
+		if (err != nil) != (want == "") || got != want {
+			t.Errorf("Normalize(%q) = %q, %v; want %q", spec, got, err, want)
+		}
+	}
+}
+
+// The same shards in a real S3 server: indexed with one streaming GET per
+// shard, members read by ranged GETs.
+func TestTarS3ListsAndReadsMembers(t *testing.T) {
+	root, want := shardsDir(t)
+	srv := miniotest.Start(t)
+	srv.Bucket("wds")
+	objs := map[string][]byte{}
+	for _, name := range []string{"a/train-0.tar", "b.tar", "notes.txt"} {
+		b, err := os.ReadFile(filepath.Join(root, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		objs["shards/"+name] = b
+	}
+	srv.Put("wds", objs)
+	src, err := Open("tar+s3://wds/shards", Options{S3: s3Config(srv, miniotest.User, miniotest.Password)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	entries := listed(t, src, want, 8)
+	// Overwriting a shard gives it a new ETag: its members' reads fail.
+	objs["shards/b.tar"] = append(objs["shards/b.tar"], make([]byte, 512)...)
+	srv.Put("wds", map[string][]byte{"shards/b.tar": objs["shards/b.tar"]})
+	last := entries[len(entries)-1]
+	if _, err := src.Read(context.Background(), last, nil); !errors.Is(err, ErrChanged) {
+		t.Fatalf("read %s of a rewritten shard: %v, want ErrChanged", last.Key, err)
+	}
+}
