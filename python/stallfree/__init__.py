@@ -5,6 +5,7 @@ PyTorch dataset, sampler and stall meter.
 """
 
 from .client import Client, StallfreeError
+from .decode import decode
 
-__all__ = ["Client", "StallfreeError"]
+__all__ = ["Client", "StallfreeError", "decode"]
 __version__ = "0.1.0"

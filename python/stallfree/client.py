@@ -165,9 +165,21 @@ class Client:
         return [(d["key"], d["data"]) for d in msgpack.unpackb(data, raw=False)]
 
     def job_batch(self, job, epoch, rank, b):
-        """[(key, bytes)] of minibatch b of a job's rank."""
+        """[(key, bytes)] of minibatch b of a job's rank; on a tar dataset,
+        its samples as dicts (see ``sample``)."""
         _, data = self.request("GET", f"/v1/jobs/{self._q(job)}/epochs/{int(epoch)}/ranks/{int(rank)}/batches/{int(b)}")
-        return [(d["key"], d["data"]) for d in msgpack.unpackb(data, raw=False)]
+        return [d if "__key__" in d else (d["key"], d["data"]) for d in msgpack.unpackb(data, raw=False)]
+
+    def sample(self, dataset, i):
+        """Sample i of a tar dataset as WebDataset gives it:
+        ``{"__key__": "SHARD/KEY", "jpg": bytes, "cls": bytes, ...}``."""
+        return msgpack.unpackb(self.request("GET", f"/v1/datasets/{self._q(dataset)}/samples/{int(i)}")[1], raw=False)
+
+    def samples(self, dataset, indices):
+        """Several samples of a tar dataset, in order, in one request."""
+        _, data = self.request("POST", f"/v1/datasets/{self._q(dataset)}/samples/batch",
+                               {"indices": [int(i) for i in indices]})
+        return msgpack.unpackb(data, raw=False)
 
     # -- catalog ---------------------------------------------------------------
 

@@ -9,17 +9,22 @@ from .client import Client
 
 
 class CachedDataset(torch.utils.data.Dataset):
-    """Items of a Stallfree dataset by manifest index.
+    """Items of a Stallfree dataset by manifest index; on a tar dataset,
+    WebDataset samples by sample index, as dicts
+    ``{"__key__": str, "jpg": bytes, ...}`` (``stallfree.decode`` decodes them).
 
     Safe in DataLoader worker processes: each process opens its own
-    connections on first use. ``transform`` turns the item's bytes into a
-    sample (decode, augment); by default the bytes are returned.
+    connections on first use. ``transform`` turns the item's bytes (or the
+    sample dict) into a training sample (decode, augment); by default they
+    are returned as they are.
     """
 
     def __init__(self, url, dataset, transform=None, token=None):
         self.url, self.name, self.transform, self.token = url, dataset, transform, token
         self._client = None
-        self._len = int(self.client.dataset(dataset)["items"])
+        info = self.client.dataset(dataset)
+        self.tar = bool(info.get("samples"))
+        self._len = int(info["samples"] if self.tar else info["items"])
 
     @property
     def client(self):
@@ -41,7 +46,10 @@ class CachedDataset(torch.utils.data.Dataset):
     def __getitem__(self, i):
         if isinstance(i, (list, tuple)):
             return self.__getitems__(i)
-        data = self.client.index(self.name, int(i))
+        if self.tar:
+            data = self.client.sample(self.name, int(i))
+        else:
+            data = self.client.index(self.name, int(i))
         return self.transform(data) if self.transform else data
 
     def __getitems__(self, indices):
@@ -53,7 +61,10 @@ class CachedDataset(torch.utils.data.Dataset):
         out = []
         for start in range(0, len(indices), self.max_batch):
             chunk = [int(i) for i in indices[start:start + self.max_batch]]
-            out.extend(data for _, data in self.client.batch(self.name, chunk))
+            if self.tar:
+                out.extend(self.client.samples(self.name, chunk))
+            else:
+                out.extend(data for _, data in self.client.batch(self.name, chunk))
         return [self.transform(d) for d in out] if self.transform else out
 
 
@@ -70,7 +81,8 @@ class LocalitySampler(torch.utils.data.Sampler):
         self.client = Client(url, token=token)
         self.job, self.rank, self.epoch = job, int(rank), 0
         spec = self.client.job(job)
-        n = int(self.client.dataset(spec["dataset"])["items"])
+        info = self.client.dataset(spec["dataset"])
+        n = int(info.get("samples") or info["items"])  # tar datasets are sampled by sample
         self._len = n // int(spec["world_size"])
 
     def set_epoch(self, epoch):

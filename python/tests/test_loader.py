@@ -3,9 +3,12 @@
 import os
 import random
 import shutil
+import io
+import json
 import socket
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import unittest
@@ -14,7 +17,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import torch.utils.data  # noqa: E402
 
-from stallfree import Client, StallfreeError  # noqa: E402
+from stallfree import Client, StallfreeError, decode  # noqa: E402
 from stallfree.torch import CachedDataset, LocalitySampler, StallMeter  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -161,6 +164,65 @@ class LoaderTest(unittest.TestCase):
         self.cluster.procs[1].kill()
         self.cluster.procs[1].wait()
         self.assertEqual(client.index("ds", 7), self.files[self.keys[7]])
+
+
+class TarLoaderTest(unittest.TestCase):
+    """The same loader over WebDataset shards written by Python's tarfile."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="stallfree-py-tar")
+        self.data = os.path.join(self.tmp, "shards")
+        os.makedirs(self.data)
+        rnd = random.Random(2)
+        self.samples = []  # in sample-index order: shards in order, then archive order
+        for shard in range(3):
+            name = f"train-{shard:03d}.tar"
+            with tarfile.open(os.path.join(self.data, name), "w") as tf:
+                for j in range(37):
+                    key = f"s{shard}_{j:03d}"
+                    parts = {"jpg": rnd.randbytes(200 + rnd.randrange(2000)), "cls": str(j % 5).encode(),
+                             "json": json.dumps({"j": j}).encode()}
+                    for ext, b in parts.items():
+                        info = tarfile.TarInfo(f"{key}.{ext}")
+                        info.size = len(b)
+                        tf.addfile(info, io.BytesIO(b))
+                    self.samples.append(dict(parts, __key__=f"{name}/{key}"))
+        self.cluster = Cluster(self.tmp)
+
+    def tearDown(self):
+        self.cluster.stop()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def test_two_ranks_two_workers_over_shards(self):
+        (n1, url1), (n2, url2) = self.cluster.nodes
+        c = Client(url1)
+        wait_until(lambda: c.json("PUT", "/v1/datasets/wds", {"source": "tar+dir://" + self.data}), 30, "registration")
+        info = c.dataset("wds")
+        self.assertEqual((info["samples"], info["items"], info["shards"]), (len(self.samples), 3 * len(self.samples), 3))
+        self.assertEqual(c.sample("wds", 40), self.samples[40])
+        self.assertEqual(c.samples("wds", [100, 2]), [self.samples[100], self.samples[2]])
+        d = decode(self.samples[7])
+        self.assertEqual((d["cls"], d["json"], d["__key__"]), (2, {"j": 7}, self.samples[7]["__key__"]))
+
+        c.json("PUT", "/v1/jobs/wtrain", {"dataset": "wds", "seed": 5, "world_size": 2, "batch_size": 8, "ranks": [n1, n2]})
+        orders = []
+        for rank, (_, url) in enumerate(self.cluster.nodes):
+            dataset = CachedDataset(url, "wds")
+            self.assertEqual(len(dataset), len(self.samples))
+            sampler = LocalitySampler(url, "wtrain", rank)
+            order = list(iter(sampler))
+            self.assertEqual(len(order), len(self.samples) // 2)
+            batches = torch.utils.data.BatchSampler(sampler, batch_size=8, drop_last=False)
+            loader = torch.utils.data.DataLoader(dataset, sampler=batches, batch_size=None, num_workers=2,
+                                                 collate_fn=list)
+            got = [s for batch in loader for s in batch]
+            self.assertEqual(len(got), len(order))
+            for i, s in zip(order, got):
+                self.assertEqual(s, self.samples[i], f"rank {rank} sample {i}")
+            orders.append(order)
+            # The job's own minibatch route gives the same samples.
+            self.assertEqual(Client(url).job_batch("wtrain", 0, rank, 0), [self.samples[i] for i in order[:8]])
+        self.assertFalse(set(orders[0]) & set(orders[1]), "ranks share samples")
 
 
 if __name__ == "__main__":
