@@ -112,6 +112,16 @@ func Markdown(rep *Report, out string) string {
 		w("Warm-up / GET loop: **%.2f** (goal ≥ 0.8). Registering a prefix of %d small objects (listing split over its\n", s.WarmVsLoop, s.ListObjects)
 		w("common prefixes, manifest through raft): %.1f s.\n", s.RegisterSeconds)
 	}
+	if t := rep.Tar; t != nil {
+		w("\n## WebDataset tar shards against the same members as files\n\n")
+		w("%d samples (a .jpg, a .cls, a .json; %d bytes a sample on average), %d samples a shard, 2 nodes, served from\n", t.Samples, t.SampleBytes, t.PerShard)
+		w("memory through one node with 16 connections. A files sample is a `/batch` of its 3 keys.\n\n")
+		w("| | tar shards | files | tar / files |\n|---|---:|---:|---:|\n")
+		w("| samples/s, one per request | %.0f | %.0f | %.2f |\n", t.TarSinglePerS, t.FilesSinglePerS, t.TarSinglePerS/t.FilesSinglePerS)
+		w("| samples/s, 64 per request | %.0f | %.0f | %.2f |\n", t.TarBatchPerS, t.FilesBatchPerS, t.TarBatchPerS/t.FilesBatchPerS)
+		w("| warm-up MB/s (each member once, owners read their share) | %.0f | %.0f | %.2f |\n", t.TarWarmMBPerS, t.FilesWarmMBPerS, t.TarWarmMBPerS/t.FilesWarmMBPerS)
+		w("| registration s | %.2f | %.2f | |\n", t.TarRegisterS, t.FilesRegisterS)
+	}
 	if a := rep.Analyze; a != nil {
 		w("\n## `cachectl analyze`: predicted against measured\n\n")
 		w("One node, %d items of %d KiB, storage throttled to %s/s, %d loader workers. Rates measured by `stall.Analyze` on a node\n", a.Items, a.ItemBytes>>10, a.SourceRate, a.Workers)

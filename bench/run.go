@@ -38,6 +38,8 @@ type Config struct {
 	// S3Objects and S3List size the S3 figures: objects of Size bytes read
 	// in warm-up and epochs, and small objects registered as one dataset.
 	S3Objects, S3List int
+	// TarSamples sizes the tar-shard figures (0: skipped).
+	TarSamples int
 	Log               io.Writer
 }
 
@@ -60,6 +62,7 @@ type Report struct {
 	// Analyze is cachectl analyze's prediction against a measured epoch.
 	Analyze   *AnalyzeResult `json:"analyze,omitempty"`
 	S3        *S3Result      `json:"s3,omitempty"`
+	Tar       *TarResult     `json:"tar,omitempty"`
 	Commands  []string       `json:"commands"`
 	DurationS float64        `json:"duration_s"`
 }
@@ -272,6 +275,14 @@ func Main(c Config) (*Report, error) {
 		s := rep.S3
 		c.logf("s3: GET loop %.0f items/s %.0f MB/s; warm-up %.0f items/s %.0f MB/s (%.2fx); epoch cold %.0f, warm %.0f items/s; %d objects registered in %.1fs",
 			s.LoopItemsPerSec, s.LoopMBPerSec, s.WarmItemsPerSec, s.WarmMBPerSec, s.WarmVsLoop, s.ColdEpochItemsPerSec, s.WarmEpochItemsPerSec, s.ListObjects, s.RegisterSeconds)
+	}
+	if c.TarSamples > 0 {
+		if rep.Tar, err = Tar(&c, c.TarSamples, c.Size/8, 500, c.Duration); err != nil {
+			return nil, fmt.Errorf("tar: %w", err)
+		}
+		t := rep.Tar
+		c.logf("tar: samples/s single %.0f (files %.0f), batch64 %.0f (files %.0f); warm-up %.0f MB/s (files %.0f)",
+			t.TarSinglePerS, t.FilesSinglePerS, t.TarBatchPerS, t.FilesBatchPerS, t.TarWarmMBPerS, t.FilesWarmMBPerS)
 	}
 	an := rep.Analyze
 	c.logf("analyze: half-memory epoch %.2fs measured, %.2fs predicted (%.1f%% off) at hit fraction %.2f",

@@ -35,6 +35,8 @@ func main() {
 	s3Objects := flag.Int("s3-objects", 4000, "objects of -size read from MinIO in the S3 figures")
 	s3List := flag.Int("s3-list", 100000, "small objects registered as one S3 dataset")
 	s3Only := flag.Bool("s3-only", false, "measure only the S3 figures (needs -minio) and print them as JSON; writes no report")
+	tarSamples := flag.Int("tar-samples", 6000, "WebDataset samples (.jpg of -size/8, .cls, .json) in the tar-shard figures")
+	tarOnly := flag.Bool("tar-only", false, "measure only the tar-shard figures and print them as JSON; writes no report")
 	report := flag.Bool("report", false, "measure nothing: rewrite the report and plots from OUT/results.json (after editing the notes)")
 	flag.Parse()
 	if *report {
@@ -64,12 +66,21 @@ func main() {
 	os.MkdirAll(*out, 0o755)
 	cfg := bench.Config{Items: *items, Size: int(sz), Rounds: *rounds, Duration: *dur, Conc: *conc,
 		Work: *work, Bin: bin, Self: self, Out: *out, Doc: *doc, MemGiB: *memGiB, Profile: *profile, Log: os.Stderr,
-		MinIO: *minioBin, S3Objects: *s3Objects, S3List: *s3List}
+		MinIO: *minioBin, S3Objects: *s3Objects, S3List: *s3List, TarSamples: *tarSamples}
 	if *only != "" {
 		cfg.Only = strings.Split(*only, ",")
 	}
 	if *s3Only {
 		r, err := bench.S3(&cfg, cfg.MinIO, cfg.S3Objects, cfg.Size, cfg.S3List)
+		if err != nil {
+			fail(err)
+		}
+		b, _ := json.MarshalIndent(r, "", "  ")
+		fmt.Println(string(b))
+		return
+	}
+	if *tarOnly {
+		r, err := bench.Tar(&cfg, cfg.TarSamples, cfg.Size/8, 500, cfg.Duration)
 		if err != nil {
 			fail(err)
 		}
