@@ -40,7 +40,7 @@ type Config struct {
 	S3Objects, S3List int
 	// TarSamples sizes the tar-shard figures (0: skipped).
 	TarSamples int
-	Log               io.Writer
+	Log        io.Writer
 }
 
 // Report is everything one run measured.
