@@ -175,3 +175,19 @@ type Dataset struct {
 	Shards  int `json:"shards,omitempty"`
 	LeftOut int `json:"left_out,omitempty"`
 }
+
+// Owners is GET /v1/datasets/{ds}/owners (msgpack): Owners has one byte per
+// index (two, little-endian, when there are more than 255 members), the
+// owning member's position in Members. Ring changes when membership does;
+// item responses carry it in the X-Ring header.
+type Owners struct {
+	Ring    string        `msgpack:"ring"`
+	Members []OwnerMember `msgpack:"members"`
+	Owners  []byte        `msgpack:"owners"`
+}
+
+// OwnerMember is a member as an owner table names it.
+type OwnerMember struct {
+	Name string `msgpack:"name"`
+	HTTP string `msgpack:"http"`
+}

@@ -168,6 +168,10 @@ func (c *Cluster) Stats() Stats {
 
 func (c *Cluster) ring() *partition.Ring { return c.rings.Load().cur }
 
+// Ring is the ring owners are computed on now (empty before the first
+// members are seen: this node owns everything then).
+func (c *Cluster) Ring() *partition.Ring { return c.ring() }
+
 // Owner returns the member owning item index of d and whether that is this
 // node (an empty ring makes every item this node's).
 func (c *Cluster) Owner(d *catalog.Dataset, index int) (string, bool) {

@@ -150,6 +150,7 @@ func (s *Server) writeFramed(ctx *fasthttp.RequestCtx, items []node.Item, m []by
 	if start < len(m) { // framing after the last item: all of it for an empty batch
 		bufs = append(bufs, m[start:])
 	}
+	setRing(ctx, s.node.RingVersion())
 	br := &batchReader{bufs: bufs, items: items}
 	br.conn, _ = ctx.Conn().(*gatherConn)
 	ctx.SetContentType("application/msgpack")
@@ -178,4 +179,11 @@ func (b *batchReader) Close() error {
 	}
 	b.items = nil
 	return nil
+}
+
+// setRing sets X-Ring, the ring version owner-routing clients compare with
+// their owner table's, without allocating.
+func setRing(ctx *fasthttp.RequestCtx, v uint64) {
+	var b [16]byte
+	ctx.Response.Header.SetBytesV("X-Ring", strconv.AppendUint(b[:0], v, 16))
 }

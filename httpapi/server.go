@@ -22,6 +22,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/valyala/fasthttp"
+	"github.com/vmihailenco/msgpack/v5"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
 	"stallfree/api"
@@ -342,6 +343,19 @@ func (s *Server) datasets(ctx *fasthttp.RequestCtx, method, path string, seg []s
 	case "samples":
 		s.samples(ctx, method, d, seg[2:])
 		return
+	case "owners":
+		if len(seg) != 2 || method != fasthttp.MethodGet {
+			break
+		}
+		b, err := msgpack.Marshal(s.node.Owners(d))
+		if err != nil {
+			fail(ctx, err)
+			return
+		}
+		setRing(ctx, s.node.RingVersion())
+		ctx.SetContentType("application/msgpack")
+		ctx.SetBody(b)
+		return
 	case "warmup":
 		if len(seg) != 2 {
 			break
@@ -481,6 +495,7 @@ func (s *Server) serveItem(ctx *fasthttp.RequestCtx, d *catalog.Dataset, i int) 
 		return
 	}
 	h := &ctx.Response.Header
+	setRing(ctx, s.node.RingVersion())
 	h.Set("X-Cache", string(it.Cache))
 	h.Set("X-Key", it.Key)
 	var etag [18]byte // built on the stack: a hit allocates nothing

@@ -94,6 +94,7 @@ type Node struct {
 	mu      sync.Mutex
 	sources map[uint32]*source.Bounded
 	warmups map[string]*warmup
+	owners  map[uint32]ownerMap // by dataset ID
 
 	peers    Peers
 	leader   leaderLink
@@ -162,7 +163,7 @@ func New(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	n := &Node{cfg: cfg, log: cfg.Logger, cat: cat, store: st, sources: map[uint32]*source.Bounded{},
+	n := &Node{cfg: cfg, log: cfg.Logger, cat: cat, store: st, sources: map[uint32]*source.Bounded{}, owners: map[uint32]ownerMap{},
 		warmups: map[string]*warmup{}, ctx: ctx, cancel: cancel, foresight: fore, peers: noPeers{self: cfg.Name}}
 	n.leader = newLeaderLink(cfg.Name, cfg.Token)
 	n.inflight.limit = cfg.MaxInflightBytes

@@ -7,6 +7,7 @@ import (
 	"stallfree/catalog"
 	"stallfree/cluster"
 	"stallfree/locality"
+	"stallfree/partition"
 )
 
 // Peers is how a node reaches the rest of its cluster (groupcache's
@@ -26,6 +27,8 @@ type Peers interface {
 	Joined() bool
 	// Members are the live members an epoch is pinned to.
 	Members() []string
+	// Ring is the ring Owner answers from (empty: this node owns everything).
+	Ring() *partition.Ring
 	// HTTPAddr is a member's HTTP address.
 	HTTPAddr(member string) (string, bool)
 	// Describe lists every known member, with self as given.
@@ -48,6 +51,10 @@ func (noPeers) FromOwners(_ context.Context, _ *catalog.Dataset, indices []int) 
 }
 func (noPeers) Joined() bool                          { return true }
 func (p noPeers) Members() []string                   { return []string{p.self} }
+func (noPeers) Ring() *partition.Ring {
+	r, _ := partition.New(nil) // cannot fail: an empty ring
+	return r
+}
 func (noPeers) HTTPAddr(string) (string, bool)        { return "", false }
 func (noPeers) Describe(self api.Member) []api.Member { return []api.Member{self} }
 func (noPeers) Stats() cluster.Stats                  { return cluster.Stats{} }

@@ -1,5 +1,6 @@
 """HTTP client with pooled keep-alive connections and fail-over between nodes."""
 
+import concurrent.futures
 import http.client
 import json
 import os
@@ -34,14 +35,31 @@ class Client:
     already used the client opens its own.
     """
 
-    def __init__(self, url, token=None, timeout=60.0, retries=3):
+    def __init__(self, url, token=None, timeout=60.0, retries=3, route="local"):
+        if route not in ("local", "owner"):
+            raise ValueError(f"route={route!r}: want 'local' or 'owner'")
         self.urls = [url.rstrip("/")] if isinstance(url, str) else [u.rstrip("/") for u in url]
         self.token = token
         self.timeout = timeout
         self.retries = retries
+        # route="owner": reads by index go straight to the node that owns the
+        # index (GET /v1/datasets/{ds}/owners), batches split by owner.
+        self.route = route
+        self._owners = {}  # dataset -> (ring, [base url per member], owners bytes, width)
+        self._pool = None
         self._local = threading.local()
         self._pid = os.getpid()
         self._peers_loaded = False
+
+    def __getstate__(self):  # a copy sent to another process opens its own sockets and threads
+        s = dict(self.__dict__)
+        s["_local"], s["_pool"], s["_pid"] = None, None, -1
+        return s
+
+    def __setstate__(self, s):
+        self.__dict__.update(s)
+        self._local = threading.local()
+        self._pid = os.getpid()
 
     def close(self):
         """Closes this thread's connections (others close with their threads)."""
@@ -56,10 +74,14 @@ class Client:
 
     # -- connections -------------------------------------------------------
 
-    def _conn(self, base):
-        if self._pid != os.getpid():  # forked: the parent's sockets are not ours
+    def _check_fork(self):
+        if self._pid != os.getpid():  # forked: the parent's sockets and threads are not ours
             self._local = threading.local()
+            self._pool = None
             self._pid = os.getpid()
+
+    def _conn(self, base):
+        self._check_fork()
         conns = getattr(self._local, "conns", None)
         if conns is None:
             conns = self._local.conns = {}
@@ -157,12 +179,97 @@ class Client:
 
     def index(self, dataset, i):
         """The bytes of the i-th item of the manifest."""
-        return self.request("GET", f"/v1/datasets/{self._q(dataset)}/index/{int(i)}")[1]
+        path = f"/v1/datasets/{self._q(dataset)}/index/{int(i)}"
+        if self.route == "owner":
+            owner = self._owner_of(dataset, [int(i)])[0]
+            if owner is not None:
+                got = self._from_owner(dataset, owner, "GET", path)
+                if got is not None:
+                    return got
+        return self.request("GET", path)[1]
 
     def batch(self, dataset, indices):
-        """[(key, bytes)] for the indices, in order, in one request."""
-        _, data = self.request("POST", f"/v1/datasets/{self._q(dataset)}/batch", {"indices": [int(i) for i in indices]})
+        """[(key, bytes)] for the indices, in order, in one request (with
+        route="owner": one request per owning node, in parallel)."""
+        indices = [int(i) for i in indices]
+        path = f"/v1/datasets/{self._q(dataset)}/batch"
+        if self.route == "owner" and len(indices) > 1:
+            got = self._batch_by_owner(dataset, path, indices)
+            if got is not None:
+                return got
+        _, data = self.request("POST", path, {"indices": indices})
         return [(d["key"], d["data"]) for d in msgpack.unpackb(data, raw=False)]
+
+    # -- owner routing -----------------------------------------------------
+
+    def owners(self, dataset):
+        """The dataset's owner table: ``{"ring", "members": [{"name", "http"}],
+        "owners": bytes}`` (one byte per index, two little-endian past 255
+        members: the owner's position in members)."""
+        return msgpack.unpackb(self.request("GET", f"/v1/datasets/{self._q(dataset)}/owners")[1], raw=False)
+
+    def _owner_of(self, dataset, indices):
+        """Base URLs of the owners of indices (None where unknown)."""
+        t = self._owners.get(dataset)
+        if t is None:
+            try:
+                o = self.owners(dataset)
+            except Exception:  # noqa: BLE001 - owner routing is an optimisation
+                return [None] * len(indices)
+            bases = ["http://" + m["http"] if m.get("http") else None for m in o["members"]]
+            width = 2 if len(bases) > 255 else 1
+            t = self._owners[dataset] = (o["ring"], bases, o["owners"], width)
+        _, bases, table, width = t
+        out = []
+        for i in indices:
+            if width == 1:
+                x = table[i] if 0 <= i < len(table) else None
+            else:
+                x = int.from_bytes(table[2 * i:2 * i + 2], "little") if 0 <= 2 * i < len(table) else None
+            out.append(bases[x] if x is not None and x < len(bases) else None)
+        return out
+
+    def _from_owner(self, dataset, base, method, path, body=None):
+        """One attempt at the owner; None (and a fresh table next time) on any
+        failure, so the caller falls back to its own node."""
+        try:
+            r, data = self._request_once(base, method, path, body)
+        except Exception:  # noqa: BLE001 - fall back to url
+            self._owners.pop(dataset, None)
+            return None
+        t = self._owners.get(dataset)
+        if t is not None and r.getheader("X-Ring") != t[0]:
+            self._owners.pop(dataset, None)  # membership changed: refresh on the next read
+        return data
+
+    def _batch_by_owner(self, dataset, path, indices):
+        owners = self._owner_of(dataset, indices)
+        if any(o is None for o in owners):
+            return None
+        parts = {}
+        for pos, o in enumerate(owners):
+            parts.setdefault(o, []).append(pos)
+
+        def fetch(item):
+            base, positions = item
+            body = json.dumps({"indices": [indices[p] for p in positions]}).encode()
+            data = self._from_owner(dataset, base, "POST", path, body)
+            if data is None:
+                _, data = self.request("POST", path, body)
+            return positions, msgpack.unpackb(data, raw=False)
+
+        out = [None] * len(indices)
+        if len(parts) == 1:
+            results = [fetch(next(iter(parts.items())))]
+        else:
+            self._check_fork()
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=8)
+            results = list(self._pool.map(fetch, parts.items()))
+        for positions, items in results:
+            for p, d in zip(positions, items):
+                out[p] = (d["key"], d["data"])
+        return out
 
     def job_batch(self, job, epoch, rank, b):
         """[(key, bytes)] of minibatch b of a job's rank; on a tar dataset,

@@ -19,8 +19,8 @@ class CachedDataset(torch.utils.data.Dataset):
     are returned as they are.
     """
 
-    def __init__(self, url, dataset, transform=None, token=None):
-        self.url, self.name, self.transform, self.token = url, dataset, transform, token
+    def __init__(self, url, dataset, transform=None, token=None, route="local"):
+        self.url, self.name, self.transform, self.token, self.route = url, dataset, transform, token, route
         self._client = None
         info = self.client.dataset(dataset)
         self.tar = bool(info.get("samples"))
@@ -29,7 +29,7 @@ class CachedDataset(torch.utils.data.Dataset):
     @property
     def client(self):
         if self._client is None:
-            self._client = Client(self.url, token=self.token)
+            self._client = Client(self.url, token=self.token, route=self.route)
         return self._client
 
     def __getstate__(self):  # workers get a fresh client, not the parent's sockets

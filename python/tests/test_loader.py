@@ -166,6 +166,71 @@ class LoaderTest(unittest.TestCase):
         self.assertEqual(client.index("ds", 7), self.files[self.keys[7]])
 
 
+class OwnerRoutingTest(unittest.TestCase):
+    """route="owner" over three real nodes: reads go to the owning node."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="stallfree-py-owner")
+        self.data = os.path.join(self.tmp, "data")
+        rnd = random.Random(3)
+        self.files = {}
+        for i in range(300):
+            key = f"d{i % 3}/o{i:04d}.bin"
+            os.makedirs(os.path.join(self.data, os.path.dirname(key)), exist_ok=True)
+            b = rnd.randbytes(100 + rnd.randrange(1500))
+            with open(os.path.join(self.data, key), "wb") as f:
+                f.write(b)
+            self.files[key] = b
+        self.keys = sorted(self.files)
+        self.cluster = Cluster(self.tmp, n=3)
+
+    def tearDown(self):
+        self.cluster.stop()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def stats(self):
+        return [Client(url).stats() for _, url in self.cluster.nodes]
+
+    def test_reads_go_to_the_owner(self):
+        urls = [url for _, url in self.cluster.nodes]
+        c = Client(urls[0])
+        wait_until(lambda: c.json("PUT", "/v1/datasets/ds", {"source": self.data}), 30, "registration")
+        for url in urls:
+            Client(url).request("POST", "/v1/datasets/ds/warmup")
+        wait_until(lambda: sum(s["items_cached"] for s in self.stats()) == len(self.keys), 60, "warm-up")
+        table = c.owners("ds")
+        by_name = {m["name"]: x for x, m in enumerate(table["members"])}
+        share = [sum(1 for o in table["owners"] if o == by_name[name]) for name, _ in self.cluster.nodes]
+        self.assertEqual(sum(share), len(self.keys))
+
+        before = self.stats()
+        client = Client(urls[0], route="owner")
+        order = list(range(len(self.keys)))
+        random.Random(4).shuffle(order)
+        for i in order[:150]:
+            self.assertEqual(client.index("ds", i), self.files[self.keys[i]], f"index {i}")
+        for start in range(150, 300, 50):
+            got = client.batch("ds", order[start:start + 50])
+            self.assertEqual(got, [(self.keys[i], self.files[self.keys[i]]) for i in order[start:start + 50]])
+        after = self.stats()
+        for x, (b, a) in enumerate(zip(before, after)):
+            self.assertEqual(a["hits_peer"], b["hits_peer"], f"node {x} fetched from a peer")
+            self.assertEqual(a["hits_local"] - b["hits_local"], share[x], f"node {x} served other than its share")
+            self.assertEqual(a["misses"], b["misses"])
+
+        # In DataLoader workers, the way training runs it.
+        loader = torch.utils.data.DataLoader(CachedDataset(urls[0], "ds", route="owner"), batch_size=16,
+                                             sampler=order, num_workers=2, collate_fn=list)
+        self.assertEqual([s for b in loader for s in b], [self.files[self.keys[i]] for i in order])
+
+        # A node killed mid-epoch: its items come through the others, no error.
+        self.cluster.procs[2].kill()
+        self.cluster.procs[2].wait()
+        for i in order:
+            self.assertEqual(client.index("ds", i), self.files[self.keys[i]], f"index {i} after a kill")
+        self.assertEqual(client.batch("ds", order[:64]), [(self.keys[i], self.files[self.keys[i]]) for i in order[:64]])
+
+
 class TarLoaderTest(unittest.TestCase):
     """The same loader over WebDataset shards written by Python's tarfile."""
 
