@@ -22,8 +22,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/valyala/fasthttp"
-	"github.com/vmihailenco/msgpack/v5"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
+	"github.com/vmihailenco/msgpack/v5"
 
 	"stallfree/api"
 	"stallfree/catalog"

@@ -49,8 +49,8 @@ func (noPeers) Handoff(context.Context, *catalog.Dataset, int) (cluster.Fill, bo
 func (noPeers) FromOwners(_ context.Context, _ *catalog.Dataset, indices []int) ([]cluster.Fill, []bool) {
 	return make([]cluster.Fill, len(indices)), make([]bool, len(indices))
 }
-func (noPeers) Joined() bool                          { return true }
-func (p noPeers) Members() []string                   { return []string{p.self} }
+func (noPeers) Joined() bool        { return true }
+func (p noPeers) Members() []string { return []string{p.self} }
 func (noPeers) Ring() *partition.Ring {
 	r, _ := partition.New(nil) // cannot fail: an empty ring
 	return r
