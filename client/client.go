@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -24,6 +25,72 @@ type Client struct {
 	Base  string // e.g. http://127.0.0.1:7070
 	Token string
 	HTTP  *http.Client
+
+	route *ownerRoute // nil: every request goes to Base
+}
+
+// ownerRoute is what RouteByOwner keeps: owner tables by dataset and a
+// client per member.
+type ownerRoute struct {
+	mu     sync.Mutex
+	tables map[string]api.Owners
+	nodes  map[string]*Client // by HTTP address
+}
+
+// RouteByOwner makes ItemByIndex ask the node that owns the index (from the
+// dataset's owner table, refreshed when a node answers with another X-Ring),
+// falling back to Base on any failure. Call it before sharing the client.
+func (c *Client) RouteByOwner() *Client {
+	c.route = &ownerRoute{tables: map[string]api.Owners{}, nodes: map[string]*Client{}}
+	return c
+}
+
+// Owners fetches a dataset's owner table.
+func (c *Client) Owners(ctx context.Context, dataset string) (api.Owners, error) {
+	var o api.Owners
+	err := c.msgpack(ctx, http.MethodGet, "/v1/datasets/"+url.PathEscape(dataset)+"/owners", nil, &o)
+	return o, err
+}
+
+// ownerOf is the client of index i's owner, or nil (no table, no address).
+func (c *Client) ownerOf(ctx context.Context, dataset string, i int) (*Client, string) {
+	r := c.route
+	r.mu.Lock()
+	t, ok := r.tables[dataset]
+	r.mu.Unlock()
+	if !ok {
+		var err error
+		if t, err = c.Owners(ctx, dataset); err != nil {
+			return nil, ""
+		}
+		r.mu.Lock()
+		r.tables[dataset] = t
+		r.mu.Unlock()
+	}
+	x := -1
+	if len(t.Members) > 255 && 2*i+1 < len(t.Owners) && i >= 0 {
+		x = int(t.Owners[2*i]) | int(t.Owners[2*i+1])<<8
+	} else if len(t.Members) <= 255 && i >= 0 && i < len(t.Owners) {
+		x = int(t.Owners[i])
+	}
+	if x < 0 || x >= len(t.Members) || t.Members[x].HTTP == "" {
+		return nil, ""
+	}
+	addr := t.Members[x].HTTP
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n, ok := r.nodes[addr]
+	if !ok {
+		n = &Client{Base: "http://" + addr, Token: c.Token, HTTP: c.HTTP}
+		r.nodes[addr] = n
+	}
+	return n, t.Ring
+}
+
+func (c *Client) forgetOwners(dataset string) {
+	c.route.mu.Lock()
+	delete(c.route.tables, dataset)
+	c.route.mu.Unlock()
 }
 
 // New returns a client for base with pooled keep-alive connections.
@@ -148,6 +215,7 @@ type Item struct {
 	Key   string `msgpack:"key"`
 	Data  []byte `msgpack:"data"`
 	Cache string `msgpack:"-"`
+	Ring  string `msgpack:"-"` // X-Ring: the ring the answering node routes by
 }
 
 func (c *Client) item(ctx context.Context, path string) (Item, error) {
@@ -157,7 +225,7 @@ func (c *Client) item(ctx context.Context, path string) (Item, error) {
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
-	return Item{Key: resp.Header.Get("X-Key"), Data: b, Cache: resp.Header.Get("X-Cache")}, err
+	return Item{Key: resp.Header.Get("X-Key"), Data: b, Cache: resp.Header.Get("X-Cache"), Ring: resp.Header.Get("X-Ring")}, err
 }
 
 // ItemByKey fetches one item by key.
@@ -171,7 +239,20 @@ func (c *Client) ItemByKey(ctx context.Context, dataset, key string) (Item, erro
 
 // ItemByIndex fetches the i-th item of the manifest.
 func (c *Client) ItemByIndex(ctx context.Context, dataset string, i int) (Item, error) {
-	return c.item(ctx, fmt.Sprintf("/v1/datasets/%s/index/%d", url.PathEscape(dataset), i))
+	path := fmt.Sprintf("/v1/datasets/%s/index/%d", url.PathEscape(dataset), i)
+	if c.route != nil {
+		if owner, ring := c.ownerOf(ctx, dataset, i); owner != nil {
+			it, err := owner.item(ctx, path)
+			if err == nil {
+				if it.Ring != ring {
+					c.forgetOwners(dataset) // membership changed: a new table next time
+				}
+				return it, nil
+			}
+			c.forgetOwners(dataset)
+		}
+	}
+	return c.item(ctx, path)
 }
 
 // ItemByIndexUncached reads the i-th item from storage without touching the

@@ -60,6 +60,13 @@ func TestCachectl(t *testing.T) {
 	if out := must(n2, "epoch", "ds", "--verify", dir); !strings.Contains(out, "wrong bytes in 0 items") || !strings.Contains(out, "miss 0") {
 		t.Fatalf("epoch: %s", out)
 	}
+	// Routed by owner (with the token on every node): every item from the
+	// node holding it, none through a peer.
+	var routed []struct{ Items, Hit, Peer, Miss, Wrong int }
+	if err := json.Unmarshal([]byte(must(n2, "--json", "epoch", "ds", "--route", "owner", "--verify", dir)), &routed); err != nil ||
+		len(routed) != 1 || routed[0].Hit != 120 || routed[0].Peer != 0 || routed[0].Wrong != 0 {
+		t.Fatalf("epoch --route owner: %+v %v", routed, err)
+	}
 	must(n1, "jobs", "add", "train", "--dataset", "ds", "--seed", "3", "--world-size", "2", "--batch-size", "8", "--ranks", "n1,n2")
 	if out := must(n2, "jobs", "ls"); !strings.Contains(out, "train") {
 		t.Fatalf("jobs ls: %s", out)

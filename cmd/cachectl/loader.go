@@ -133,11 +133,21 @@ func (a *app) epoch(ctx context.Context, args []string) error {
 	epochs := fs.Int("epochs", 1, "number of epochs")
 	seed := fs.Uint64("seed", 1, "shuffle seed")
 	verify := fs.String("verify", "", "directory holding the dataset's files, to check every byte")
-	pos, err := parseCommand(fs, args, 1, "epoch NAME [--epochs N --workers W --verify DIR]")
+	route := fs.String("route", "local", "local (every read through --node) or owner (each read from the node owning the item)")
+	pos, err := parseCommand(fs, args, 1, "epoch NAME [--epochs N --workers W --verify DIR --route local|owner]")
 	if err != nil {
 		return err
 	}
 	name := pos[0]
+	reader := a.c
+	switch *route {
+	case "local":
+	case "owner":
+		routed := *a.c
+		reader = routed.RouteByOwner()
+	default:
+		return usageError{fmt.Sprintf("--route %q: want local or owner", *route)}
+	}
 	d, err := a.c.Dataset(ctx, name)
 	if err != nil {
 		return err
@@ -162,7 +172,7 @@ func (a *app) epoch(ctx context.Context, args []string) error {
 	var results []result
 	for e := range *epochs {
 		order := rand.New(rand.NewPCG(*seed, uint64(e))).Perm(d.Items)
-		rd, err := stall.Read(ctx, a.c, name, order, stall.ReadOptions{Workers: *workers, Check: check})
+		rd, err := stall.Read(ctx, reader, name, order, stall.ReadOptions{Workers: *workers, Check: check})
 		if err != nil {
 			return err
 		}
