@@ -169,14 +169,11 @@ func (m *Manifest) appendChunk(c *Manifest) {
 	m.Sizes = append(m.Sizes, c.Sizes...)
 	m.LeftOut += c.LeftOut
 	if c.Shards != nil {
-		// A shard split over two chunks is one shard.
-		base := uint32(len(m.Shards))
-		first := 0
-		if len(m.Shards) > 0 && m.Shards[len(m.Shards)-1] == c.Shards[0] {
-			base--
-		}
-		if base < uint32(len(m.Shards)) {
-			first = 1
+		// A shard split over two chunks is one shard: the chunk's first
+		// shard is then the manifest's last.
+		base, first := uint32(len(m.Shards)), 0
+		if n := len(m.Shards); n > 0 && m.Shards[n-1] == c.Shards[0] {
+			base, first = uint32(n-1), 1
 		}
 		m.Shards = append(m.Shards, c.Shards[first:]...)
 		for _, s := range c.ShardOf {
@@ -240,7 +237,8 @@ func (m *Manifest) IsTar() bool { return m.Shards != nil }
 // path up to the first "." of its base name.
 func (m *Manifest) sampleKeyOf(i int) string {
 	key := m.Key(i)
-	dir := len(m.Shards[m.ShardOf[i]].Key) + 1 + strings.LastIndexByte(key[len(m.Shards[m.ShardOf[i]].Key)+1:], '/') + 1
+	member := len(m.Shards[m.ShardOf[i]].Key) + 1 // after "SHARD/"
+	dir := member + strings.LastIndexByte(key[member:], '/') + 1
 	if dot := strings.IndexByte(key[dir:], '.'); dot >= 0 {
 		return key[:dir+dot]
 	}
@@ -249,8 +247,11 @@ func (m *Manifest) sampleKeyOf(i int) string {
 
 // Ext is member i's extension in its sample: its base name after the first
 // "." ("jpg", "seg.png"; "" when it has none).
-func (m *Manifest) Ext(i int) string {
-	return strings.TrimPrefix(m.Key(i)[len(m.sampleKeyOf(i)):], ".")
+func (m *Manifest) Ext(i int) string { return ExtOf(m.Key(i), m.sampleKeyOf(i)) }
+
+// ExtOf is a member's extension given its key and its sample's key.
+func ExtOf(memberKey, sampleKey string) string {
+	return strings.TrimPrefix(memberKey[len(sampleKey):], ".")
 }
 
 // Samples is the number of WebDataset samples (0: not a tar dataset).

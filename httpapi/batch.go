@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -125,7 +124,7 @@ func (s *Server) writeSamples(ctx *fasthttp.RequestCtx, items []node.Item, spans
 		_ = enc.EncodeString("__key__")
 		_ = enc.EncodeString(sp.Key)
 		for ; j < sp.End; j++ {
-			_ = enc.EncodeString(strings.TrimPrefix(items[j].Key[len(sp.Key):], "."))
+			_ = enc.EncodeString(catalog.ExtOf(items[j].Key, sp.Key))
 			_ = enc.EncodeBytesLen(len(items[j].Data))
 			ends[j] = meta.Len()
 		}

@@ -47,7 +47,8 @@ func PlanEpoch(j *catalog.Job, d *catalog.Dataset, epoch uint64, members []strin
 	}
 	for _, order := range p.Ranks {
 		for x, u := range order {
-			for _, i := range ep.items(u) {
+			first, end := ep.items(u)
+			for i := first; i < end; i++ {
 				ep.Step[i] = int32(x / p.BatchSize)
 			}
 		}
@@ -55,18 +56,13 @@ func PlanEpoch(j *catalog.Job, d *catalog.Dataset, epoch uint64, members []strin
 	return ep, nil
 }
 
-// items are the items of a unit of the order: the item itself, or a tar
-// dataset's sample's members.
-func (ep *EpochPlan) items(u int32) []int32 {
+// items are the items [first, end) of a unit of the order: the item itself,
+// or a tar dataset's sample's members.
+func (ep *EpochPlan) items(u int32) (first, end int) {
 	if !ep.Data.Manifest.IsTar() {
-		return []int32{u}
+		return int(u), int(u) + 1
 	}
-	first, end := ep.Data.Manifest.Sample(int(u))
-	out := make([]int32, 0, end-first)
-	for i := first; i < end; i++ {
-		out = append(out, int32(i))
-	}
-	return out
+	return ep.Data.Manifest.Sample(int(u))
 }
 
 // BatchItems are the items minibatch b of rank r reads: Batch's indices, or
@@ -78,7 +74,10 @@ func (ep *EpochPlan) BatchItems(r, b int) []int32 {
 	}
 	var out []int32
 	for _, u := range batch {
-		out = append(out, ep.items(u)...)
+		first, end := ep.items(u)
+		for i := first; i < end; i++ {
+			out = append(out, int32(i))
+		}
 	}
 	return out
 }

@@ -164,7 +164,7 @@ func New(cfg Config) (*Node, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	n := &Node{cfg: cfg, log: cfg.Logger, cat: cat, store: st, sources: map[uint32]*source.Bounded{}, owners: map[uint32]ownerMap{},
-		warmups: map[string]*warmup{}, ctx: ctx, cancel: cancel, foresight: fore, peers: noPeers{self: cfg.Name}}
+		warmups: map[string]*warmup{}, ctx: ctx, cancel: cancel, foresight: fore, peers: newNoPeers(cfg.Name)}
 	n.leader = newLeaderLink(cfg.Name, cfg.Token)
 	n.inflight.limit = cfg.MaxInflightBytes
 	n.registry = n.registerMetrics()

@@ -37,7 +37,10 @@ type Peers interface {
 	Close()
 }
 
-type noPeers struct{ self string }
+type noPeers struct {
+	self string
+	ring *partition.Ring // empty: this node owns everything
+}
 
 func (p noPeers) Owner(*catalog.Dataset, int) (string, bool) { return p.self, true }
 func (noPeers) FromOwner(context.Context, string, *catalog.Dataset, int) (cluster.Fill, bool) {
@@ -49,16 +52,18 @@ func (noPeers) Handoff(context.Context, *catalog.Dataset, int) (cluster.Fill, bo
 func (noPeers) FromOwners(_ context.Context, _ *catalog.Dataset, indices []int) ([]cluster.Fill, []bool) {
 	return make([]cluster.Fill, len(indices)), make([]bool, len(indices))
 }
-func (noPeers) Joined() bool        { return true }
-func (p noPeers) Members() []string { return []string{p.self} }
-func (noPeers) Ring() *partition.Ring {
-	r, _ := partition.New(nil) // cannot fail: an empty ring
-	return r
-}
+func (noPeers) Joined() bool                          { return true }
+func (p noPeers) Members() []string                   { return []string{p.self} }
+func (p noPeers) Ring() *partition.Ring               { return p.ring }
 func (noPeers) HTTPAddr(string) (string, bool)        { return "", false }
 func (noPeers) Describe(self api.Member) []api.Member { return []api.Member{self} }
 func (noPeers) Stats() cluster.Stats                  { return cluster.Stats{} }
 func (noPeers) Close()                                {}
+
+func newNoPeers(self string) noPeers {
+	empty, _ := partition.New(nil) // cannot fail: no members
+	return noPeers{self: self, ring: empty}
+}
 
 // forPeers is the node as the cluster sees it (cluster.Local).
 type forPeers struct{ n *Node }
