@@ -275,6 +275,20 @@ func (m *Manifest) SampleOf(i int) int {
 	return sort.Search(len(m.tar.samples), func(s int) bool { return int(m.tar.samples[s]) > i }) - 1
 }
 
+// ShardItems returns the items [first, end) of shard s: a shard's members
+// are consecutive items, in archive order (offsets ascending).
+func (m *Manifest) ShardItems(s int) (first, end int) {
+	first = sort.Search(len(m.ShardOf), func(i int) bool { return int(m.ShardOf[i]) >= s })
+	end = sort.Search(len(m.ShardOf), func(i int) bool { return int(m.ShardOf[i]) > s })
+	return first, end
+}
+
+// ShardEntry is what a shard is read by as a whole (source.Streamer).
+func (m *Manifest) ShardEntry(s int) source.Entry {
+	sh := m.Shards[s]
+	return source.Entry{Key: sh.Key, Size: sh.Size, Tag: sh.Tag}
+}
+
 // OwnerKey is what decides item i's owner: its key, or for a tar dataset its
 // sample's key, so that all members of a sample have one owner.
 func (m *Manifest) OwnerKey(i int) string {

@@ -160,3 +160,44 @@ func TestAloneOwnsEverything(t *testing.T) {
 		t.Fatalf("members %v", m)
 	}
 }
+
+// A pushed item is kept when it is the manifest's size and this node owns
+// it under the pusher's ring; otherwise the push is refused and nothing is
+// kept.
+func TestServePushKeepsOnlyWhatFits(t *testing.T) {
+	c, d, st, local := oneMember(t, 4, 100)
+	push := func(ring uint64, indices []uint32, data ...[]byte) ([]transport.Item, error) {
+		req := &transport.Request{Dataset: d.Name, DatasetVersion: d.Version, Ring: ring, Indices: indices, Push: true, Data: data}
+		for _, b := range data {
+			req.Sums = append(req.Sums, xxhash.Sum64(b))
+		}
+		return c.servePeer(context.Background(), req)
+	}
+	ring := c.ring().Version()
+	if _, err := push(ring, []uint32{0, 1}, local.items[0], []byte("short")); err == nil {
+		t.Fatal("a push of the wrong size was taken")
+	}
+	if _, err := push(ring, []uint32{9}, local.items[0]); err == nil {
+		t.Fatal("a push past the manifest was taken")
+	}
+	if _, err := push(ring+1, []uint32{0}, local.items[0]); !errors.Is(err, errRingDiffers) {
+		t.Fatalf("a push under another ring: %v, want errRingDiffers", err)
+	}
+	if n := st.Stats().Items; n != 0 {
+		t.Fatalf("refused pushes left %d items in the store", n)
+	}
+	items, err := push(ring, []uint32{2, 3}, local.items[2], local.items[3])
+	if err != nil || !items[0].Found || !items[1].Found {
+		t.Fatalf("a good push: %+v %v", items, err)
+	}
+	for _, i := range []uint32{2, 3} {
+		ref, ok := st.Get(store.MakeKey(d.ID, i))
+		if !ok || string(ref.Data) != string(local.items[int(i)]) {
+			t.Fatalf("item %d not kept as pushed", i)
+		}
+		ref.Release()
+	}
+	if local.fills != 0 {
+		t.Fatalf("a push made %d fills", local.fills)
+	}
+}

@@ -36,6 +36,9 @@ func (c *Cluster) servePeer(ctx context.Context, req *transport.Request) (_ []tr
 	if d.Version != req.DatasetVersion {
 		return nil, fmt.Errorf("dataset %s is at version %d here, %d there", d.Name, d.Version, req.DatasetVersion)
 	}
+	if req.Push {
+		return c.servePush(ctx, d, req)
+	}
 	if req.Handoff && req.Ring != c.ring().Version() {
 		// The new owner sees a membership this node has not caught up with.
 		// Deciding under the stale ring whether to let the items go could

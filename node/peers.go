@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"fmt"
 
 	"stallfree/api"
 	"stallfree/catalog"
@@ -21,6 +22,9 @@ type Peers interface {
 	// Handoff takes an item this node now owns from its previous owner's
 	// memory and keeps it; false means read storage.
 	Handoff(ctx context.Context, d *catalog.Dataset, index int) (cluster.Fill, bool)
+	// PushToOwner hands items this node read to their owner; kept[j] tells
+	// whether the owner keeps indices[j].
+	PushToOwner(ctx context.Context, owner string, d *catalog.Dataset, indices []int, data [][]byte) (kept []bool, err error)
 	// FromOwners fetches items other members own, one request per owner.
 	FromOwners(ctx context.Context, d *catalog.Dataset, indices []int) ([]cluster.Fill, []bool)
 	// Joined reports whether this node has found its cluster.
@@ -48,6 +52,9 @@ func (noPeers) FromOwner(context.Context, string, *catalog.Dataset, int) (cluste
 }
 func (noPeers) Handoff(context.Context, *catalog.Dataset, int) (cluster.Fill, bool) {
 	return cluster.Fill{}, false
+}
+func (noPeers) PushToOwner(_ context.Context, owner string, _ *catalog.Dataset, _ []int, _ [][]byte) ([]bool, error) {
+	return nil, fmt.Errorf("push to %s: this node runs alone", owner)
 }
 func (noPeers) FromOwners(_ context.Context, _ *catalog.Dataset, indices []int) ([]cluster.Fill, []bool) {
 	return make([]cluster.Fill, len(indices)), make([]bool, len(indices))

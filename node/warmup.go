@@ -32,8 +32,9 @@ func (w *warmup) progress() api.Progress {
 	return api.Progress{Done: w.done.Load(), Total: w.total, Bytes: w.bytes.Load(), Running: w.running.Load(), Full: w.full.Load(), Error: w.err}
 }
 
-// StartWarmup loads every item of d into the cache in the background; a call
-// while one runs returns its progress. When the store stops admitting (MinIO
+// StartWarmup loads every item of d into the cache in the background (the
+// items this node owns; for a tar dataset, the shards it reads, whose
+// samples go to their owners); a call while one runs returns its progress. When the store stops admitting (MinIO
 // full), warming stops: reading the rest would only cost storage bandwidth.
 func (n *Node) StartWarmup(d *catalog.Dataset) api.Progress {
 	n.mu.Lock()
@@ -42,8 +43,16 @@ func (n *Node) StartWarmup(d *catalog.Dataset) api.Progress {
 		n.mu.Unlock()
 		return w.progress()
 	}
-	owned := n.ownedIndices(d)
-	w = &warmup{version: d.Version, total: int64(len(owned))}
+	var owned, shards []int
+	w = &warmup{version: d.Version}
+	if d.Manifest.IsTar() {
+		var items int
+		shards, items = n.shardsToRead(d)
+		w.total = int64(items)
+	} else {
+		owned = n.ownedIndices(d)
+		w.total = int64(len(owned))
+	}
 	w.running.Store(true)
 	n.warmups[d.Name] = w
 	n.mu.Unlock()
@@ -52,7 +61,11 @@ func (n *Node) StartWarmup(d *catalog.Dataset) api.Progress {
 	go func() {
 		defer n.wg.Done()
 		defer w.running.Store(false)
-		if err := n.warm(n.ctx, d, owned, w); err != nil {
+		warm := func() error { return n.warm(n.ctx, d, owned, w) }
+		if d.Manifest.IsTar() {
+			warm = func() error { return n.warmShards(n.ctx, d, shards, w) }
+		}
+		if err := warm(); err != nil {
 			w.mu.Lock()
 			w.err = err.Error()
 			w.mu.Unlock()
@@ -68,6 +81,10 @@ func (n *Node) WarmupProgress(d *catalog.Dataset) api.Progress {
 	w, ok := n.warmups[d.Name]
 	n.mu.Unlock()
 	if !ok || w.version != d.Version {
+		if d.Manifest.IsTar() {
+			_, items := n.shardsToRead(d)
+			return api.Progress{Total: int64(items)}
+		}
 		return api.Progress{Total: int64(len(n.ownedIndices(d)))}
 	}
 	return w.progress()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"time"
 )
 
@@ -57,6 +58,77 @@ func (b *Bounded) Read(ctx context.Context, e Entry, buf []byte) ([]byte, error)
 	case <-ctx.Done():
 		return nil, fmt.Errorf("read %s: %w", e.Key, timeoutErr(ctx))
 	}
+}
+
+// Stream opens a tar shard of the wrapped source for one sequential pass.
+// The stream holds a reader slot until closed, and each of its reads must
+// make progress within the timeout: a whole shard may take longer than one
+// read is allowed, a stalled one may not.
+func (b *Bounded) Stream(ctx context.Context, shard Entry) (io.ReadCloser, error) {
+	st, ok := b.Source.(Streamer)
+	if !ok {
+		return nil, fmt.Errorf("stream %s: the source has no shards", shard.Key)
+	}
+	select {
+	case b.slots <- struct{}{}:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("stream %s: waiting for a storage reader: %w", shard.Key, timeoutErr(ctx))
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	var watchdog *time.Timer
+	if b.timeout > 0 {
+		watchdog = time.AfterFunc(b.timeout, func() { cancel(ErrTimeout) })
+	}
+	r, err := st.Stream(ctx, shard)
+	if err != nil {
+		if watchdog != nil {
+			watchdog.Stop()
+		}
+		cancel(nil)
+		<-b.slots
+		return nil, err
+	}
+	if watchdog != nil {
+		watchdog.Stop() // until the first read
+	}
+	return &boundedStream{r: r, b: b, ctx: ctx, cancel: cancel, watchdog: watchdog}, nil
+}
+
+type boundedStream struct {
+	r        io.ReadCloser
+	b        *Bounded
+	ctx      context.Context
+	cancel   context.CancelCauseFunc
+	watchdog *time.Timer
+	closed   bool
+}
+
+func (s *boundedStream) Read(p []byte) (int, error) {
+	if s.watchdog != nil {
+		s.watchdog.Reset(s.b.timeout)
+	}
+	n, err := s.r.Read(p)
+	if s.watchdog != nil {
+		s.watchdog.Stop() // time spent between reads is the caller's
+	}
+	if err != nil && err != io.EOF && errors.Is(context.Cause(s.ctx), ErrTimeout) {
+		err = fmt.Errorf("stream stalled: %w", ErrTimeout)
+	}
+	return n, err
+}
+
+func (s *boundedStream) Close() error {
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	if s.watchdog != nil {
+		s.watchdog.Stop()
+	}
+	s.cancel(nil)
+	err := s.r.Close()
+	<-s.b.slots
+	return err
 }
 
 func timeoutErr(ctx context.Context) error {

@@ -3,6 +3,7 @@ package source
 import (
 	"context"
 	"errors"
+	"io"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -65,5 +66,82 @@ func TestBoundedReadsTimeOutAndStayFew(t *testing.T) {
 	close(h2.release)
 	if _, err := NewBounded(h2, 1, time.Second).Read(context.Background(), Entry{Key: "k", Size: 2}, make([]byte, 2)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// trickle is a shard source whose streams return one byte per read after
+// delay, and block until their context ends once stall bytes were read.
+type trickle struct {
+	hung
+	delay time.Duration
+	stall int
+}
+
+func (tr *trickle) Stream(ctx context.Context, shard Entry) (io.ReadCloser, error) {
+	return &trickleStream{ctx: ctx, tr: tr, left: int(shard.Size)}, nil
+}
+
+type trickleStream struct {
+	ctx  context.Context
+	tr   *trickle
+	read int
+	left int
+}
+
+func (s *trickleStream) Read(p []byte) (int, error) {
+	if s.left == 0 {
+		return 0, io.EOF
+	}
+	if s.read == s.tr.stall {
+		<-s.ctx.Done() // like a GET whose body stops coming: only the context ends it
+		return 0, s.ctx.Err()
+	}
+	time.Sleep(s.tr.delay)
+	p[0] = 'x'
+	s.read, s.left = s.read+1, s.left-1
+	return 1, nil
+}
+
+func (s *trickleStream) Close() error { return nil }
+
+// A stream is bounded per read, not as a whole: a shard that keeps coming
+// may take many timeouts in all; one that stops fails with ErrTimeout. It
+// holds its reader slot until closed.
+func TestBoundedStreamTimesOutOnlyWhenStalled(t *testing.T) {
+	const timeout = 200 * time.Millisecond
+	tr := &trickle{hung: hung{release: make(chan struct{})}, delay: timeout / 4, stall: -1}
+	close(tr.release)
+	b := NewBounded(tr, 1, timeout)
+	r, err := b.Stream(context.Background(), Entry{Key: "a.tar", Size: 12})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Read(context.Background(), Entry{Key: "k", Size: 1}, make([]byte, 1)); !errors.Is(err, ErrTimeout) {
+		t.Fatalf("a read while the only reader streams: %v, want ErrTimeout", err)
+	}
+	got, err := io.ReadAll(r) // 12 reads of timeout/4 each: 3 timeouts in all
+	if err != nil || string(got) != "xxxxxxxxxxxx" {
+		t.Fatalf("a slow but steady stream: %q, %v", got, err)
+	}
+	r.Close()
+	if _, err := b.Read(context.Background(), Entry{Key: "k", Size: 1}, make([]byte, 1)); err != nil {
+		t.Fatalf("the reader was not given back on Close: %v", err)
+	}
+
+	tr.stall = 3
+	r, err = b.Stream(context.Background(), Entry{Key: "b.tar", Size: 12})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if got, err := io.ReadAll(r); !errors.Is(err, ErrTimeout) || len(got) != 3 {
+		t.Fatalf("a stalled stream: %d bytes, %v; want 3 and ErrTimeout", len(got), err)
+	}
+}
+
+func TestBoundedStreamNeedsShards(t *testing.T) {
+	h := &hung{release: make(chan struct{})}
+	if _, err := NewBounded(h, 1, time.Second).Stream(context.Background(), Entry{Key: "a.tar"}); err == nil {
+		t.Fatal("a source without shards was streamed")
 	}
 }

@@ -180,6 +180,40 @@ func (d *Dir) readAt(ctx context.Context, shard Entry, off int64, buf []byte) er
 	return nil
 }
 
+// stream opens a shard file for one sequential pass; it must still be the
+// size it was indexed at, and the read rate obeys the source's throttle.
+func (d *Dir) stream(ctx context.Context, shard Entry) (io.ReadCloser, error) {
+	f, size, err := d.openRegular(shard.Key)
+	if err != nil {
+		return nil, err
+	}
+	if size != shard.Size {
+		f.Close()
+		return nil, fmt.Errorf("read %s: %w (%d bytes, indexed at %d)", shard.Key, ErrChanged, size, shard.Size)
+	}
+	if d.limiter == nil {
+		return f, nil
+	}
+	return &throttledFile{File: f, d: d, ctx: ctx, key: shard.Key}, nil
+}
+
+type throttledFile struct {
+	*os.File
+	d   *Dir
+	ctx context.Context
+	key string
+}
+
+func (t *throttledFile) Read(p []byte) (int, error) {
+	n, err := t.File.Read(p)
+	if n > 0 {
+		if werr := t.d.throttle(t.ctx, t.key, int64(n)); werr != nil {
+			return n, werr
+		}
+	}
+	return n, err
+}
+
 // open opens a shard file for indexing: seekable, so headers are read and
 // member data is skipped.
 func (d *Dir) open(_ context.Context, shard Entry) (io.ReadCloser, error) {

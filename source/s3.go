@@ -211,6 +211,11 @@ func (s *S3) readAt(ctx context.Context, shard Entry, off int64, buf []byte) err
 	return nil
 }
 
+// stream is one GET of a whole shard, for a sequential pass.
+func (s *S3) stream(ctx context.Context, shard Entry) (io.ReadCloser, error) {
+	return s.open(ctx, shard)
+}
+
 // open streams a whole shard (one GET) for indexing.
 func (s *S3) open(ctx context.Context, shard Entry) (io.ReadCloser, error) {
 	body, info, _, err := s.core.GetObject(ctx, s.bucket, s.prefix+shard.Key, minio.GetObjectOptions{})

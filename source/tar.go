@@ -27,7 +27,17 @@ type shardStore interface {
 	list(ctx context.Context, maxSize int64) ([]Entry, error)
 	readAt(ctx context.Context, shard Entry, off int64, buf []byte) error
 	open(ctx context.Context, shard Entry) (io.ReadCloser, error)
+	stream(ctx context.Context, shard Entry) (io.ReadCloser, error)
 	Close() error
+}
+
+// Streamer is a source of tar shards that can also be read one whole shard
+// at a time, front to back: the cheapest way to read every member.
+type Streamer interface {
+	// Stream opens shard (Key, Size and Tag as in a member's Entry: Shard,
+	// ShardSize, Tag) for one sequential pass; a shard that is no longer
+	// the version indexed fails with ErrChanged.
+	Stream(ctx context.Context, shard Entry) (io.ReadCloser, error)
 }
 
 func openShards(norm string, opt Options) (shardStore, error) {
@@ -175,6 +185,14 @@ func (t *Tar) Read(ctx context.Context, e Entry, buf []byte) ([]byte, error) {
 		return nil, err
 	}
 	return buf, nil
+}
+
+// Stream opens one shard for a sequential pass.
+func (t *Tar) Stream(ctx context.Context, shard Entry) (io.ReadCloser, error) {
+	if err := ValidKey(shard.Key); err != nil {
+		return nil, err
+	}
+	return t.shards.stream(ctx, shard)
 }
 
 // countingReader knows the offset it has reached, which after tar's Next is

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -135,7 +136,34 @@ func listed(t *testing.T, src Source, want []member, leftOut int) []Entry {
 	if got := src.(*Tar).LeftOut(); got != leftOut {
 		t.Fatalf("left out %d members, want %d", got, leftOut)
 	}
+	streamed(t, src.(*Tar), entries)
 	return entries
+}
+
+// streamed reads each shard in one pass and finds every member's bytes at
+// its offset.
+func streamed(t *testing.T, src *Tar, entries []Entry) {
+	t.Helper()
+	shards := map[string][]byte{}
+	for _, e := range entries {
+		b, ok := shards[e.Shard]
+		if !ok {
+			r, err := src.Stream(context.Background(), Entry{Key: e.Shard, Size: e.ShardSize, Tag: e.Tag})
+			if err != nil {
+				t.Fatalf("stream %s: %v", e.Shard, err)
+			}
+			b, err = io.ReadAll(r)
+			r.Close()
+			if err != nil || int64(len(b)) != e.ShardSize {
+				t.Fatalf("stream %s: %d bytes of %d, %v", e.Shard, len(b), e.ShardSize, err)
+			}
+			shards[e.Shard] = b
+		}
+		member, err := src.Read(context.Background(), e, nil)
+		if err != nil || !bytes.Equal(b[e.Offset:e.Offset+e.Size], member) {
+			t.Fatalf("%s: not at byte %d of the streamed shard (%v)", e.Key, e.Offset, err)
+		}
+	}
 }
 
 // Shards written by Go and by GNU tar: regular members listed in shard and
@@ -205,6 +233,10 @@ func TestTarReadOfARewrittenShardFails(t *testing.T) {
 	if b, err := src.Read(context.Background(), entries[0], nil); !errors.Is(err, ErrChanged) {
 		t.Fatalf("read %q, err %v: want ErrChanged", b, err)
 	}
+	shard := Entry{Key: entries[0].Shard, Size: entries[0].ShardSize}
+	if _, err := src.(*Tar).Stream(context.Background(), shard); !errors.Is(err, ErrChanged) {
+		t.Fatalf("stream of a rewritten shard: %v, want ErrChanged", err)
+	}
 	// An entry that does not name its shard is refused, not read.
 	bad := entries[0]
 	bad.Shard = "other.tar"
@@ -258,5 +290,9 @@ func TestTarS3ListsAndReadsMembers(t *testing.T) {
 	last := entries[len(entries)-1]
 	if _, err := src.Read(context.Background(), last, nil); !errors.Is(err, ErrChanged) {
 		t.Fatalf("read %s of a rewritten shard: %v, want ErrChanged", last.Key, err)
+	}
+	shard := Entry{Key: last.Shard, Size: last.ShardSize, Tag: last.Tag}
+	if _, err := src.(*Tar).Stream(context.Background(), shard); !errors.Is(err, ErrChanged) {
+		t.Fatalf("stream of a rewritten shard: %v, want ErrChanged", err)
 	}
 }

@@ -96,7 +96,7 @@ func (c *Client) Get(ctx context.Context, addr string, req *Request) ([]Result, 
 	if req.Handoff {
 		h.Flags |= FlagHandoff
 	}
-	resp, pb, err := cn.roundTrip(ctx, h)
+	resp, pb, err := cn.roundTrip(ctx, h, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -136,6 +136,50 @@ func (c *Client) Get(ctx context.Context, addr string, req *Request) ([]Result, 
 		out[0].buf, out[0].pool = pb, &c.bufs
 	}
 	return out, nil
+}
+
+// Push hands items to the peer at addr, their owner: req.Data[j] is the item
+// of req.Indices[j], and req.Sums is filled here. kept[j] tells whether the
+// peer now holds item j (false: it does not own it, or its memory is full).
+func (c *Client) Push(ctx context.Context, addr string, req *Request) (kept []bool, err error) {
+	if len(req.Indices) == 0 || len(req.Indices) > MaxItems || len(req.Data) != len(req.Indices) {
+		return nil, fmt.Errorf("transport: push of %d items for %d indices (1..%d)", len(req.Data), len(req.Indices), MaxItems)
+	}
+	h := &Header{Op: OpPush, Dataset: req.Dataset, DatasetVersion: req.DatasetVersion, Indices: req.Indices, Ring: req.Ring,
+		Sizes: make([]int64, len(req.Data)), Sums: make([]uint64, len(req.Data))}
+	var total int
+	for j, d := range req.Data {
+		h.Sizes[j], h.Sums[j] = int64(len(d)), xxhash.Sum64(d)
+		total += len(d)
+	}
+	if total > MaxPush {
+		return nil, fmt.Errorf("transport: push of %d bytes exceeds %d", total, MaxPush)
+	}
+	req.Sums = h.Sums
+	cn, err := c.conn(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	resp, pb, err := cn.roundTrip(ctx, h, req.Data)
+	if err != nil {
+		return nil, err
+	}
+	if pb != nil {
+		cn.fail(ErrFrame)
+		return nil, fmt.Errorf("%w: a push answered with item bytes", ErrFrame)
+	}
+	if resp.Status != StatusOK {
+		return nil, fmt.Errorf("transport: peer %s: %s", addr, resp.Err)
+	}
+	if len(resp.Sizes) != len(req.Indices) {
+		cn.fail(ErrFrame)
+		return nil, fmt.Errorf("%w: %d sizes for %d indices", ErrFrame, len(resp.Sizes), len(req.Indices))
+	}
+	kept = make([]bool, len(resp.Sizes))
+	for j, sz := range resp.Sizes {
+		kept[j] = sz >= 0
+	}
+	return kept, nil
 }
 
 func (c *Client) conn(ctx context.Context, addr string) (*conn, error) {
@@ -249,7 +293,7 @@ func (cn *conn) fail(err error) {
 	}
 }
 
-func (cn *conn) roundTrip(ctx context.Context, h *Header) (*Header, *bufpool.Buf, error) {
+func (cn *conn) roundTrip(ctx context.Context, h *Header, payload [][]byte) (*Header, *bufpool.Buf, error) {
 	ch := make(chan response, 1)
 	cn.mu.Lock()
 	if cn.dead.Load() {
@@ -268,7 +312,7 @@ func (cn *conn) roundTrip(ctx context.Context, h *Header) (*Header, *bufpool.Buf
 		dl = time.Now().Add(frameTimeout)
 	}
 	cn.nc.SetWriteDeadline(dl)
-	err := writeFrame(cn.bw, h, nil)
+	err := writeFrameTo(cn.nc, cn.bw, h, payload)
 	cn.wmu.Unlock()
 	if err != nil {
 		cn.fail(err)

@@ -24,7 +24,10 @@ const (
 	MaxHeader  = 64 << 10  // header bytes per frame
 	MaxPayload = 640 << 20 // item bytes per frame (a batch response)
 	MaxItems   = 4096      // indices per request
-	prefixLen  = 4 + 8     // u32 header length, u64 payload length
+	// MaxPush bounds the item bytes a push request carries: a warm-up hands
+	// its samples over in frames of a few MiB.
+	MaxPush   = 64 << 20
+	prefixLen = 4 + 8 // u32 header length, u64 payload length
 )
 
 // Op is a request type.
@@ -32,7 +35,8 @@ type Op uint8
 
 // Ops.
 const (
-	OpGet Op = 1 // fetch items by manifest index
+	OpGet  Op = 1 // fetch items by manifest index
+	OpPush Op = 2 // hand items to their owner (a tar shard's warm-up)
 )
 
 // Status of a response.
@@ -53,8 +57,9 @@ const (
 )
 
 // Header is the msgpack part of a frame. Requests fill Op, Dataset,
-// DatasetVersion, Indices, Ring and Flags; responses fill Status, Err, Sizes
-// (-1 = not held) and Sums.
+// DatasetVersion, Indices, Ring and Flags (a push also Sizes and Sums of the
+// items it carries); responses fill Status, Err, Sizes (-1 = not held, or for
+// a push not kept) and Sums.
 type Header struct {
 	ID             uint64
 	Op             Op
@@ -127,6 +132,12 @@ func writeFrameTo(conn net.Conn, w *bufio.Writer, h *Header, payload [][]byte) e
 // (nil: a fresh one) only after its declared length has been checked against
 // maxPayload.
 func readFrame(r *bufio.Reader, maxPayload uint64, alloc *bufpool.Pool) (*Header, *bufpool.Buf, error) {
+	return readFrameFor(r, func(*Header) uint64 { return maxPayload }, alloc)
+}
+
+// readFrameFor is readFrame with a payload bound that depends on the header
+// (a request's op), checked before the payload is allocated.
+func readFrameFor(r *bufio.Reader, maxPayload func(*Header) uint64, alloc *bufpool.Pool) (*Header, *bufpool.Buf, error) {
 	var pre [prefixLen]byte
 	if _, err := io.ReadFull(r, pre[:]); err != nil {
 		return nil, nil, err
@@ -136,8 +147,8 @@ func readFrame(r *bufio.Reader, maxPayload uint64, alloc *bufpool.Pool) (*Header
 	if hlen == 0 || hlen > MaxHeader {
 		return nil, nil, fmt.Errorf("%w: header length %d", ErrFrame, hlen)
 	}
-	if plen > maxPayload {
-		return nil, nil, fmt.Errorf("%w: payload length %d over %d", ErrFrame, plen, maxPayload)
+	if plen > MaxPayload {
+		return nil, nil, fmt.Errorf("%w: payload length %d over %d", ErrFrame, plen, uint64(MaxPayload))
 	}
 	hb := make([]byte, hlen)
 	if _, err := io.ReadFull(r, hb); err != nil {
@@ -146,6 +157,9 @@ func readFrame(r *bufio.Reader, maxPayload uint64, alloc *bufpool.Pool) (*Header
 	h, err := decodeHeader(hb)
 	if err != nil {
 		return nil, nil, err
+	}
+	if limit := maxPayload(h); plen > limit {
+		return nil, nil, fmt.Errorf("%w: payload length %d over %d", ErrFrame, plen, limit)
 	}
 	if plen == 0 {
 		return h, nil, nil

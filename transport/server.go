@@ -4,11 +4,16 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"sync"
 	"time"
+
+	"github.com/cespare/xxhash/v2"
+
+	"stallfree/bufpool"
 )
 
 // Request is a decoded peer request.
@@ -18,6 +23,13 @@ type Request struct {
 	Indices        []uint32
 	Ring           uint64
 	Handoff        bool
+	// Push is set when the asker hands the items over: Data[j] is the item
+	// of Indices[j] and Sums[j] its checksum, already verified. The handler
+	// answers Found for the items it kept; Data holds them only until it
+	// returns.
+	Push bool
+	Data [][]byte
+	Sums []uint64
 	// Inline is set on the first call for a request, made on the
 	// connection's reader: the handler must answer from memory without
 	// blocking or return ErrWouldBlock, and is then called again (Inline
@@ -48,6 +60,15 @@ const (
 	frameTimeout       = 30 * time.Second
 )
 
+// requestPayload is how many item bytes a request may carry: only pushes
+// carry any.
+func requestPayload(h *Header) uint64 {
+	if h.Op == OpPush {
+		return MaxPush
+	}
+	return 0
+}
+
 // Server accepts authenticated peer connections.
 type Server struct {
 	key     []byte
@@ -59,6 +80,7 @@ type Server struct {
 	wg      sync.WaitGroup
 	mu      sync.Mutex
 	conns   map[net.Conn]struct{}
+	pushed  bufpool.Pool // receive buffers of push requests
 }
 
 // NewServer returns a server; call Serve.
@@ -127,23 +149,34 @@ func (s *Server) serveConn(c net.Conn) {
 	defer inflight.Wait()
 	for {
 		c.SetReadDeadline(time.Now().Add(idleTimeout))
-		// Requests carry no payload: any declared payload is a protocol error.
-		h, _, err := readFrame(br, 0, nil)
+		// Only pushes carry a payload; any other declared payload is a
+		// protocol error, refused before anything is allocated for it.
+		h, payload, err := readFrameFor(br, requestPayload, &s.pushed)
 		if err != nil {
 			if !errors.Is(err, net.ErrClosed) && s.ctx.Err() == nil && !isEOF(err) {
 				s.log.Warn("dropping peer connection", "remote", c.RemoteAddr().String(), "err", err)
 			}
 			return
 		}
-		if h.Op != OpGet || len(h.Indices) == 0 {
-			s.log.Warn("dropping peer connection: bad request", "remote", c.RemoteAddr().String(), "op", h.Op)
+		req, err := s.request(h, payload)
+		if err != nil {
+			s.log.Warn("dropping peer connection: bad request", "remote", c.RemoteAddr().String(), "op", h.Op, "err", err)
 			return
+		}
+		recycle := func() {
+			if payload != nil {
+				s.pushed.Put(payload)
+			}
+		}
+		if req.Push && !pushIntact(req) {
+			recycle()
+			s.respond(c, bw, &wmu, h, nil, errors.New("pushed item fails its checksum"))
+			continue
 		}
 		// Items in memory are answered right here: a goroutine per request
 		// costs more than serving it (most peer requests are such hits).
-		req := &Request{Dataset: h.Dataset, DatasetVersion: h.DatasetVersion, Indices: h.Indices, Ring: h.Ring,
-			Handoff: h.Flags&FlagHandoff != 0, Inline: true}
 		if items, err := s.handler(s.ctx, req); !errors.Is(err, ErrWouldBlock) {
+			recycle()
 			s.respond(c, bw, &wmu, h, items, err)
 			continue
 		}
@@ -160,9 +193,57 @@ func (s *Server) serveConn(c net.Conn) {
 			ctx, cancel := context.WithTimeout(s.ctx, frameTimeout)
 			defer cancel()
 			items, err := s.handler(ctx, req)
+			recycle()
 			s.respond(c, bw, &wmu, h, items, err)
 		}()
 	}
+}
+
+// request checks a request frame's shape and splits a push's payload into
+// its items. An error means the peer does not speak the protocol.
+func (s *Server) request(h *Header, payload *bufpool.Buf) (*Request, error) {
+	if len(h.Indices) == 0 {
+		return nil, errors.New("no indices")
+	}
+	req := &Request{Dataset: h.Dataset, DatasetVersion: h.DatasetVersion, Indices: h.Indices, Ring: h.Ring,
+		Handoff: h.Flags&FlagHandoff != 0, Inline: true}
+	switch h.Op {
+	case OpGet:
+		return req, nil
+	case OpPush:
+	default:
+		return nil, fmt.Errorf("unknown op %d", h.Op)
+	}
+	if req.Handoff || len(h.Sizes) != len(h.Indices) || len(h.Sums) != len(h.Indices) {
+		return nil, errors.New("a push needs one size and one sum per index, and no handoff")
+	}
+	var b []byte
+	if payload != nil {
+		b = payload.B
+	}
+	total := len(b)
+	req.Push, req.Sums, req.Data = true, h.Sums, make([][]byte, len(h.Sizes))
+	for j, sz := range h.Sizes {
+		if sz < 0 || sz > int64(len(b)) {
+			return nil, fmt.Errorf("item sizes exceed the %d bytes pushed", total)
+		}
+		req.Data[j], b = b[:sz:sz], b[sz:]
+	}
+	if len(b) != 0 {
+		return nil, fmt.Errorf("%d stray bytes pushed", len(b))
+	}
+	return req, nil
+}
+
+// pushIntact checks every pushed item against the sum it came with: what an
+// owner keeps must be what storage held.
+func pushIntact(req *Request) bool {
+	for j, d := range req.Data {
+		if xxhash.Sum64(d) != req.Sums[j] {
+			return false
+		}
+	}
+	return true
 }
 
 // respond writes the answer to request h and releases the items.
