@@ -161,6 +161,19 @@ type Progress struct {
 	Error   string `json:"error,omitempty"`
 }
 
+// Registration is GET /v1/datasets/{name}/registration: how far the listing
+// (for tar sources, the indexing) of a dataset being registered has got.
+// The leader, which registers, answers it.
+type Registration struct {
+	Running    bool    `json:"running"`
+	Listed     int64   `json:"listed"`      // objects listed, or tar members indexed
+	Shards     int64   `json:"shards"`      // tar shards to index (0: not a tar source, or not listed yet)
+	ShardsDone int64   `json:"shards_done"` // tar shards indexed
+	ShardBytes int64   `json:"shard_bytes"` // bytes of the shards indexed
+	Seconds    float64 `json:"seconds"`
+	Error      string  `json:"error,omitempty"`
+}
+
 // Dataset is a dataset's catalog entry as the API shows it.
 type Dataset struct {
 	Name    string `json:"name"`

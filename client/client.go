@@ -206,8 +206,10 @@ type (
 	Member   = api.Member
 	Cluster  = api.Cluster
 	Progress = api.Progress
-	Dataset  = api.Dataset
-	Job      = api.Job
+	// Registration is how far a dataset's registration has got.
+	Registration = api.Registration
+	Dataset      = api.Dataset
+	Job          = api.Job
 )
 
 // Item is one fetched item.
@@ -377,6 +379,14 @@ func (c *Client) Warmup(ctx context.Context, dataset string) (Progress, error) {
 	var p Progress
 	err := c.JSON(ctx, http.MethodGet, "/v1/datasets/"+url.PathEscape(dataset)+"/warmup", nil, &p)
 	return p, err
+}
+
+// Registration asks how far the registration of dataset has got (the
+// leader answers; 404 before it starts).
+func (c *Client) Registration(ctx context.Context, dataset string) (Registration, error) {
+	var r Registration
+	err := c.JSON(ctx, http.MethodGet, "/v1/datasets/"+url.PathEscape(dataset)+"/registration", nil, &r)
+	return r, err
 }
 
 // PutJob registers or replaces a job.

@@ -294,6 +294,10 @@ func (s *Server) datasets(ctx *fasthttp.RequestCtx, method, path string, seg []s
 		}
 		return
 	}
+	if seg[1] == "registration" && len(seg) == 2 {
+		s.registration(ctx, method, name)
+		return
+	}
 	d, ok := s.dataset(ctx, name, seg[1] != "warmup")
 	if !ok {
 		return
@@ -371,6 +375,24 @@ func (s *Server) datasets(ctx *fasthttp.RequestCtx, method, path string, seg []s
 		return
 	}
 	writeError(ctx, fasthttp.StatusNotFound, "no such route")
+}
+
+// registration answers how far a registration has got. The leader
+// registers, so a follower relays the question to it.
+func (s *Server) registration(ctx *fasthttp.RequestCtx, method, name string) {
+	if method != fasthttp.MethodGet {
+		methodNotAllowed(ctx)
+		return
+	}
+	if s.relayUnknown(ctx) {
+		return
+	}
+	r, ok := s.node.Registration(name)
+	if !ok {
+		writeError(ctx, fasthttp.StatusNotFound, fmt.Sprintf("no registration of %q on this node since it started", name))
+		return
+	}
+	writeJSON(ctx, 200, r)
 }
 
 // dataset finds the dataset a request names; when this node does not know

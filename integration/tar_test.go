@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -108,6 +109,12 @@ func makeWDS(t *testing.T, samples, perShard, size int) *wds {
 	return w
 }
 
+// hasStatus reports whether err is the API's answer with that status.
+func hasStatus(err error, status int) bool {
+	e, ok := errors.AsType[*api.Error](err)
+	return ok && e.Status == status
+}
+
 // shardBytes is the size of all shards on disk.
 func (w *wds) shardBytes(t *testing.T) int64 {
 	t.Helper()
@@ -150,6 +157,17 @@ func TestTarDatasetOnACluster(t *testing.T) {
 	info, err := nodes[2].c.Dataset(ctx, "wds")
 	if err != nil {
 		t.Fatal(err)
+	}
+	// How far the registration got, asked of any member (the leader, which
+	// indexed the shards, answers).
+	for _, n := range nodes {
+		reg, err := n.c.Registration(ctx, "wds")
+		if err != nil || reg.Running || reg.Shards != 8 || reg.ShardsDone != 8 || reg.Listed != int64(len(w.keys)) || reg.Error != "" {
+			t.Fatalf("%s: registration %+v, %v; want 8 of 8 shards and %d members, ended", n.name, reg, err, len(w.keys))
+		}
+	}
+	if _, err := nodes[1].c.Registration(ctx, "never-registered"); !hasStatus(err, http.StatusNotFound) {
+		t.Fatalf("registration of an unknown dataset: %v, want 404", err)
 	}
 	if info.Items != len(w.keys) || info.Samples != len(w.samples) || info.Bytes != w.total || info.LeftOut != 1 || info.Shards != 8 {
 		t.Fatalf("dataset info %+v; want %d items, %d samples, %d bytes, 8 shards, 1 member left out",

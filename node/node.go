@@ -94,7 +94,9 @@ type Node struct {
 	mu      sync.Mutex
 	sources map[uint32]*source.Bounded
 	warmups map[string]*warmup
-	owners  map[uint32]ownerMap // by dataset ID
+	// registrations are the listings this node ran, by dataset name.
+	registrations map[string]*registration
+	owners        map[uint32]ownerMap // by dataset ID
 
 	peers    Peers
 	leader   leaderLink
@@ -164,7 +166,7 @@ func New(cfg Config) (*Node, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	n := &Node{cfg: cfg, log: cfg.Logger, cat: cat, store: st, sources: map[uint32]*source.Bounded{}, owners: map[uint32]ownerMap{},
-		warmups: map[string]*warmup{}, ctx: ctx, cancel: cancel, foresight: fore, peers: newNoPeers(cfg.Name)}
+		warmups: map[string]*warmup{}, registrations: map[string]*registration{}, ctx: ctx, cancel: cancel, foresight: fore, peers: newNoPeers(cfg.Name)}
 	n.leader = newLeaderLink(cfg.Name, cfg.Token)
 	n.inflight.limit = cfg.MaxInflightBytes
 	n.registry = n.registerMetrics()
@@ -298,7 +300,7 @@ func (n *Node) allowed(norm string) error {
 
 // RegisterDataset lists the source and records the dataset in the catalog.
 // It must run on the raft leader (the API forwards otherwise).
-func (n *Node) RegisterDataset(ctx context.Context, name, spec string) (*catalog.Dataset, bool, error) {
+func (n *Node) RegisterDataset(ctx context.Context, name, spec string) (_ *catalog.Dataset, _ bool, err error) {
 	norm, err := n.CheckSource(spec)
 	if err != nil {
 		return nil, false, err
@@ -309,7 +311,9 @@ func (n *Node) RegisterDataset(ctx context.Context, name, spec string) (*catalog
 		}
 		return nil, false, fmt.Errorf("%w: dataset %q is registered with source %s", catalog.ErrConflict, name, d.Source)
 	}
-	src, err := source.Open(norm, source.Options{S3: n.cfg.S3})
+	reg := n.startRegistration(name)
+	defer func() { reg.end(err) }()
+	src, err := source.Open(norm, source.Options{S3: n.cfg.S3, Progress: &reg.progress})
 	if err != nil {
 		return nil, false, fmt.Errorf("%w: %w", ErrBadRequest, err)
 	}

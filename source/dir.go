@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -21,6 +22,7 @@ type Dir struct {
 	root    *os.Root
 	path    string
 	limiter *rate.Limiter
+	listed  *atomic.Int64
 }
 
 // OpenDir opens the directory at path.
@@ -33,7 +35,7 @@ func OpenDir(path string, opt Options) (*Dir, error) {
 	if err != nil {
 		return nil, fmt.Errorf("source %s: %w", path, err)
 	}
-	d := &Dir{root: root, path: real}
+	d := &Dir{root: root, path: real, listed: &progressOf(opt).Listed}
 	if opt.BytesPerSecond > 0 {
 		// A small bucket (1/20 s of bandwidth): an idle source must not bank
 		// seconds of reads and then serve them at memory speed.
@@ -81,6 +83,7 @@ func (d *Dir) list(ctx context.Context, maxSize int64) ([]Entry, error) {
 			return fmt.Errorf("source %s: %s is %d bytes, over the %d-byte item limit", d.path, key, fi.Size(), maxSize)
 		}
 		out = append(out, Entry{Key: key, Size: fi.Size()})
+		d.listed.Add(1)
 		return nil
 	})
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/minio/minio-go/v7"
@@ -41,10 +42,12 @@ type S3 struct {
 	bucket string
 	prefix string // "" or ending in "/"
 	cfg    S3Config
+	listed *atomic.Int64
 }
 
 // openS3 opens s3://BUCKET/PREFIX (normalized).
-func openS3(norm string, cfg S3Config) (*S3, error) {
+func openS3(norm string, opt Options) (*S3, error) {
+	cfg := opt.S3
 	bucket, prefix, _ := strings.Cut(strings.TrimPrefix(norm, "s3://"), "/")
 	if prefix != "" {
 		prefix += "/"
@@ -73,7 +76,7 @@ func openS3(norm string, cfg S3Config) (*S3, error) {
 	if err != nil {
 		return nil, fmt.Errorf("s3 client: %w", err)
 	}
-	return &S3{core: *c, bucket: bucket, prefix: prefix, cfg: cfg}, nil
+	return &S3{core: *c, bucket: bucket, prefix: prefix, cfg: cfg, listed: &progressOf(opt).Listed}, nil
 }
 
 func (c S3Config) credentials() *credentials.Credentials {
@@ -118,6 +121,7 @@ func (s *S3) list(ctx context.Context, maxSize int64) ([]Entry, error) {
 		}
 		if e, ok := s.entry(o, maxSize); ok {
 			out = append(out, e)
+			s.listed.Add(1)
 		}
 	}
 	listers := s.cfg.Listers
@@ -136,6 +140,7 @@ func (s *S3) list(ctx context.Context, maxSize int64) ([]Entry, error) {
 				}
 				if e, ok := s.entry(o, maxSize); ok {
 					part = append(part, e)
+					s.listed.Add(1)
 				}
 			}
 			mu.Lock()

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"unicode/utf8"
 )
 
@@ -64,6 +65,25 @@ type Options struct {
 	// slow storage.
 	BytesPerSecond int64
 	S3             S3Config
+	// Progress, when set, counts a listing as it goes (for a progress bar
+	// while a large dataset registers).
+	Progress *Progress
+}
+
+// Progress is how far a listing has got. Counters only grow.
+type Progress struct {
+	Listed     atomic.Int64 // objects listed (for tar sources, members indexed)
+	Shards     atomic.Int64 // tar shards to index; 0 until they are listed
+	ShardsDone atomic.Int64 // tar shards indexed
+	ShardBytes atomic.Int64 // bytes of the shards indexed
+}
+
+// progressOf is opt's progress, or one nobody reads.
+func progressOf(opt Options) *Progress {
+	if opt.Progress != nil {
+		return opt.Progress
+	}
+	return &Progress{}
 }
 
 // Normalize turns a user's source spec into the canonical form stored in the
@@ -160,10 +180,11 @@ func Open(spec string, opt Options) (Source, error) {
 		if err != nil {
 			return nil, err
 		}
-		return &Tar{shards: st, spec: norm}, nil
+		// The tar source counts members, not the shard objects listed.
+		return &Tar{shards: st, spec: norm, progress: progressOf(opt)}, nil
 	}
 	if strings.HasPrefix(norm, "s3://") {
-		return openS3(norm, opt.S3)
+		return openS3(norm, opt)
 	}
 	return OpenDir(strings.TrimPrefix(norm, "dir://"), opt)
 }

@@ -41,8 +41,9 @@ type Streamer interface {
 }
 
 func openShards(norm string, opt Options) (shardStore, error) {
+	opt.Progress = nil
 	if strings.HasPrefix(norm, "s3://") {
-		return openS3(norm, opt.S3)
+		return openS3(norm, opt)
 	}
 	return OpenDir(strings.TrimPrefix(norm, "dir://"), opt)
 }
@@ -51,9 +52,10 @@ func openShards(norm string, opt Options) (shardStore, error) {
 // directory or an S3 prefix: WebDataset's layout. Items are regular-file
 // members, keyed SHARD/MEMBER, in shard order and then archive order.
 type Tar struct {
-	shards  shardStore
-	spec    string
-	leftOut atomic.Int64
+	shards   shardStore
+	spec     string
+	leftOut  atomic.Int64
+	progress *Progress
 }
 
 // Close releases the storage.
@@ -79,6 +81,7 @@ func (t *Tar) List(ctx context.Context) ([]Entry, error) {
 			shards = append(shards, e)
 		}
 	}
+	t.progress.Shards.Store(int64(len(shards)))
 	members := make([][]Entry, len(shards))
 	left := make([]int, len(shards))
 	g, gctx := errgroup.WithContext(ctx)
@@ -87,6 +90,9 @@ func (t *Tar) List(ctx context.Context) ([]Entry, error) {
 		g.Go(func() error {
 			var err error
 			members[s], left[s], err = t.index(gctx, shard)
+			t.progress.Listed.Add(int64(len(members[s])))
+			t.progress.ShardsDone.Add(1)
+			t.progress.ShardBytes.Add(shard.Size)
 			return err
 		})
 	}

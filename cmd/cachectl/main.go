@@ -179,7 +179,7 @@ func (a *app) datasets(ctx context.Context, args []string) error {
 	}
 	switch {
 	case args[0] == "add" && len(args) == 3:
-		d, err := a.c.PutDataset(ctx, args[1], args[2])
+		d, err := a.register(ctx, args[1], args[2])
 		if err != nil {
 			return err
 		}
@@ -206,6 +206,59 @@ func (a *app) datasets(ctx context.Context, args []string) error {
 		return a.c.DeleteDataset(ctx, args[1])
 	}
 	return usageError{"datasets add NAME SOURCE | ls | rm NAME"}
+}
+
+// register registers a dataset and, while the leader lists (or, for tar
+// shards, indexes) its source, shows how far it has got.
+func (a *app) register(ctx context.Context, name, src string) (client.Dataset, error) {
+	type result struct {
+		d   client.Dataset
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		d, err := a.c.PutDataset(ctx, name, src)
+		done <- result{d, err}
+	}()
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	var bar *progressbar.ProgressBar
+	for {
+		select {
+		case r := <-done:
+			if bar != nil {
+				_ = bar.Finish()
+				fmt.Fprintln(os.Stderr)
+			}
+			return r.d, r.err
+		case <-tick.C:
+		}
+		if a.json {
+			continue
+		}
+		p, err := a.c.Registration(ctx, name)
+		if err != nil || !p.Running {
+			continue // not started yet, or a registration from before
+		}
+		switch {
+		case p.Shards > 0:
+			if bar == nil || bar.GetMax64() != p.Shards {
+				bar = progressbar.NewOptions64(p.Shards, progressbar.OptionSetDescription("indexing "+name),
+					progressbar.OptionShowCount(), progressbar.OptionSetItsString("shards"), progressbar.OptionShowIts(),
+					progressbar.OptionSetPredictTime(true), progressbar.OptionSetWriter(os.Stderr),
+					progressbar.OptionThrottle(100*time.Millisecond), progressbar.OptionFullWidth())
+			}
+			bar.Describe(fmt.Sprintf("indexing %s (%d members, %s)", name, p.Listed, humanize.IBytes(uint64(p.ShardBytes))))
+			_ = bar.Set64(p.ShardsDone)
+		default:
+			if bar == nil {
+				bar = progressbar.NewOptions64(-1, progressbar.OptionSetDescription("listing "+name),
+					progressbar.OptionSetWriter(os.Stderr), progressbar.OptionThrottle(100*time.Millisecond))
+			}
+			bar.Describe(fmt.Sprintf("listing %s: %d objects", name, p.Listed))
+			_ = bar.Set64(p.Listed)
+		}
+	}
 }
 
 // memberClients returns a client per alive member, or just the given node
