@@ -53,7 +53,7 @@ clean:
 COMPOSE ?= docker-compose
 IMAGE   := stallfree:local
 
-.PHONY: image cluster-data cluster-up cluster-down test-docker
+.PHONY: image minio-image cluster-data cluster-up cluster-up-s3 cluster-down test-docker
 
 image:
 	rm -rf deploy/rootfs && mkdir -p deploy/rootfs/tmp deploy/rootfs/var/lib/stallfree
@@ -73,22 +73,34 @@ cluster-data: build
 # and handed to the containers as files (compose secrets). The directory is
 # private; the files inside are readable so the unprivileged node can read
 # its bind-mounted copy.
-.cluster/token .cluster/cluster.key:
-	mkdir -p .cluster && chmod 700 .cluster
-	head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > .cluster/token
-	head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > .cluster/cluster.key
-	chmod 644 .cluster/token .cluster/cluster.key
+SECRETS := .cluster/token .cluster/cluster.key .cluster/s3-credentials
+$(SECRETS):
+	./scripts/cluster-secrets.sh .cluster
 
-cluster-up: image cluster-data .cluster/token .cluster/cluster.key
+cluster-up: image cluster-data $(SECRETS)
 	$(COMPOSE) up -d
 	@for n in 1 2 3; do for i in $$(seq 150); do \
 		bin/cachectl --node http://127.0.0.1:717$$n --token-file .cluster/token health 2>/dev/null && break; sleep 0.2; done; done
 	bin/cachectl --node http://127.0.0.1:7171 --token-file .cluster/token members
 
+# The same cluster reading s3://demo/data from a MinIO container.
+cluster-up-s3: cluster-up minio-image
+	$(COMPOSE) --profile s3 up -d minio s3-upload
+	@test "$$(docker wait $$($(COMPOSE) --profile s3 ps -q s3-upload))" = 0 || { $(COMPOSE) --profile s3 logs s3-upload; exit 1; }
+	bin/cachectl --node http://127.0.0.1:7171 --token-file .cluster/token datasets add demo-s3 s3://demo/data
+
 cluster-down:
-	$(COMPOSE) --profile scale down -v --remove-orphans
-	-docker image rm $(IMAGE) 2>/dev/null
-	rm -rf deploy/rootfs
+	$(COMPOSE) --profile scale --profile s3 down -v --remove-orphans
+	-docker image rm $(IMAGE) $(MINIO_IMAGE) 2>/dev/null
+	rm -rf deploy/rootfs deploy/minio-rootfs
+
+MINIO_IMAGE := stallfree-minio:local
+minio-image:
+	rm -rf deploy/minio-rootfs && mkdir -p deploy/minio-rootfs/tmp deploy/minio-rootfs/var/lib/minio
+	cp "$$(./scripts/minio.sh)" deploy/minio-rootfs/minio
+	chmod 1777 deploy/minio-rootfs/tmp
+	-@docker image rm $(MINIO_IMAGE) >/dev/null 2>&1
+	docker build -q -t $(MINIO_IMAGE) -f deploy/Dockerfile.minio deploy
 
 test-docker:
 	CGO_ENABLED=1 $(GO) test -race -count=1 -tags docker -timeout 30m -run Docker ./integration

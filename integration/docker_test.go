@@ -68,7 +68,9 @@ func (c *composeCluster) compose(args ...string) string {
 
 func container(node string) string { return project + "_" + node + "_1" }
 
-func startCompose(t *testing.T) *composeCluster {
+// startCompose starts the compose file's cluster with the given profiles
+// (none: the three nodes) on 600 random files.
+func startCompose(t *testing.T, profiles ...string) *composeCluster {
 	t.Helper()
 	if out, err := exec.Command("docker", "info").CombinedOutput(); err != nil {
 		t.Fatalf("no docker engine: %v\n%s", err, out)
@@ -95,18 +97,30 @@ func startCompose(t *testing.T) *composeCluster {
 	c.token = fmt.Sprintf("tok-%x", r.Uint64())
 	os.WriteFile(filepath.Join(secrets, "token"), []byte(c.token), 0o644)
 	os.WriteFile(filepath.Join(secrets, "cluster.key"), []byte(fmt.Sprintf("key-%x%x", r.Uint64(), r.Uint64())), 0o644)
+	user, pass := fmt.Sprintf("sf%x", r.Uint32()), fmt.Sprintf("%x%x", r.Uint64(), r.Uint64())
+	os.WriteFile(filepath.Join(secrets, "s3-user"), []byte(user), 0o644)
+	os.WriteFile(filepath.Join(secrets, "s3-password"), []byte(pass), 0o644)
+	os.WriteFile(filepath.Join(secrets, "s3-credentials"),
+		fmt.Appendf(nil, "[default]\naws_access_key_id = %s\naws_secret_access_key = %s\n", user, pass), 0o644)
 	c.env = []string{"STALLFREE_DATA=" + data, "STALLFREE_SECRETS=" + secrets, "STALLFREE_MEMORY=256MiB"}
 
 	c.must("make", "image")
+	if slices.Contains(profiles, "s3") {
+		c.must("make", "minio-image")
+	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			out, _ := c.run("docker-compose", "-p", project, "logs", "--tail", "60")
+			out, _ := c.run("docker-compose", "-p", project, "--profile", "s3", "logs", "--tail", "60")
 			t.Logf("container logs:\n%s", out)
 		}
-		c.run("docker-compose", "-p", project, "--profile", "scale", "down", "-v", "--remove-orphans")
-		c.run("docker", "image", "rm", "stallfree:local")
+		c.run("docker-compose", "-p", project, "--profile", "scale", "--profile", "s3", "down", "-v", "--remove-orphans")
+		c.run("docker", "image", "rm", "stallfree:local", "stallfree-minio:local")
 	})
-	c.compose("up", "-d")
+	var up []string
+	for _, p := range profiles {
+		up = append(up, "--profile", p)
+	}
+	c.compose(append(up, "up", "-d")...)
 	for i, n := range []string{"node1", "node2", "node3"} {
 		c.clients[n] = client.New(fmt.Sprintf("http://127.0.0.1:%d", 7171+i), c.token)
 	}
@@ -368,4 +382,72 @@ func TestDockerCluster(t *testing.T) {
 			}
 		}
 	})
+}
+
+// The compose file's `--profile s3`: MinIO in a FROM-scratch container, the
+// uploader copying the data into s3://demo/data, and the three nodes
+// registering that prefix, warming it with one GET per object in the whole
+// cluster, and serving every object byte for byte from every node.
+func TestDockerS3Profile(t *testing.T) {
+	c := startCompose(t, "s3")
+	ctx := context.Background()
+	upload := strings.TrimSpace(c.compose("--profile", "s3", "ps", "-q", "s3-upload"))
+	if code := strings.TrimSpace(c.must("docker", "wait", upload)); code != "0" {
+		out, _ := c.run("docker", "logs", upload)
+		t.Fatalf("the uploader exited %s:\n%s", code, out)
+	}
+	d, err := c.clients["node2"].PutDataset(ctx, "demo-s3", "s3://demo/data")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Items != len(c.keys) {
+		t.Fatalf("s3://demo/data registered with %d items, want %d", d.Items, len(c.keys))
+	}
+	// Read nothing from the directory dataset: every storage read below is S3's.
+	for _, n := range []string{"node1", "node2", "node3"} {
+		if _, err := c.clients[n].StartWarmup(ctx, "demo-s3"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 120*time.Second, "the S3 warm-up", func() bool {
+		done := 0
+		for _, cl := range c.clients {
+			p, err := cl.Warmup(ctx, "demo-s3")
+			if err != nil || p.Running || p.Error != "" {
+				return false
+			}
+			done += int(p.Done)
+		}
+		return done == len(c.keys)
+	})
+	var reads uint64
+	for n, cl := range c.clients {
+		st, err := cl.Stats(ctx)
+		if err != nil {
+			t.Fatalf("%s: %v", n, err)
+		}
+		reads += st.SourceReads
+	}
+	if reads != uint64(len(c.keys)) {
+		t.Fatalf("the warm-up made %d GETs for %d objects, want one each", reads, len(c.keys))
+	}
+	for n, cl := range c.clients {
+		for i, key := range c.keys {
+			it, err := cl.ItemByIndex(ctx, "demo-s3", i)
+			if err != nil || it.Key != key || !bytes.Equal(it.Data, c.files[key]) {
+				t.Fatalf("%s item %d (%s): %v", n, i, key, err)
+			}
+		}
+	}
+	var after uint64
+	for _, cl := range c.clients {
+		st, err := cl.Stats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		after += st.SourceReads
+	}
+	if after != reads {
+		t.Fatalf("%d more storage reads while serving a warm dataset", after-reads)
+	}
 }
