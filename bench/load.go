@@ -21,8 +21,11 @@ import (
 
 // Target is something to send load to: a server process and a request shape.
 type Target struct {
-	Name  string
-	Addr  string
+	Name string
+	Addr string
+	// Addrs, when set, are several servers: each worker holds a connection
+	// to every one, and do picks (conn.peers) per request.
+	Addrs []string
 	PIDs  func() []int // server processes whose CPU is charged to the target
 	Items int          // items per request (64 for a batch)
 	// Parts names the server processes whose CPU is also reported one by one
@@ -36,6 +39,16 @@ type conn struct {
 	net.Conn
 	br *bufio.Reader
 	bw *bufio.Writer
+	// peers are this worker's connections to Target.Addrs, in their order.
+	peers []*conn
+}
+
+func dialConn(addr string) (*conn, error) {
+	nc, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	return &conn{Conn: nc, br: bufio.NewReaderSize(nc, 256<<10), bw: bufio.NewWriterSize(nc, 4<<10)}, nil
 }
 
 // Result of one load run.
@@ -59,13 +72,22 @@ type Result struct {
 // Run sends load with conc connections for d and measures it.
 func Run(t *Target, conc int, d time.Duration) (Result, error) {
 	conns := make([]*conn, conc)
+	addrs := t.Addrs
+	if len(addrs) == 0 {
+		addrs = []string{t.Addr}
+	}
 	for i := range conns {
-		nc, err := net.DialTimeout("tcp", t.Addr, 2*time.Second)
-		if err != nil {
-			return Result{}, fmt.Errorf("%s: %w", t.Name, err)
+		for _, addr := range addrs {
+			c, err := dialConn(addr)
+			if err != nil {
+				return Result{}, fmt.Errorf("%s: %w", t.Name, err)
+			}
+			defer c.Close()
+			if conns[i] == nil {
+				conns[i] = c
+			}
+			conns[i].peers = append(conns[i].peers, c)
 		}
-		conns[i] = &conn{Conn: nc, br: bufio.NewReaderSize(nc, 256<<10), bw: bufio.NewWriterSize(nc, 4<<10)}
-		defer nc.Close()
 	}
 	cpu0 := cpuTicks(t.PIDs())
 	parts0 := map[string]int64{}
@@ -169,6 +191,24 @@ func HTTPGet(name, addr string, pids func() []int, paths []string, header string
 			return 0, err
 		}
 		return readHTTP(c.br)
+	}}
+}
+
+// HTTPGetRouted targets GETs to several servers: request i of paths goes to
+// addrs[route[i]] (a client that knows every item's owner).
+func HTTPGetRouted(name string, addrs []string, pids func() []int, paths []string, route []int) *Target {
+	reqs := make([][]byte, len(paths))
+	for i, p := range paths {
+		reqs[i] = []byte("GET " + p + " HTTP/1.1\r\nHost: bench\r\n\r\n")
+	}
+	return &Target{Name: name, Addrs: addrs, PIDs: pids, Items: 1, do: func(c *conn, r *rand.Rand) (int, error) {
+		i := r.IntN(len(reqs))
+		pc := c.peers[route[i]]
+		pc.bw.Write(reqs[i])
+		if err := pc.bw.Flush(); err != nil {
+			return 0, err
+		}
+		return readHTTP(pc.br)
 	}}
 }
 

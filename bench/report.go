@@ -119,8 +119,30 @@ func Markdown(rep *Report, out string) string {
 		w("| | tar shards | files | tar / files |\n|---|---:|---:|---:|\n")
 		w("| samples/s, one per request | %.0f | %.0f | %.2f |\n", t.TarSinglePerS, t.FilesSinglePerS, t.TarSinglePerS/t.FilesSinglePerS)
 		w("| samples/s, 64 per request | %.0f | %.0f | %.2f |\n", t.TarBatchPerS, t.FilesBatchPerS, t.TarBatchPerS/t.FilesBatchPerS)
-		w("| warm-up MB/s (each member once, owners read their share) | %.0f | %.0f | %.2f |\n", t.TarWarmMBPerS, t.FilesWarmMBPerS, t.TarWarmMBPerS/t.FilesWarmMBPerS)
+		w("| warm-up MB/s (shards: each read once, front to back, samples pushed to owners; files: owners read their share) | %.0f | %.0f | %.2f |\n", t.TarWarmMBPerS, t.FilesWarmMBPerS, t.TarWarmMBPerS/t.FilesWarmMBPerS)
 		w("| registration s | %.2f | %.2f | |\n", t.TarRegisterS, t.FilesRegisterS)
+	}
+	if len(rep.Routing) > 0 {
+		w("\n## Owner routing: reads sent to each item's owner\n\n")
+		w("Random reads of all %v items (a random-order epoch) on a warm cluster, the same Go load client with %v connections\n", rep.Config["items"], rep.Config["concurrency"])
+		w("per node it talks to: every request through one node (a peer hit for the items others own), each request to its\n")
+		w("item's owner by the owner table (`Client(route=\"owner\")`), and the all-local reference (one node's own items\n")
+		w("read from it). CPU is the sum over all nodes per item; client and nodes share the 2 cores.\n\n")
+		w("| nodes | through one node items/s | owner-routed items/s | all-local items/s | routed / all-local | cluster CPU µs/item: one node · routed · all-local |\n|---|---:|---:|---:|---:|---|\n")
+		for _, r := range rep.Routing {
+			w("| %d | %.0f | %.0f | %.0f | **%.2f** | %.1f · %.1f · %.1f |\n", r.Nodes, r.OneNode.ItemsPerSec, r.Routed.ItemsPerSec, r.AllLocal.ItemsPerSec,
+				r.RoutedVsLocal, r.OneNode.CPUusPerReq, r.Routed.CPUusPerReq, r.AllLocal.CPUusPerReq)
+		}
+		w("\nGoal: owner-routed ≥ 0.9× all-local.\n")
+	}
+	if len(rep.BatchSizes) > 0 {
+		w("\n## Batches of small items\n\nOne node, %v items per size, 64-item `/batch` requests against single GETs (%v connections).\n\n", rep.Config["items"], rep.Config["concurrency"])
+		w("| item size | single items/s | batch64 items/s | batch64 / single | goal |\n|---|---:|---:|---:|---|\n")
+		goals := map[int]string{4 << 10: "≥ 5", 16 << 10: "≥ 2.5"}
+		for _, b := range rep.BatchSizes {
+			w("| %d KiB | %.0f | %.0f | **%.2f** | %s |\n", b.Size>>10, b.Single.ItemsPerSec, b.Batch.ItemsPerSec, b.Ratio, goals[b.Size])
+		}
+		w("| %d KiB (main table) | %.0f | %.0f | **%.2f** | ≥ 1.5 |\n", asInt(rep.Config["size"])>>10, m["stallfree-local"].ItemsPerSec, m["stallfree-batch64"].ItemsPerSec, rep.Ratios["batch_vs_single"])
 	}
 	if a := rep.Analyze; a != nil {
 		w("\n## `cachectl analyze`: predicted against measured\n\n")
@@ -130,6 +152,18 @@ func Markdown(rep *Report, out string) string {
 	}
 	w("%s", notes)
 	return b.String()
+}
+
+// asInt reads a number of the report's config, an int when measured and a
+// float64 when read back from results.json.
+func asInt(v any) int {
+	switch x := v.(type) {
+	case int:
+		return x
+	case float64:
+		return int(x)
+	}
+	return 0
 }
 
 func newPlot(title, x, y string) *plot.Plot {

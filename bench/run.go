@@ -63,6 +63,10 @@ type Report struct {
 	Analyze   *AnalyzeResult `json:"analyze,omitempty"`
 	S3        *S3Result      `json:"s3,omitempty"`
 	Tar       *TarResult     `json:"tar,omitempty"`
+	// Routing is owner routing against reads through one node, by cluster size.
+	Routing []*RoutingResult `json:"routing,omitempty"`
+	// BatchSizes is batch64 against single GETs by item size.
+	BatchSizes []BatchSizeResult `json:"batch_sizes,omitempty"`
 	Commands  []string       `json:"commands"`
 	DurationS float64        `json:"duration_s"`
 }
@@ -86,7 +90,7 @@ func Main(c Config) (*Report, error) {
 		Ratios: map[string]float64{}, NodeRSS: map[string]uint64{},
 		Config: map[string]any{"items": c.Items, "size": c.Size, "rounds": c.Rounds, "seconds": c.Duration.Seconds(), "concurrency": c.Conc}}
 	dataDir := filepath.Join(c.Work, "data")
-	keys, err := writeFixed(dataDir, c.Items, c.Size)
+	keys, err := WriteFixed(dataDir, c.Items, c.Size)
 	if err != nil {
 		return nil, err
 	}
@@ -242,6 +246,10 @@ func Main(c Config) (*Report, error) {
 	}
 	procs = nil
 
+	if err := RoutingAndBatches(&c, rep, dataDir); err != nil {
+		return nil, err
+	}
+
 	target := uint64(c.MemGiB * float64(1<<30))
 	if rep.NodeMemory, err = nodeMemory(&c, target); err != nil {
 		return nil, err
@@ -291,6 +299,30 @@ func Main(c Config) (*Report, error) {
 	return rep, nil
 }
 
+// RoutingAndBatches adds the owner-routing rows (2 and 4 nodes) and the
+// batch-by-item-size rows (4 KiB, 16 KiB; the main table has c.Size) to rep.
+func RoutingAndBatches(c *Config, rep *Report, dataDir string) error {
+	for _, n := range []int{2, 4} {
+		r, err := Routing(c, dataDir, c.Items, n)
+		if err != nil {
+			return fmt.Errorf("routing on %d nodes: %w", n, err)
+		}
+		rep.Routing = append(rep.Routing, r)
+		c.logf("routing %d nodes: through one node %.0f, owner-routed %.0f, all-local %.0f items/s (%.2fx); cluster CPU %.1f / %.1f / %.1f µs/item",
+			n, r.OneNode.ItemsPerSec, r.Routed.ItemsPerSec, r.AllLocal.ItemsPerSec, r.RoutedVsLocal,
+			r.OneNode.CPUusPerReq, r.Routed.CPUusPerReq, r.AllLocal.CPUusPerReq)
+	}
+	bs, err := BatchSizes(c, c.Items, []int{4 << 10, 16 << 10})
+	if err != nil {
+		return fmt.Errorf("batch sizes: %w", err)
+	}
+	rep.BatchSizes = bs
+	for _, b := range bs {
+		c.logf("batch64/single at %d B: %.0f / %.0f items/s = %.2fx", b.Size, b.Batch.ItemsPerSec, b.Single.ItemsPerSec, b.Ratio)
+	}
+	return nil
+}
+
 // partsText renders per-process CPU for the log, in a stable order.
 func partsText(parts map[string]float64) string {
 	var b strings.Builder
@@ -335,8 +367,8 @@ func median(runs []Result, name string) Result {
 	}
 }
 
-// writeFixed writes n items of exactly size bytes and returns their keys.
-func writeFixed(dir string, n, size int) ([]string, error) {
+// WriteFixed writes n items of exactly size bytes and returns their keys.
+func WriteFixed(dir string, n, size int) ([]string, error) {
 	os.RemoveAll(dir)
 	r := rand.New(rand.NewPCG(7, 7))
 	buf := make([]byte, size)
@@ -396,7 +428,7 @@ type NodeMemResult struct {
 func nodeMemory(c *Config, target uint64) (*NodeMemResult, error) {
 	n := int(target / uint64(c.Size))
 	dir := filepath.Join(c.Work, "data-mem")
-	keys, err := writeFixed(dir, n, c.Size)
+	keys, err := WriteFixed(dir, n, c.Size)
 	if err != nil {
 		return nil, err
 	}

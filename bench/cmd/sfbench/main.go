@@ -36,6 +36,7 @@ func main() {
 	s3List := flag.Int("s3-list", 100000, "small objects registered as one S3 dataset")
 	s3Only := flag.Bool("s3-only", false, "measure only the S3 figures (needs -minio) and print them as JSON; writes no report")
 	tarSamples := flag.Int("tar-samples", 6000, "WebDataset samples (.jpg of -size/8, .cls, .json) in the tar-shard figures")
+	routingOnly := flag.Bool("routing-only", false, "measure only owner routing (2 and 4 nodes) and batch64/single by item size, as JSON; writes no report")
 	tarOnly := flag.Bool("tar-only", false, "measure only the tar-shard figures and print them as JSON; writes no report")
 	report := flag.Bool("report", false, "measure nothing: rewrite the report and plots from OUT/results.json (after editing the notes)")
 	flag.Parse()
@@ -76,6 +77,19 @@ func main() {
 			fail(err)
 		}
 		b, _ := json.MarshalIndent(r, "", "  ")
+		fmt.Println(string(b))
+		return
+	}
+	if *routingOnly {
+		dataDir := filepath.Join(cfg.Work, "data")
+		if _, err := bench.WriteFixed(dataDir, cfg.Items, cfg.Size); err != nil {
+			fail(err)
+		}
+		rep := &bench.Report{}
+		if err := bench.RoutingAndBatches(&cfg, rep, dataDir); err != nil {
+			fail(err)
+		}
+		b, _ := json.MarshalIndent(map[string]any{"routing": rep.Routing, "batch_sizes": rep.BatchSizes}, "", "  ")
 		fmt.Println(string(b))
 		return
 	}
