@@ -60,15 +60,15 @@ type Report struct {
 	Policies   []PolicyResult   `json:"policies"`
 	Locality   []LocalityResult `json:"locality"`
 	// Analyze is cachectl analyze's prediction against a measured epoch.
-	Analyze   *AnalyzeResult `json:"analyze,omitempty"`
-	S3        *S3Result      `json:"s3,omitempty"`
-	Tar       *TarResult     `json:"tar,omitempty"`
+	Analyze *AnalyzeResult `json:"analyze,omitempty"`
+	S3      *S3Result      `json:"s3,omitempty"`
+	Tar     *TarResult     `json:"tar,omitempty"`
 	// Routing is owner routing against reads through one node, by cluster size.
 	Routing []*RoutingResult `json:"routing,omitempty"`
 	// BatchSizes is batch64 against single GETs by item size.
 	BatchSizes []BatchSizeResult `json:"batch_sizes,omitempty"`
-	Commands  []string       `json:"commands"`
-	DurationS float64        `json:"duration_s"`
+	Commands   []string          `json:"commands"`
+	DurationS  float64           `json:"duration_s"`
 }
 
 func (c *Config) logf(format string, args ...any) { fmt.Fprintf(c.Log, format+"\n", args...) }
