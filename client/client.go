@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -263,11 +264,76 @@ func (c *Client) ItemByIndexUncached(ctx context.Context, dataset string, i int)
 	return c.item(ctx, fmt.Sprintf("/v1/datasets/%s/index/%d?cache=bypass", url.PathEscape(dataset), i))
 }
 
-// Batch fetches several items in one request, in order.
+// Batch fetches several items in order. With RouteByOwner, the batch is
+// split by owner and the parts are fetched in parallel, each from its owner;
+// any failure falls back to one request to Base.
 func (c *Client) Batch(ctx context.Context, dataset string, indices []int) ([]Item, error) {
-	var items []Item
-	err := c.msgpack(ctx, http.MethodPost, "/v1/datasets/"+url.PathEscape(dataset)+"/batch", api.BatchRequest{Indices: indices}, &items)
+	if c.route != nil {
+		if items, ok := c.batchByOwner(ctx, dataset, indices); ok {
+			return items, nil
+		}
+	}
+	items, _, err := c.batch(ctx, dataset, indices)
 	return items, err
+}
+
+// batch is one /batch request; it also returns the answer's X-Ring.
+func (c *Client) batch(ctx context.Context, dataset string, indices []int) ([]Item, string, error) {
+	resp, err := c.Do(ctx, http.MethodPost, "/v1/datasets/"+url.PathEscape(dataset)+"/batch", api.BatchRequest{Indices: indices})
+	if err != nil {
+		return nil, "", err
+	}
+	defer resp.Body.Close()
+	var items []Item
+	if err := msgpack.NewDecoder(resp.Body).Decode(&items); err != nil {
+		return nil, "", err
+	}
+	if len(items) != len(indices) {
+		return nil, "", fmt.Errorf("batch of %d indices answered with %d items", len(indices), len(items))
+	}
+	return items, resp.Header.Get("X-Ring"), nil
+}
+
+// batchByOwner fetches each owner's part of a batch from that owner, all
+// parts at once; false means some part could not be (ask Base instead).
+func (c *Client) batchByOwner(ctx context.Context, dataset string, indices []int) ([]Item, bool) {
+	parts := map[*Client][]int{} // positions in indices, by owner
+	var ring string
+	for j, i := range indices {
+		owner, r := c.ownerOf(ctx, dataset, i)
+		if owner == nil {
+			return nil, false
+		}
+		ring = r
+		parts[owner] = append(parts[owner], j)
+	}
+	out := make([]Item, len(indices))
+	var wg sync.WaitGroup
+	var failed, stale atomic.Bool
+	for owner, pos := range parts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sub := make([]int, len(pos))
+			for x, j := range pos {
+				sub[x] = indices[j]
+			}
+			items, r, err := owner.batch(ctx, dataset, sub)
+			if err != nil {
+				failed.Store(true)
+				return
+			}
+			stale.CompareAndSwap(false, r != ring)
+			for x, j := range pos {
+				out[j] = items[x]
+			}
+		}()
+	}
+	wg.Wait()
+	if failed.Load() || stale.Load() {
+		c.forgetOwners(dataset) // membership changed: a new table next time
+	}
+	return out, !failed.Load()
 }
 
 // Sample is one WebDataset sample of a tar dataset: its key (SHARD/SAMPLE)

@@ -1,18 +1,26 @@
 package integration
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
+	"maps"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"stallfree/client"
 )
 
 // cachectl drives a real two-node cluster end to end, with a token.
 func TestCachectl(t *testing.T) {
-	dir, _ := dataset(t, 120, 4000)
+	dir, files := dataset(t, 120, 4000)
+	keys := slices.Sorted(maps.Keys(files)) // the manifest's order
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	os.WriteFile(tokenFile, []byte("s3cret\n"), 0o600)
 	n1 := startNode(t, nodeOpts{name: "n1", bootstrap: true, token: tokenFile})
@@ -91,6 +99,40 @@ func TestCachectl(t *testing.T) {
 	if err := json.Unmarshal([]byte(must(n1, "--json", "bench", "train", "--epochs", "1", "--gpu-time", "1ms")), &bench); err != nil ||
 		len(bench) != 1 || bench[0].Items != 120 || bench[0].Miss != 0 {
 		t.Fatalf("bench: %+v %v", bench, err)
+	}
+	// A job whose two ranks both run on n1: half its samples live on n2.
+	// Through n1 those are peer hits; split by owner they are not.
+	must(n1, "jobs", "add", "far", "--dataset", "ds", "--seed", "5", "--world-size", "2", "--batch-size", "8", "--ranks", "n1,n1")
+	var far []struct {
+		Items int `json:"items"`
+		Local int `json:"hits_local"`
+		Peer  int `json:"hits_peer"`
+		Miss  int `json:"misses"`
+	}
+	if err := json.Unmarshal([]byte(must(n1, "--json", "bench", "far", "--epochs", "1", "--gpu-time", "1ms")), &far); err != nil ||
+		len(far) != 1 || far[0].Items != 120 || far[0].Peer < 30 || far[0].Miss != 0 {
+		t.Fatalf("bench of a job on one node: %+v %v; want 120 items, many peer hits", far, err)
+	}
+	if err := json.Unmarshal([]byte(must(n1, "--json", "bench", "far", "--epochs", "1", "--gpu-time", "1ms", "--route", "owner")), &far); err != nil ||
+		len(far) != 1 || far[0].Items != 120 || far[0].Local != 120 || far[0].Peer != 0 || far[0].Miss != 0 {
+		t.Fatalf("bench --route owner: %+v %v; want 120 local hits", far, err)
+	}
+	// The Go client's routed batch: every item byte for byte, in request
+	// order, none through a peer.
+	before := sumStats(t, []*proc{n1, n2})
+	routedClient := client.New("http://"+n2.http, "s3cret").RouteByOwner()
+	order := rand.New(rand.NewPCG(4, 4)).Perm(120)
+	items, err := routedClient.Batch(context.Background(), "ds", order)
+	if err != nil || len(items) != 120 {
+		t.Fatalf("routed batch: %d items, %v", len(items), err)
+	}
+	for x, i := range order {
+		if items[x].Key != keys[i] || !bytes.Equal(items[x].Data, files[keys[i]]) {
+			t.Fatalf("routed batch position %d (index %d, %s): wrong item", x, i, items[x].Key)
+		}
+	}
+	if after := sumStats(t, []*proc{n1, n2}); after.HitsPeer != before.HitsPeer || after.HitsLocal != before.HitsLocal+120 {
+		t.Fatalf("routed batch: %d peer and %d local hits, want 0 and 120", after.HitsPeer-before.HitsPeer, after.HitsLocal-before.HitsLocal)
 	}
 	var an struct {
 		Model struct {

@@ -22,6 +22,9 @@ type SimConfig struct {
 	Nodes map[string]*client.Client
 	// Default serves ranks that name no known node.
 	Default *client.Client
+	// RouteByOwner fetches each minibatch from the owners of its items (split
+	// by owner, in parallel) instead of through the rank's node.
+	RouteByOwner bool
 }
 
 // EpochReport is one epoch of a simulated job, summed over ranks.
@@ -44,6 +47,15 @@ func RunJob(ctx context.Context, cfg SimConfig) ([]EpochReport, error) {
 	spec, err := cfg.Default.Job(ctx, cfg.Job)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.RouteByOwner {
+		d, err := cfg.Default.Dataset(ctx, spec.Dataset)
+		if err != nil {
+			return nil, err
+		}
+		if d.Samples > 0 {
+			return nil, fmt.Errorf("job %s reads tar samples; owner routing reads items (route the samples through the ranks' nodes)", cfg.Job)
+		}
 	}
 	rankClient := func(r int) *client.Client {
 		if r < len(spec.Ranks) {
@@ -69,7 +81,7 @@ func RunJob(ctx context.Context, cfg SimConfig) ([]EpochReport, error) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				stall, items, b, remote, err := runRank(ctx, rankClient(r), cfg, e, r)
+				stall, items, b, remote, err := runRank(ctx, rankClient(r), cfg, spec.Dataset, e, r)
 				if err != nil {
 					errs <- fmt.Errorf("rank %d: %w", r, err)
 					return
@@ -106,7 +118,7 @@ func RunJob(ctx context.Context, cfg SimConfig) ([]EpochReport, error) {
 
 // runRank fetches a rank's batches in order, Workers ahead of a consumer
 // that spends GPUPerBatch on each, and returns the time the consumer waited.
-func runRank(ctx context.Context, c *client.Client, cfg SimConfig, epoch, rank int) (time.Duration, int, int64, int, error) {
+func runRank(ctx context.Context, c *client.Client, cfg SimConfig, dataset string, epoch, rank int) (time.Duration, int, int64, int, error) {
 	o, err := c.RankOrder(ctx, cfg.Job, epoch, rank)
 	if err != nil {
 		return 0, 0, 0, 0, err
@@ -115,6 +127,16 @@ func runRank(ctx context.Context, c *client.Client, cfg SimConfig, epoch, rank i
 		items int
 		bytes int64
 		err   error
+	}
+	fetch := func(b int) (int, int64, error) { return fetchBatch(ctx, c, cfg.Job, epoch, rank, b) }
+	if cfg.RouteByOwner {
+		routed := *c
+		routed.RouteByOwner()
+		fetch = func(b int) (int, int64, error) {
+			lo, hi := b*o.BatchSize, min((b+1)*o.BatchSize, len(o.Indices))
+			items, err := routed.Batch(ctx, dataset, o.Indices[lo:hi])
+			return len(items), bytesOf(items), err
+		}
 	}
 	slots := make([]chan result, o.Batches)
 	for b := range slots {
@@ -131,7 +153,7 @@ func runRank(ctx context.Context, c *client.Client, cfg SimConfig, epoch, rank i
 				return
 			}
 			go func() {
-				items, n, err := fetchBatch(ctx, c, cfg.Job, epoch, rank, b)
+				items, n, err := fetch(b)
 				slots[b] <- result{items, n, err}
 			}()
 		}
@@ -166,11 +188,15 @@ func fetchBatch(ctx context.Context, c *client.Client, job string, epoch, rank, 
 	if err != nil {
 		return 0, 0, err
 	}
+	return len(items), bytesOf(items), nil
+}
+
+func bytesOf(items []client.Item) int64 {
 	var n int64
 	for _, it := range items {
 		n += int64(len(it.Data))
 	}
-	return len(items), n, nil
+	return n
 }
 
 func sumStats(ctx context.Context, nodes map[string]*client.Client) (client.Stats, error) {

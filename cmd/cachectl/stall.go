@@ -20,9 +20,13 @@ func (a *app) bench(ctx context.Context, args []string) error {
 	first := fs.Int("first-epoch", 0, "first epoch number")
 	workers := fs.Int("workers", 4, "batches in flight per rank")
 	gpu := fs.Duration("gpu-time", 20*time.Millisecond, "time the GPU spends per batch (stands in for training)")
-	pos, err := parseCommand(fs, args, 1, "bench JOB [--epochs N --workers W --gpu-time 20ms]")
+	route := fs.String("route", "local", "local (each rank's batches through its node) or owner (each batch split by owner, read from the owners)")
+	pos, err := parseCommand(fs, args, 1, "bench JOB [--epochs N --workers W --gpu-time 20ms --route local|owner]")
 	if err != nil {
 		return err
+	}
+	if *route != "local" && *route != "owner" {
+		return usageError{fmt.Sprintf("--route %q: want local or owner", *route)}
 	}
 	cs, names, err := a.memberClients(ctx)
 	if err != nil {
@@ -33,7 +37,7 @@ func (a *app) bench(ctx context.Context, args []string) error {
 		nodes[names[i]] = c
 	}
 	reps, err := stall.RunJob(ctx, stall.SimConfig{Job: pos[0], Epochs: *epochs, FirstEpoch: *first, Workers: *workers,
-		GPUPerBatch: *gpu, Nodes: nodes, Default: a.c})
+		GPUPerBatch: *gpu, Nodes: nodes, Default: a.c, RouteByOwner: *route == "owner"})
 	if err != nil {
 		return err
 	}
