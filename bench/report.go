@@ -109,6 +109,12 @@ func Markdown(rep *Report, out string) string {
 		w("| Stallfree warm-up (%d per node, each object read once cluster-wide) | %.0f | %.0f |\n", s.Concurrency/s.Nodes, s.WarmItemsPerSec, s.WarmMBPerSec)
 		w("| epoch through one node, nothing cached (16 loader workers) | %.0f | |\n", s.ColdEpochItemsPerSec)
 		w("| epoch through one node, warmed | %.0f | |\n\n", s.WarmEpochItemsPerSec)
+		if s.WarmNodeCPUus > 0 {
+			w("CPU per object: GET loop client %.0f µs, MinIO %.0f µs; warm-up: both nodes %.0f µs, MinIO %.0f µs. Caching writes\n",
+				s.LoopClientCPUus, s.LoopMinIOCPUus, s.WarmNodeCPUus, s.WarmMinIOCPUus)
+			w("every byte into fresh memory, which the loop does not: on this VM a first touch of the store's huge pages costs\n")
+			w("~200–400 µs per 110 KiB item (see the notes), and all of it competes with MinIO for the same two cores.\n\n")
+		}
 		w("Warm-up / GET loop: **%.2f** (goal ≥ 0.8). Registering a prefix of %d small objects (listing split over its\n", s.WarmVsLoop, s.ListObjects)
 		w("common prefixes, manifest through raft): %.1f s.\n", s.RegisterSeconds)
 	}
@@ -347,6 +353,17 @@ Profiles: ` + "`cachenode --pprof 127.0.0.1:6061`" + ` under wrk or ` + "`sfbenc
   req/s unchanged (29.6k for both builds in alternating ` + "`sfbench -rounds 3 -duration 2s`" + ` runs).
 - Transparent huge pages are advised for the arena (random reads across GiBs); its effect was inside the noise.
   GOMAXPROCS=1 for the node was worse (33–44 µs/req against 31–35 µs with 2) and was not kept.
+- The S3 warm-up against a plain GET loop (a later session): a profile of a warming node
+  (` + "`sfbench -pprof -s3-only`" + `) had 55% of its CPU in the memmove of ` + "`store.Put`" + `, the first write to the
+  arena's fresh pages. Putting 8000 items of 110 KiB into a new 4 GiB store in a throwaway program: 217–422 µs per
+  put with the arena's huge pages (each 2 MiB fault 1.5–3 ms of system time on this VM), 91 µs with 4 KiB pages
+  (220k faults of ~3 µs). Huge pages were kept: in alternating runs they saved 6–10 µs of the node's CPU per
+  local hit (69 against 75–79 µs, ` + "`sfbench -only stallfree-local,stallfree-batch64 -rounds 2`" + `), paid on every
+  read of every epoch, while a first touch is paid once per byte cached. A GET loop stores nothing, so on one
+  shared 2-core box the warm-up stays below it; on separate machines MinIO's CPU is elsewhere. Skipping the
+  handoff probe that a warming owner sends before each storage read (it asks whether a previous owner holds
+  the item) moved the ratio from 0.42 to 0.48 in one pair of runs; it was left in, as a batched probe would
+  be the honest fix.
 - This machine is a shared VM: three full runs in one session gave local/nginx 1.02, 0.86 and 0.88,
   local/memcached 0.87, 0.86 and 0.75, peer/local 0.40, 0.39 and 0.43, batch/single 1.35, 1.30 and 1.27, and
   nginx itself moved between 25.7 and 32.1 µs of CPU per request. A run in the next session gave 1.00, 0.94,

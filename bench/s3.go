@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -32,6 +33,11 @@ type S3Result struct {
 	// dataset nothing of which is cached, then on the warmed one.
 	ColdEpochItemsPerSec float64 `json:"cold_epoch_items_per_s"`
 	WarmEpochItemsPerSec float64 `json:"warm_epoch_items_per_s"`
+	// CPU per object during the warm-up: both nodes together, and MinIO.
+	WarmNodeCPUus   float64 `json:"warmup_node_cpu_us_per_item"`
+	WarmMinIOCPUus  float64 `json:"warmup_minio_cpu_us_per_item"`
+	LoopMinIOCPUus  float64 `json:"get_loop_minio_cpu_us_per_item"`
+	LoopClientCPUus float64 `json:"get_loop_client_cpu_us_per_item"`
 	// Registration (listing, manifest, raft) of a prefix of many small objects.
 	ListObjects     int     `json:"list_objects"`
 	RegisterSeconds float64 `json:"register_s"`
@@ -42,6 +48,7 @@ type S3Result struct {
 func S3(c *Config, minioBin string, objects, size, listObjects int) (*S3Result, error) {
 	const nodes, perNode = 2, 8 // node/warmup.go's warmConcurrency
 	res := &S3Result{Objects: objects, ObjectBytes: size, Nodes: nodes, Concurrency: nodes * perNode, ListObjects: listObjects}
+	os.RemoveAll(filepath.Join(c.Work, "minio")) // every run starts with an empty server
 	srv, err := miniotest.Run(minioBin, filepath.Join(c.Work, "minio"))
 	if err != nil {
 		return nil, err
@@ -79,6 +86,7 @@ func S3(c *Config, minioBin string, objects, size, listObjects int) (*S3Result, 
 	var got atomic.Int64
 	var wg sync.WaitGroup
 	var loopErr atomic.Value
+	loop0, self0 := cpuTicks(srv.PIDs()), cpuTicks([]int{os.Getpid()})
 	start := time.Now()
 	for range res.Concurrency {
 		wg.Go(func() {
@@ -100,12 +108,14 @@ func S3(c *Config, minioBin string, objects, size, listObjects int) (*S3Result, 
 		return nil, fmt.Errorf("GET loop: %w", err)
 	}
 	el := time.Since(start).Seconds()
+	res.LoopMinIOCPUus = float64(cpuTicks(srv.PIDs())-loop0) / clkTck * 1e6 / float64(objects)
+	res.LoopClientCPUus = float64(cpuTicks([]int{os.Getpid()})-self0) / clkTck * 1e6 / float64(objects)
 	res.LoopItemsPerSec, res.LoopMBPerSec = float64(objects)/el, float64(got.Load())/el/1e6
 
 	env := []string{"AWS_ACCESS_KEY_ID=" + miniotest.User, "AWS_SECRET_ACCESS_KEY=" + miniotest.Password}
 	bin := filepath.Join(c.Bin, "cachenode")
 	s3 := []string{"--s3-endpoint", srv.Endpoint}
-	n1, err := startNodeEnv(c.Work, bin, "s3-1", "4GiB", "", env, s3...)
+	n1, err := startNodeEnv(c.Work, bin, "s3-1", "4GiB", "", env, append(s3, c.pprofArgs("s3-1")...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -121,11 +131,15 @@ func S3(c *Config, minioBin string, objects, size, listObjects int) (*S3Result, 
 	if err := register(n1, "s3", "s3://bench/train"); err != nil {
 		return nil, err
 	}
+	cpu0 := cpuTicks(append(n1.pids(), n2.pids()...))
+	minio0 := cpuTicks(srv.PIDs())
 	start = time.Now()
 	if err := warm([]*nodeProc{n1, n2}, "s3"); err != nil {
 		return nil, err
 	}
 	el = time.Since(start).Seconds()
+	res.WarmNodeCPUus = float64(cpuTicks(append(n1.pids(), n2.pids()...))-cpu0) / clkTck * 1e6 / float64(objects)
+	res.WarmMinIOCPUus = float64(cpuTicks(srv.PIDs())-minio0) / clkTck * 1e6 / float64(objects)
 	res.WarmItemsPerSec, res.WarmMBPerSec = float64(objects)/el, float64(objects*size)/el/1e6
 	res.WarmVsLoop = res.WarmItemsPerSec / res.LoopItemsPerSec
 

@@ -2,8 +2,11 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -87,6 +90,26 @@ func TestS3DatasetOnThreeNodes(t *testing.T) {
 	}
 	if s := sumStats(t, nodes); s.SourceReads != items {
 		t.Fatalf("%d S3 reads after reading everything from every node, want %d", s.SourceReads, items)
+	}
+
+	// cachectl analyze on an S3 dataset: its cold rate is S3's own, measured
+	// with reads that bypass the cache (each one a GET, nothing admitted).
+	out, err := exec.Command(filepath.Join(binDir, "cachectl"), "--node", "http://"+nodes[0].http, "--json",
+		"analyze", "ds", "--sample", "40").CombinedOutput()
+	var an struct {
+		Model struct {
+			Rates struct {
+				Cold   float64 `json:"cold_items_per_s"`
+				Cached float64 `json:"cached_items_per_s"`
+			} `json:"rates"`
+		} `json:"model"`
+	}
+	if err != nil || json.Unmarshal(out, &an) != nil || an.Model.Rates.Cold <= 0 || an.Model.Rates.Cached <= 0 {
+		t.Fatalf("cachectl analyze on S3: %v\n%s", err, out)
+	}
+	if s := sumStats(t, nodes); s.SourceReads < items+40 || s.ItemsCached != items {
+		t.Fatalf("analyze made %d S3 reads (want at least the 40 cold samples) and left %d items cached (want %d)",
+			s.SourceReads-items, s.ItemsCached, items)
 	}
 
 	// Storage errors at registration: nothing is registered.

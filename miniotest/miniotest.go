@@ -119,6 +119,14 @@ func (s *Server) Restart() error {
 	}
 }
 
+// PIDs is the server's process, for charging it CPU time.
+func (s *Server) PIDs() []int {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return nil
+	}
+	return []int{s.cmd.Process.Pid}
+}
+
 // Stop stops the server (idempotent).
 func (s *Server) Stop() {
 	if s.cmd == nil || s.cmd.Process == nil {
