@@ -134,14 +134,7 @@ func TestCachectl(t *testing.T) {
 	if after := sumStats(t, []*proc{n1, n2}); after.HitsPeer != before.HitsPeer || after.HitsLocal != before.HitsLocal+120 {
 		t.Fatalf("routed batch: %d peer and %d local hits, want 0 and 120", after.HitsPeer-before.HitsPeer, after.HitsLocal-before.HitsLocal)
 	}
-	var an struct {
-		Model struct {
-			Rates struct {
-				Cold   float64 `json:"cold_items_per_s"`
-				Cached float64 `json:"cached_items_per_s"`
-			} `json:"rates"`
-		} `json:"model"`
-	}
+	var an analyzeOutput
 	if err := json.Unmarshal([]byte(must(n1, "--json", "analyze", "ds", "--sample", "50")), &an); err != nil ||
 		an.Model.Rates.Cold <= 0 || an.Model.Rates.Cached <= 0 {
 		t.Fatalf("analyze: %+v %v", an, err)

@@ -279,3 +279,13 @@ func mustCluster(t *testing.T, n *proc) client.Cluster {
 	}
 	return cl
 }
+
+// analyzeOutput is the part of `cachectl --json analyze` the tests check.
+type analyzeOutput struct {
+	Model struct {
+		Rates struct {
+			Cold   float64 `json:"cold_items_per_s"`
+			Cached float64 `json:"cached_items_per_s"`
+		} `json:"rates"`
+	} `json:"model"`
+}

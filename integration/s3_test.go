@@ -96,14 +96,7 @@ func TestS3DatasetOnThreeNodes(t *testing.T) {
 	// with reads that bypass the cache (each one a GET, nothing admitted).
 	out, err := exec.Command(filepath.Join(binDir, "cachectl"), "--node", "http://"+nodes[0].http, "--json",
 		"analyze", "ds", "--sample", "40").CombinedOutput()
-	var an struct {
-		Model struct {
-			Rates struct {
-				Cold   float64 `json:"cold_items_per_s"`
-				Cached float64 `json:"cached_items_per_s"`
-			} `json:"rates"`
-		} `json:"model"`
-	}
+	var an analyzeOutput
 	if err != nil || json.Unmarshal(out, &an) != nil || an.Model.Rates.Cold <= 0 || an.Model.Rates.Cached <= 0 {
 		t.Fatalf("cachectl analyze on S3: %v\n%s", err, out)
 	}
