@@ -75,6 +75,11 @@ class LocalitySampler(torch.utils.data.Sampler):
     rank gets ``floor(N / world_size)`` indices, the ranks of an epoch are
     disjoint, and every global minibatch is the set plain seeded sampling
     gives, but each rank mostly gets samples its own node holds.
+
+    Resumable: save ``state_dict()`` with the checkpoint and, in the restarted
+    process, ``load_state_dict(saved)`` then ``set_epoch(saved["epoch"])``;
+    the epoch continues exactly after the last sample the training loop had
+    consumed, none repeated, none skipped.
     """
 
     def __init__(self, url, job, rank, token=None):
@@ -83,16 +88,62 @@ class LocalitySampler(torch.utils.data.Sampler):
         spec = self.client.job(job)
         info = self.client.dataset(spec["dataset"])
         n = int(info.get("samples") or info["items"])  # tar datasets are sampled by sample
-        self._len = n // int(spec["world_size"])
+        self.world_size = int(spec["world_size"])
+        self._len = n // self.world_size
+        # The job's version: orders are a function of it, so a position saved
+        # under one version means nothing under another.
+        self.generation = int(spec.get("version", 0))
+        self._start = 0  # where this epoch resumes (a loaded checkpoint)
+        self._yielded = 0  # indices handed out since this epoch's iteration began
 
     def set_epoch(self, epoch):
-        self.epoch = int(epoch)
+        epoch = int(epoch)
+        if epoch != self.epoch:
+            self._start = 0  # a resumed position belongs to its own epoch only
+        self.epoch = epoch
+        self._yielded = 0
 
     def __iter__(self):
-        return iter(self.client.rank_order(self.job, self.epoch, self.rank))
+        order = self.client.rank_order(self.job, self.epoch, self.rank)
+        self._yielded = 0
+        for i in order[self._start:]:
+            self._yielded += 1
+            yield i
 
     def __len__(self):
-        return self._len
+        return self._len - self._start
+
+    def state_dict(self, consumed=None):
+        """A small JSON-serialisable dict to save with a checkpoint.
+
+        ``position`` is how many samples of the epoch the training loop has
+        consumed. A plain DataLoader prefetches ahead of the loop, so pass
+        ``consumed`` (samples consumed since this epoch's iteration began,
+        e.g. ``batches_done * batch_size``); without it the sampler counts what
+        it has handed out, which is what torchdata's ``StatefulDataLoader``
+        expects (it snapshots the sampler as each batch is made and keeps the
+        snapshot of the batch the loop last received).
+        """
+        done = self._yielded if consumed is None else int(consumed)
+        if done < 0 or self._start + done > self._len:
+            raise ValueError(f"consumed {done} is outside this epoch's {self._len - self._start} remaining samples")
+        return {"job": self.job, "generation": self.generation, "epoch": self.epoch, "rank": self.rank,
+                "world_size": self.world_size, "position": self._start + done}
+
+    def load_state_dict(self, state):
+        """Continue from a ``state_dict()``: the next iteration of its epoch
+        starts at its position."""
+        if state.get("job") != self.job or int(state.get("rank", -1)) != self.rank:
+            raise ValueError(f"state of job {state.get('job')!r} rank {state.get('rank')}, "
+                             f"not of job {self.job!r} rank {self.rank}")
+        if int(state["generation"]) != self.generation or int(state.get("world_size", 0)) != self.world_size:
+            raise ValueError(f"job {self.job!r} changed since the checkpoint (version {state['generation']} -> "
+                             f"{self.generation}); resuming a changed job mid-epoch is not supported yet: "
+                             f"start its next epoch instead")
+        position = int(state["position"])
+        if not 0 <= position <= self._len:
+            raise ValueError(f"position {position} outside an epoch of {self._len} samples")
+        self.epoch, self._start, self._yielded = int(state["epoch"]), position, 0
 
     def __getstate__(self):
         s = dict(self.__dict__)

@@ -3,6 +3,7 @@
 import os
 import random
 import shutil
+import hashlib
 import io
 import json
 import socket
@@ -292,3 +293,109 @@ class TarLoaderTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ResumeTest(unittest.TestCase):
+    """A rank killed mid-epoch after a checkpoint and restarted from it reads
+    exactly its share of the epoch: the samples consumed up to the checkpoint
+    plus those after the restart, none repeated, none skipped."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="stallfree-py")
+        self.data = os.path.join(self.tmp, "data")
+        rnd = random.Random(3)
+        self.files = {}
+        for i in range(331):
+            key = f"c{i % 3}/r{i:04d}.bin"
+            b = rnd.randbytes(300 + rnd.randrange(2000))
+            os.makedirs(os.path.join(self.data, os.path.dirname(key)), exist_ok=True)
+            with open(os.path.join(self.data, key), "wb") as f:
+                f.write(b)
+            self.files[key] = b
+        self.keys = sorted(self.files)
+        self.cluster = Cluster(self.tmp)
+
+    def tearDown(self):
+        self.cluster.stop()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def run_rank(self, url, rank, ckpt, log, checkpoint_at, wait_after):
+        script = os.path.join(os.path.dirname(__file__), "resume_rank.py")
+        return subprocess.Popen([sys.executable, script, url, "ds", "train", str(rank), "1", ckpt, log,
+                                 str(checkpoint_at), str(wait_after)], stdout=subprocess.PIPE, text=True)
+
+    def consumed(self, log):
+        """The samples a log records up to its last checkpoint (the rest was
+        lost with the process), and after it."""
+        with open(log) as f:
+            lines = f.read().splitlines()
+        return [json.loads(line) for line in lines if line != "CHECKPOINT"], lines
+
+    def test_killed_rank_resumes_from_its_checkpoint(self):
+        (n1, url1), (n2, url2) = self.cluster.nodes
+        c = Client(url1)
+        wait_until(lambda: c.json("PUT", "/v1/datasets/ds", {"source": self.data}), 30, "registration")
+        c.json("PUT", "/v1/jobs/train", {"dataset": "ds", "seed": 4, "world_size": 2, "batch_size": 8, "ranks": [n1, n2]})
+        ckpt, log = os.path.join(self.tmp, "rank0.ckpt"), os.path.join(self.tmp, "rank0.log")
+
+        # Rank 0 checkpoints after 6 batches, consumes 3 more, and is killed.
+        p = self.run_rank(url1, 0, ckpt, log, checkpoint_at=6, wait_after=9)
+        self.assertEqual(p.stdout.readline().strip(), "WAITING")
+        p.kill()
+        p.wait(timeout=15)
+        with open(ckpt) as f:
+            state = json.load(f)["sampler"]
+        self.assertEqual(state["position"], 48)
+        self.assertEqual(json.loads(json.dumps(state)), state)  # JSON all the way
+        records, lines = self.consumed(log)
+        self.assertEqual(len(records), 72)
+        before = records[:lines.index("CHECKPOINT")]  # what the checkpointed model has seen
+        self.assertEqual(len(before), 48)
+
+        # Restarted from the checkpoint, it reads the rest of the epoch. The
+        # log is cut back to the checkpoint, as the training state is.
+        with open(log, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in before)
+        p = self.run_rank(url1, 0, ckpt, log, checkpoint_at=0, wait_after=0)
+        self.assertEqual(p.stdout.readline().strip(), "DONE")
+        p.wait(timeout=15)
+        resumed, _ = self.consumed(log)
+
+        order = Client(url2).rank_order("train", 1, 0)
+        self.assertEqual([i for i, _ in resumed], order, "rank 0's epoch is not its order exactly once")
+        for i, digest in resumed:
+            self.assertEqual(digest, hashlib.sha256(self.files[self.keys[i]]).hexdigest(), f"sample {i}")
+
+        # Rank 1 ran undisturbed: its whole share, disjoint from rank 0's.
+        log1 = os.path.join(self.tmp, "rank1.log")
+        p = self.run_rank(url2, 1, os.path.join(self.tmp, "rank1.ckpt"), log1, checkpoint_at=0, wait_after=0)
+        self.assertEqual(p.stdout.readline().strip(), "DONE")
+        p.wait(timeout=15)
+        other, _ = self.consumed(log1)
+        self.assertEqual([i for i, _ in other], Client(url1).rank_order("train", 1, 1))
+        self.assertFalse({i for i, _ in other} & set(order))
+        self.assertEqual(len(order) + len(other), len(self.files) // 2 * 2)
+
+    def test_state_refuses_another_job_version(self):
+        (n1, url1), (n2, _) = self.cluster.nodes
+        c = Client(url1)
+        wait_until(lambda: c.json("PUT", "/v1/datasets/ds", {"source": self.data}), 30, "registration")
+        c.json("PUT", "/v1/jobs/train", {"dataset": "ds", "seed": 4, "world_size": 2, "batch_size": 8, "ranks": [n1, n2]})
+        sampler = LocalitySampler(url1, "train", 0)
+        sampler.set_epoch(2)
+        it = iter(sampler)
+        first = [next(it) for _ in range(10)]
+        state = sampler.state_dict()  # no loader: what was handed out was consumed
+        self.assertEqual(state["position"], 10)
+        fresh = LocalitySampler(url1, "train", 0)
+        fresh.load_state_dict(state)
+        fresh.set_epoch(2)
+        self.assertEqual(len(fresh), len(sampler) - 10)
+        self.assertEqual(first + list(fresh), Client(url1).rank_order("train", 2, 0))
+        fresh.set_epoch(3)  # the next epoch starts from its beginning
+        self.assertEqual(list(fresh), Client(url1).rank_order("train", 3, 0))
+        with self.assertRaises(ValueError):
+            sampler.state_dict(consumed=len(sampler) + 1)
+        c.json("PUT", "/v1/jobs/train", {"dataset": "ds", "seed": 4, "world_size": 3, "batch_size": 8})
+        with self.assertRaises(ValueError):
+            LocalitySampler(url1, "train", 0).load_state_dict(state)
