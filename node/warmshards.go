@@ -11,6 +11,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 	"golang.org/x/sync/errgroup"
 
+	"stallfree/bufpool"
 	"stallfree/catalog"
 	"stallfree/store"
 )
@@ -26,6 +27,12 @@ const (
 	// round trip is amortised, small enough to keep every owner busy.
 	pushBytes = 4 << 20
 	pushItems = 512
+	// pendingBytes bounds what one shard's reader holds for all owners
+	// together while their batches fill: with many members, each owner's
+	// batch is smaller (never under minPushBytes), so memory does not grow
+	// with the cluster.
+	pendingBytes = 16 << 20
+	minPushBytes = 256 << 10
 )
 
 // shardsToRead lists the shards this node reads in a warm-up of d, and how
@@ -97,28 +104,38 @@ func (n *Node) warmShards(ctx context.Context, d *catalog.Dataset, shards []int,
 	return err
 }
 
-// pushBatch gathers one owner's samples of a shard. Its items share one
-// buffer, which is why it is sent before it would grow.
+// pushBatch gathers one owner's samples of a shard, each in a pooled buffer
+// that goes back to the pool once the batch is sent.
 type pushBatch struct {
 	indices []int
 	data    [][]byte
-	buf     []byte
+	bufs    []*bufpool.Buf
+	bytes   int64
+	limit   int64
 }
 
 func (b *pushBatch) room(size int64) bool {
-	return len(b.indices) < pushItems && int64(len(b.buf))+size <= int64(cap(b.buf))
+	return len(b.indices) == 0 || len(b.indices) < pushItems && b.bytes+size <= b.limit
 }
 
 // take reads the next size bytes of r into the batch as item i.
-func (b *pushBatch) take(r io.Reader, i int, size int64) error {
-	start := len(b.buf)
-	b.buf = b.buf[:start+int(size)]
-	if _, err := io.ReadFull(r, b.buf[start:]); err != nil {
+func (b *pushBatch) take(r io.Reader, pool *bufpool.Pool, i int, size int64) error {
+	buf := pool.Get(int(size))
+	if _, err := io.ReadFull(r, buf.B); err != nil {
+		pool.Put(buf)
 		return err
 	}
-	b.indices = append(b.indices, i)
-	b.data = append(b.data, b.buf[start:len(b.buf):len(b.buf)])
+	b.indices, b.data, b.bufs = append(b.indices, i), append(b.data, buf.B), append(b.bufs, buf)
+	b.bytes += size
 	return nil
+}
+
+// reset gives the batch's buffers back.
+func (b *pushBatch) reset(pool *bufpool.Pool) {
+	for _, buf := range b.bufs {
+		pool.Put(buf)
+	}
+	b.indices, b.data, b.bufs, b.bytes = b.indices[:0], b.data[:0], b.bufs[:0], 0
 }
 
 // warmShard reads shard s once, front to back.
@@ -138,14 +155,20 @@ func (n *Node) warmShard(ctx context.Context, d *catalog.Dataset, s int, w *warm
 	var pos int64
 	defer func() { n.counters.sourceBytes.Add(uint64(pos)) }()
 
+	limit := int64(max(minPushBytes, min(pushBytes, pendingBytes/max(len(n.peers.Members()), 1))))
 	batches := map[string]*pushBatch{}
+	defer func() { // on an early return, the buffers still held
+		for _, b := range batches {
+			b.reset(&n.bufs)
+		}
+	}()
 	flush := func(owner string) {
 		b := batches[owner]
 		if b == nil || len(b.indices) == 0 {
 			return
 		}
 		n.pushSamples(ctx, d, owner, b, w, full)
-		b.indices, b.data, b.buf = b.indices[:0], b.data[:0], b.buf[:0]
+		b.reset(&n.bufs)
 	}
 	first, end := d.Manifest.ShardItems(s)
 	for i := first; i < end; i++ {
@@ -159,11 +182,14 @@ func (n *Node) warmShard(ctx context.Context, d *catalog.Dataset, s int, w *warm
 		pos = off
 		owner, self := n.peers.Owner(d, i)
 		k := store.MakeKey(d.ID, uint32(i))
-		if self && n.store.Contains(k) || full.has(owner) {
+		if held := self && n.store.Contains(k); held || full.has(owner) {
 			if _, err := br.Discard(int(size)); err != nil {
 				return fmt.Errorf("read %s at byte %d: %w", shard.Key, pos, err)
 			}
 			pos += size
+			if held {
+				w.bytes.Add(size)
+			}
 			w.done.Add(1)
 			continue
 		}
@@ -176,22 +202,13 @@ func (n *Node) warmShard(ctx context.Context, d *catalog.Dataset, s int, w *warm
 		}
 		b := batches[owner]
 		if b == nil {
-			b = &pushBatch{buf: make([]byte, 0, pushBytes)}
+			b = &pushBatch{limit: limit}
 			batches[owner] = b
 		}
 		if !b.room(size) {
 			flush(owner)
 		}
-		if size > pushBytes { // a member larger than a batch travels alone
-			alone := &pushBatch{buf: make([]byte, 0, size)}
-			if err := alone.take(br, i, size); err != nil {
-				return fmt.Errorf("read %s at byte %d: %w", shard.Key, pos, err)
-			}
-			n.pushSamples(ctx, d, owner, alone, w, full)
-			pos += size
-			continue
-		}
-		if err := b.take(br, i, size); err != nil {
+		if err := b.take(br, &n.bufs, i, size); err != nil {
 			return fmt.Errorf("read %s at byte %d: %w", shard.Key, pos, err)
 		}
 		pos += size
