@@ -118,6 +118,14 @@ func Markdown(rep *Report, out string) string {
 		w("Warm-up / GET loop: **%.2f** (goal ≥ 0.8). Registering a prefix of %d small objects (listing split over its\n", s.WarmVsLoop, s.ListObjects)
 		w("common prefixes, manifest through raft): %.1f s.\n", s.RegisterSeconds)
 	}
+	if l := rep.List; l != nil {
+		w("\n### Listing and registering %d keys\n\n", l.Objects)
+		w("A manifest-sized bucket: %d keys (`many/dDDDD/oNNNNNNNN.bin`, 1000 a directory) answered by a fake\n", l.Objects)
+		w("ListObjectsV2 server in the bench process (`bench/s3fake.go`; MinIO here took ~35k objects a minute, slowing as\n")
+		w("the bucket grew), registered on %d nodes through minio-go, the parallel listing over the first level of common\n", l.Nodes)
+		w("prefixes, the manifest and raft: **%.1f s**; the larger node's RSS afterwards %d MiB.\n", l.Seconds, l.NodeRSS>>20)
+		w("(`sfbench -list-only -list-keys %d`, run beside this report; `make bench` runs it too.)\n", l.Objects)
+	}
 	if t := rep.Tar; t != nil {
 		w("\n## WebDataset tar shards against the same members as files\n\n")
 		w("%d samples (a .jpg, a .cls, a .json; %d bytes a sample on average), %d samples a shard, 2 nodes, served from\n", t.Samples, t.SampleBytes, t.PerShard)

@@ -38,6 +38,9 @@ type Config struct {
 	// S3Objects and S3List size the S3 figures: objects of Size bytes read
 	// in warm-up and epochs, and small objects registered as one dataset.
 	S3Objects, S3List int
+	// ListKeys sizes the listing figure: a registration of that many keys
+	// from a manifest-sized fake bucket (0: skipped).
+	ListKeys int
 	// TarSamples sizes the tar-shard figures (0: skipped).
 	TarSamples int
 	Log        io.Writer
@@ -63,6 +66,7 @@ type Report struct {
 	Analyze *AnalyzeResult `json:"analyze,omitempty"`
 	S3      *S3Result      `json:"s3,omitempty"`
 	Tar     *TarResult     `json:"tar,omitempty"`
+	List    *ListResult    `json:"s3_list,omitempty"`
 	// Routing is owner routing against reads through one node, by cluster size.
 	Routing []*RoutingResult `json:"routing,omitempty"`
 	// BatchSizes is batch64 against single GETs by item size.
@@ -283,6 +287,12 @@ func Main(c Config) (*Report, error) {
 		s := rep.S3
 		c.logf("s3: GET loop %.0f items/s %.0f MB/s; warm-up %.0f items/s %.0f MB/s (%.2fx); epoch cold %.0f, warm %.0f items/s; %d objects registered in %.1fs",
 			s.LoopItemsPerSec, s.LoopMBPerSec, s.WarmItemsPerSec, s.WarmMBPerSec, s.WarmVsLoop, s.ColdEpochItemsPerSec, s.WarmEpochItemsPerSec, s.ListObjects, s.RegisterSeconds)
+	}
+	if c.ListKeys > 0 {
+		if rep.List, err = S3List(&c, c.ListKeys); err != nil {
+			return nil, fmt.Errorf("s3 listing: %w", err)
+		}
+		c.logf("s3 listing: %d keys registered in %.1fs, node RSS %d MiB", rep.List.Objects, rep.List.Seconds, rep.List.NodeRSS>>20)
 	}
 	if c.TarSamples > 0 {
 		if rep.Tar, err = Tar(&c, c.TarSamples, c.Size/8, 500, c.Duration); err != nil {

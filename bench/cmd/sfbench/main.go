@@ -34,6 +34,8 @@ func main() {
 	minioBin := flag.String("minio", "", "MinIO server binary for the S3 figures (scripts/minio.sh prints it; empty: no S3 figures)")
 	s3Objects := flag.Int("s3-objects", 4000, "objects of -size read from MinIO in the S3 figures")
 	s3List := flag.Int("s3-list", 100000, "small objects registered as one S3 dataset")
+	listKeys := flag.Int("list-keys", 1000000, "keys of the manifest-sized fake bucket whose registration is timed (0: skipped)")
+	listOnly := flag.Bool("list-only", false, "measure only the registration of -list-keys keys, as JSON; writes no report")
 	s3Only := flag.Bool("s3-only", false, "measure only the S3 figures (needs -minio) and print them as JSON; writes no report")
 	tarSamples := flag.Int("tar-samples", 6000, "WebDataset samples (.jpg of -size/8, .cls, .json) in the tar-shard figures")
 	routingOnly := flag.Bool("routing-only", false, "measure only owner routing (2 and 4 nodes) and batch64/single by item size, as JSON; writes no report")
@@ -67,12 +69,21 @@ func main() {
 	os.MkdirAll(*out, 0o755)
 	cfg := bench.Config{Items: *items, Size: int(sz), Rounds: *rounds, Duration: *dur, Conc: *conc,
 		Work: *work, Bin: bin, Self: self, Out: *out, Doc: *doc, MemGiB: *memGiB, Profile: *profile, Log: os.Stderr,
-		MinIO: *minioBin, S3Objects: *s3Objects, S3List: *s3List, TarSamples: *tarSamples}
+		MinIO: *minioBin, S3Objects: *s3Objects, S3List: *s3List, TarSamples: *tarSamples, ListKeys: *listKeys}
 	if *only != "" {
 		cfg.Only = strings.Split(*only, ",")
 	}
 	if *s3Only {
 		r, err := bench.S3(&cfg, cfg.MinIO, cfg.S3Objects, cfg.Size, cfg.S3List)
+		if err != nil {
+			fail(err)
+		}
+		b, _ := json.MarshalIndent(r, "", "  ")
+		fmt.Println(string(b))
+		return
+	}
+	if *listOnly {
+		r, err := bench.S3List(&cfg, cfg.ListKeys)
 		if err != nil {
 			fail(err)
 		}
