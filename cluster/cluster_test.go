@@ -201,3 +201,26 @@ func TestServePushKeepsOnlyWhatFits(t *testing.T) {
 		t.Fatalf("a push made %d fills", local.fills)
 	}
 }
+
+// A peer's ring version this node never reaches is waited for once, not
+// once per request: a handoff or push under it is answered from this node's
+// own ring at once after that.
+func TestAwaitRingGivesUpOncePerVersion(t *testing.T) {
+	c, _, _, _ := oneMember(t, 1, 10)
+	ctx := context.Background()
+	c.awaitRing(ctx, c.ring().Version())
+	if n := c.ringWaits.Load(); n != 0 {
+		t.Fatalf("%d waits for the ring this node has", n)
+	}
+	unknown := c.ring().Version() + 7
+	for range 3 {
+		c.awaitRing(ctx, unknown)
+	}
+	if n := c.ringWaits.Load(); n != 1 {
+		t.Fatalf("%d waits for one unreachable ring version, want 1", n)
+	}
+	c.awaitRing(ctx, unknown+1)
+	if n := c.ringWaits.Load(); n != 2 {
+		t.Fatalf("%d waits after a second unreachable version, want 2", n)
+	}
+}

@@ -11,10 +11,12 @@ import (
 	"path/filepath"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"stallfree/catalog"
+	"stallfree/cluster"
 )
 
 func freeAddr(t *testing.T) string {
@@ -137,5 +139,52 @@ func TestWarmupStopsWhenFull(t *testing.T) {
 	}
 	if p.Done >= p.Total {
 		t.Fatalf("done %d of %d with a store for ~20 items", p.Done, p.Total)
+	}
+}
+
+// movingPeers is a lone node's view that changes once a warm-up has listed
+// what it owns: from then on another member owns every odd item.
+type movingPeers struct {
+	noPeers
+	calls, listed atomic.Int64
+	fromOwner     atomic.Int64
+}
+
+func (p *movingPeers) Owner(d *catalog.Dataset, i int) (string, bool) {
+	if p.calls.Add(1) <= p.listed.Load() || i%2 == 0 {
+		return p.self, true
+	}
+	return "other", false
+}
+
+func (p *movingPeers) FromOwner(context.Context, string, *catalog.Dataset, int) (cluster.Fill, bool) {
+	p.fromOwner.Add(1)
+	return cluster.Fill{}, false
+}
+
+// A ring change during a warm-up is not a full store: items that moved to
+// another member are left to it, and the warm-up ends complete (a 24-node
+// warm-up used to end "full" while the members were still joining).
+func TestWarmupLeavesMovedItemsToTheirOwner(t *testing.T) {
+	const items, size = 100, 1 << 10
+	n, d, _ := startNode(t, items, size, 1<<20, false)
+	peers := &movingPeers{noPeers: newNoPeers(n.cfg.Name)}
+	peers.listed.Store(items) // ownedIndices asks once per item
+	n.peers = peers
+	n.StartWarmup(d)
+	deadline := time.Now().Add(20 * time.Second)
+	for n.WarmupProgress(d).Running {
+		if time.Now().After(deadline) {
+			t.Fatal("warm-up still running")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	p, st := n.WarmupProgress(d), n.Stats()
+	if p.Full || p.Error != "" || p.Done != items || p.Total != items {
+		t.Fatalf("progress %+v: want %d of %d done, not full", p, items, items)
+	}
+	if st.ItemsCached != items/2 || st.SourceReads != items/2 || peers.fromOwner.Load() != 0 {
+		t.Fatalf("%d cached, %d storage reads, %d peer fetches: want the %d even items read and cached, nothing fetched",
+			st.ItemsCached, st.SourceReads, peers.fromOwner.Load(), items/2)
 	}
 }

@@ -148,12 +148,22 @@ feed:
 func (n *Node) warmOne(ctx context.Context, d *catalog.Dataset, i int, w *warmup) error {
 	k := store.MakeKey(d.ID, uint32(i))
 	if !n.store.Contains(k) {
+		if _, self := n.peers.Owner(d, i); !self {
+			// Membership changed since the warm-up began: the item has
+			// another owner now, whose own warm-up or first reader fills it.
+			w.done.Add(1)
+			return nil
+		}
 		f, err := n.fetch(ctx, d, i)
 		if err != nil {
 			return err
 		}
 		f.done()
 		if !n.store.Contains(k) {
+			if _, self := n.peers.Owner(d, i); !self {
+				w.done.Add(1) // it moved while it was being read
+				return nil
+			}
 			return errFull
 		}
 		w.bytes.Add(d.Manifest.Size(i))
