@@ -15,7 +15,9 @@ func TestFakeBucketListsEveryKey(t *testing.T) {
 	srv := httptest.NewServer(f)
 	defer srv.Close()
 	src, err := source.Open("s3://bench/many", source.Options{S3: source.S3Config{Endpoint: srv.URL,
-		Env: func(k string) string { return map[string]string{"AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "b"}[k] }}})
+		Env: func(k string) string {
+			return map[string]string{"AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "b"}[k]
+		}}})
 	if err != nil {
 		t.Fatal(err)
 	}

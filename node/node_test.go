@@ -121,13 +121,7 @@ func TestWarmupStopsWhenFull(t *testing.T) {
 	const items, size = 200, 4 << 10
 	n, d, _ := startNodeWith(t, items, size, 20*(size+256), false, "minio")
 	n.StartWarmup(d)
-	deadline := time.Now().Add(20 * time.Second)
-	for n.WarmupProgress(d).Running {
-		if time.Now().After(deadline) {
-			t.Fatal("warm-up still running")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	awaitWarmup(t, n, d)
 	p, st := n.WarmupProgress(d), n.Stats()
 	if !p.Full || p.Error != "" {
 		t.Fatalf("progress %+v: want stopped full", p)
@@ -139,6 +133,18 @@ func TestWarmupStopsWhenFull(t *testing.T) {
 	}
 	if p.Done >= p.Total {
 		t.Fatalf("done %d of %d with a store for ~20 items", p.Done, p.Total)
+	}
+}
+
+// awaitWarmup waits until the node's warm-up of d has ended.
+func awaitWarmup(t *testing.T, n *Node, d *catalog.Dataset) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for n.WarmupProgress(d).Running {
+		if time.Now().After(deadline) {
+			t.Fatal("warm-up still running")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -172,13 +178,7 @@ func TestWarmupLeavesMovedItemsToTheirOwner(t *testing.T) {
 	peers.listed.Store(items) // ownedIndices asks once per item
 	n.peers = peers
 	n.StartWarmup(d)
-	deadline := time.Now().Add(20 * time.Second)
-	for n.WarmupProgress(d).Running {
-		if time.Now().After(deadline) {
-			t.Fatal("warm-up still running")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	awaitWarmup(t, n, d)
 	p, st := n.WarmupProgress(d), n.Stats()
 	if p.Full || p.Error != "" || p.Done != items || p.Total != items {
 		t.Fatalf("progress %+v: want %d of %d done, not full", p, items, items)
