@@ -47,9 +47,11 @@ func (a *app) jobs(ctx context.Context, args []string) error {
 		if a.json {
 			return a.printJSON(js)
 		}
-		a.table("NAME\tDATASET\tSEED\tWORLD\tBATCH\tRANKS", func(w io.Writer) {
+		// GENERATION is the job's version, which a sampler's saved state
+		// names: a checkpoint resumes only under the generation it was taken in.
+		a.table("NAME\tDATASET\tSEED\tWORLD\tBATCH\tGENERATION\tRANKS", func(w io.Writer) {
 			for _, j := range js {
-				fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%s\n", j.Name, j.Dataset, j.Seed, j.WorldSize, j.BatchSize, strings.Join(j.Ranks, ","))
+				fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%d\t%s\n", j.Name, j.Dataset, j.Seed, j.WorldSize, j.BatchSize, j.Version, strings.Join(j.Ranks, ","))
 			}
 		})
 		return nil
