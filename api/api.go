@@ -63,6 +63,17 @@ type Job struct {
 	BatchSize int      `json:"batch_size"`
 	Ranks     []string `json:"ranks"` // the node each rank runs on
 	Version   uint64   `json:"version,omitempty"`
+	// Previous is the generation this one replaced when only world_size or
+	// ranks changed: a sampler state saved under it resumes under this one
+	// (the interrupted epoch's remaining samples re-split). Shown, never taken.
+	Previous *JobGeneration `json:"previous,omitempty"`
+}
+
+// JobGeneration is a job's earlier rank layout.
+type JobGeneration struct {
+	Generation uint64   `json:"generation"`
+	WorldSize  int      `json:"world_size"`
+	Ranks      []string `json:"ranks"`
 }
 
 // Bounds of a job's layout.

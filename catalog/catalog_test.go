@@ -134,3 +134,51 @@ func TestImageNetSizedManifestStaysUnderEntryLimit(t *testing.T) {
 		t.Fatal("found a key that is not there")
 	}
 }
+
+// A job whose rank layout alone changes keeps the generation it replaced,
+// with its epochs' member pins, through a snapshot and a restart; any other
+// change, or none, keeps no previous generation.
+func TestResizedJobKeepsItsPreviousGeneration(t *testing.T) {
+	dir, addr := t.TempDir(), freeAddr(t)
+	c := openLeader(t, dir, addr)
+	if _, _, err := c.RegisterDataset("imgs", "dir:///data", entries(100), 0); err != nil {
+		t.Fatal(err)
+	}
+	first, err := c.PutJob(Job{Name: "j", Dataset: "imgs", Seed: 1, WorldSize: 4, BatchSize: 8, Ranks: []string{"a", "b", "c", "d"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.PinEpoch("j", 3, []string{"a", "b", "c", "d"}); err != nil {
+		t.Fatal(err)
+	}
+	same, err := c.PutJob(Job{Name: "j", Dataset: "imgs", Seed: 1, WorldSize: 4, BatchSize: 8, Ranks: []string{"a", "b", "c", "d"}})
+	if err != nil || same.Version != first.Version || same.Prev != nil {
+		t.Fatalf("the same job again: %+v %v", same, err)
+	}
+	resized, err := c.PutJob(Job{Name: "j", Dataset: "imgs", Seed: 1, WorldSize: 3, BatchSize: 8, Ranks: []string{"a", "b", "c"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := resized.Prev
+	if p == nil || p.Version != first.Version || p.WorldSize != 4 || len(p.Ranks) != 4 || len(p.Pins[3]) != 4 {
+		t.Fatalf("resized: previous generation %+v, want version %d with 4 ranks and epoch 3's pin", p, first.Version)
+	}
+	if _, ok := c.EpochMembers("j", 3); ok {
+		t.Fatal("the new generation inherited the old one's pins")
+	}
+	if err := c.raft.Snapshot().Error(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	c = openLeader(t, dir, addr)
+	defer c.Close()
+	if j, ok := c.Job("j"); !ok || j.Prev == nil || j.Prev.Version != first.Version || len(j.Prev.Pins[3]) != 4 {
+		t.Fatalf("after a restart: %+v", j)
+	}
+	reseeded, err := c.PutJob(Job{Name: "j", Dataset: "imgs", Seed: 2, WorldSize: 3, BatchSize: 8, Ranks: []string{"a", "b", "c"}})
+	if err != nil || reseeded.Prev != nil {
+		t.Fatalf("another seed is another job, with nothing to resume: %+v %v", reseeded, err)
+	}
+}

@@ -39,6 +39,25 @@ type Job struct {
 	BatchSize int      `msgpack:"batch_size" json:"batch_size"`
 	Ranks     []string `msgpack:"ranks" json:"ranks"`
 	Version   uint64   `msgpack:"version" json:"version"`
+	// Prev is the generation this one replaced when only the rank layout
+	// changed (world size, ranks): an epoch interrupted under it can resume
+	// under this one. Set by the catalog, never by a request.
+	Prev *Generation `msgpack:"prev,omitempty" json:"previous,omitempty"`
+}
+
+// Generation is a job's rank layout as it was, with the member sets its
+// epochs were pinned to: enough to recompute any of its orders.
+type Generation struct {
+	Version   uint64              `msgpack:"version" json:"generation"`
+	WorldSize int                 `msgpack:"world_size" json:"world_size"`
+	Ranks     []string            `msgpack:"ranks" json:"ranks"`
+	Pins      map[uint64][]string `msgpack:"pins" json:"-"`
+}
+
+// AsJob is the job as it was in generation g.
+func (j *Job) AsJob(g *Generation) *Job {
+	return &Job{Name: j.Name, Dataset: j.Dataset, Seed: j.Seed, WorldSize: g.WorldSize, BatchSize: j.BatchSize,
+		Ranks: g.Ranks, Version: g.Version}
 }
 
 type opType uint8
@@ -171,7 +190,9 @@ func (f *fsm) apply(index uint64, c *command) any {
 		return nil
 	case opPutJob:
 		j := *c.Job
-		if old, ok := st.Jobs[j.Name]; ok {
+		j.Prev = nil
+		old, had := st.Jobs[j.Name]
+		if had {
 			j.Version = old.Version
 			if jobEqual(old, &j) {
 				return old
@@ -179,6 +200,10 @@ func (f *fsm) apply(index uint64, c *command) any {
 		}
 		if _, ok := st.Datasets[j.Dataset]; !ok {
 			return fmt.Errorf("%w: dataset %q", ErrNotFound, j.Dataset)
+		}
+		if had && old.Dataset == j.Dataset && old.Seed == j.Seed && old.BatchSize == j.BatchSize {
+			// Only the layout changed: keep the old one to resume from.
+			j.Prev = &Generation{Version: old.Version, WorldSize: old.WorldSize, Ranks: old.Ranks, Pins: maps.Clone(st.Pins[j.Name])}
 		}
 		j.Version = index
 		st.Jobs[j.Name] = &j

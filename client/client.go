@@ -494,6 +494,15 @@ func (c *Client) RankOrder(ctx context.Context, job string, epoch, rank int) (ap
 	return o, err
 }
 
+// ResumedOrder fetches rank's order for the rest of an epoch interrupted
+// when every rank of generation from had consumed position samples (from:
+// the job's current version, or the one a resize replaced).
+func (c *Client) ResumedOrder(ctx context.Context, job string, epoch, rank int, from uint64, position int) (api.RankOrder, error) {
+	var o api.RankOrder
+	err := c.JSON(ctx, http.MethodGet, fmt.Sprintf("%s?from_generation=%d&position=%d", RankOrderPath(job, epoch, rank), from, position), nil, &o)
+	return o, err
+}
+
 // JobBatch fetches minibatch b of a rank's order.
 func (c *Client) JobBatch(ctx context.Context, job string, epoch, rank, b int) ([]Item, error) {
 	resp, err := c.Do(ctx, http.MethodGet, fmt.Sprintf("%s/batches/%d", RankOrderPath(job, epoch, rank), b), nil)

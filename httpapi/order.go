@@ -11,6 +11,7 @@ import (
 // jobOrder serves
 //
 //	GET  /v1/jobs/{job}/epochs/{e}/ranks/{r}             {"indices": [...]}
+//	     ...?from_generation=G&position=P                the rest of an interrupted epoch
 //	GET  /v1/jobs/{job}/epochs/{e}/ranks/{r}/batches/{b} msgpack items
 //	POST /v1/jobs/{job}/epochs/{e}/pin                   (leader: pin the epoch's member set)
 func (s *Server) jobOrder(ctx *fasthttp.RequestCtx, method, job string, seg []string) {
@@ -47,6 +48,19 @@ func (s *Server) jobOrder(ctx *fasthttp.RequestCtx, method, job string, seg []st
 		return
 	}
 	switch {
+	case len(seg) == 4 && ctx.QueryArgs().Has("from_generation"):
+		from, err1 := strconv.ParseUint(string(ctx.QueryArgs().Peek("from_generation")), 10, 64)
+		position, err2 := strconv.Atoi(string(ctx.QueryArgs().Peek("position")))
+		if err1 != nil || err2 != nil || position < 0 {
+			writeError(ctx, fasthttp.StatusBadRequest, "from_generation and position: want non-negative integers")
+			return
+		}
+		o, err := s.node.ResumedOrder(rctx, job, epoch, rank, from, position)
+		if err != nil {
+			fail(ctx, err)
+			return
+		}
+		writeJSON(ctx, 200, o)
 	case len(seg) == 4:
 		o, err := s.node.RankOrder(rctx, job, epoch, rank)
 		if err != nil {

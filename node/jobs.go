@@ -199,6 +199,87 @@ func (n *Node) RankOrder(ctx context.Context, job string, epoch uint64, rank int
 		Remote: ep.Remote[rank], Epoch: epoch}, nil
 }
 
+// ResumedOrder is rank's order for the rest of an epoch that was interrupted
+// when every rank of generation from had consumed position samples of it.
+// Under the current generation that is the rank's own order from position
+// on; under the job's previous one (only world_size or ranks changed since),
+// it is the rank's share of what every old rank had left, re-split over the
+// current layout (locality.ResumeEpoch): each remaining sample exactly once,
+// equal lengths. Like every order, a pure function of the catalog.
+func (n *Node) ResumedOrder(ctx context.Context, job string, epoch uint64, rank int, from uint64, position int) (api.RankOrder, error) {
+	cur, err := n.Plan(ctx, job, epoch) // pins the epoch's members for the current generation
+	if err != nil {
+		return api.RankOrder{}, err
+	}
+	if rank < 0 || rank >= len(cur.Ranks) {
+		return api.RankOrder{}, fmt.Errorf("%w: rank %d: want an integer in [0,%d)", ErrBadRequest, rank, len(cur.Ranks))
+	}
+	j := cur.Job
+	ep, start := cur, position
+	switch {
+	case from == j.Version:
+		if position < 0 || position > len(cur.Ranks[rank]) {
+			return api.RankOrder{}, fmt.Errorf("%w: position %d outside the rank's %d samples", ErrBadRequest, position, len(cur.Ranks[rank]))
+		}
+	case j.Prev != nil && from == j.Prev.Version:
+		if ep, err = n.resumePlan(cur, epoch, position); err != nil {
+			return api.RankOrder{}, err
+		}
+		start = 0
+	default:
+		return api.RankOrder{}, fmt.Errorf("%w: generation %d is neither job %s's current one (%d) nor the one it replaced", catalog.ErrConflict, from, job, j.Version)
+	}
+	order := ep.Ranks[rank][start:]
+	indices := make([]int, len(order))
+	for x, i := range order {
+		indices[x] = int(i)
+	}
+	return api.RankOrder{Indices: indices, Batches: (len(indices) + ep.BatchSize - 1) / ep.BatchSize, BatchSize: ep.BatchSize,
+		Remote: ep.RemoteFrom(rank, start), Epoch: epoch}, nil
+}
+
+// resumePlan re-splits the rest of epoch of the previous generation, whose
+// ranks had all consumed position samples, over the current one.
+func (n *Node) resumePlan(cur *locality.EpochPlan, epoch uint64, position int) (*locality.EpochPlan, error) {
+	j := cur.Job
+	k := resumeKey{job: j.Name, version: j.Version, epoch: epoch, position: position}
+	n.mu.Lock()
+	ep, ok := n.resumed[k]
+	n.mu.Unlock()
+	if ok {
+		return ep, nil
+	}
+	oldMembers, ok := j.Prev.Pins[epoch]
+	if !ok {
+		return nil, fmt.Errorf("%w: epoch %d was never started under generation %d: start it afresh", catalog.ErrConflict, epoch, j.Prev.Version)
+	}
+	members, ok := n.cat.EpochMembers(j.Name, epoch)
+	if !ok {
+		return nil, fmt.Errorf("epoch %d of %s is not pinned", epoch, j.Name)
+	}
+	prev, err := planFor(j.AsJob(j.Prev), cur.Data, epoch, oldMembers)
+	if err != nil {
+		return nil, err
+	}
+	if ep, err = locality.ResumeEpoch(prev, position, j, members); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadRequest, err)
+	}
+	n.mu.Lock()
+	if len(n.resumed) >= maxPlans {
+		clear(n.resumed) // resumes are rare; a bound is all this cache needs
+	}
+	n.resumed[k] = ep
+	n.mu.Unlock()
+	return ep, nil
+}
+
+type resumeKey struct {
+	job      string
+	version  uint64
+	epoch    uint64
+	position int
+}
+
 // JobBatch returns minibatch b of a rank's order for an epoch, its items
 // pinned until released, and counts them for the job's metrics.
 // On a tar dataset the batch is of samples: spans groups the items by sample

@@ -25,6 +25,7 @@ import (
 	"stallfree/clairvoyant"
 	"stallfree/cluster"
 	"stallfree/clusterauth"
+	"stallfree/locality"
 	"stallfree/source"
 	"stallfree/store"
 )
@@ -96,7 +97,9 @@ type Node struct {
 	warmups map[string]*warmup
 	// registrations are the listings this node ran, by dataset name.
 	registrations map[string]*registration
-	owners        map[uint32]ownerMap // by dataset ID
+	// resumed are re-split remainders of interrupted epochs (ResumedOrder).
+	resumed map[resumeKey]*locality.EpochPlan
+	owners  map[uint32]ownerMap // by dataset ID
 
 	peers    Peers
 	leader   leaderLink
@@ -166,7 +169,7 @@ func New(cfg Config) (*Node, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	n := &Node{cfg: cfg, log: cfg.Logger, cat: cat, store: st, sources: map[uint32]*source.Bounded{}, owners: map[uint32]ownerMap{},
-		warmups: map[string]*warmup{}, registrations: map[string]*registration{}, ctx: ctx, cancel: cancel, foresight: fore, peers: newNoPeers(cfg.Name)}
+		warmups: map[string]*warmup{}, registrations: map[string]*registration{}, resumed: map[resumeKey]*locality.EpochPlan{}, ctx: ctx, cancel: cancel, foresight: fore, peers: newNoPeers(cfg.Name)}
 	n.leader = newLeaderLink(cfg.Name, cfg.Token)
 	n.inflight.limit = cfg.MaxInflightBytes
 	n.registry = n.registerMetrics()

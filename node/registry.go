@@ -25,8 +25,12 @@ func DatasetInfo(d *catalog.Dataset) api.Dataset {
 }
 
 func jobInfo(j *catalog.Job) api.Job {
-	return api.Job{Name: j.Name, Dataset: j.Dataset, Seed: j.Seed, WorldSize: j.WorldSize, BatchSize: j.BatchSize,
+	out := api.Job{Name: j.Name, Dataset: j.Dataset, Seed: j.Seed, WorldSize: j.WorldSize, BatchSize: j.BatchSize,
 		Ranks: j.Ranks, Version: j.Version}
+	if p := j.Prev; p != nil {
+		out.Previous = &api.JobGeneration{Generation: p.Version, WorldSize: p.WorldSize, Ranks: p.Ranks}
+	}
+	return out
 }
 
 // Datasets lists the datasets this node's catalog holds.
