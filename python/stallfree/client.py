@@ -299,6 +299,14 @@ class Client:
     def rank_order(self, job, epoch, rank):
         return self.json("GET", f"/v1/jobs/{self._q(job)}/epochs/{int(epoch)}/ranks/{int(rank)}")["indices"]
 
+    def resumed_order(self, job, epoch, rank, generation, position):
+        """Rank's order for the rest of an epoch interrupted when every rank of
+        job ``generation`` had consumed ``position`` samples (the current
+        generation, or the one a resize replaced)."""
+        path = (f"/v1/jobs/{self._q(job)}/epochs/{int(epoch)}/ranks/{int(rank)}"
+                f"?from_generation={int(generation)}&position={int(position)}")
+        return self.json("GET", path)["indices"]
+
     def stats(self):
         return self.json("GET", "/v1/stats")
 

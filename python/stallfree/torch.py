@@ -91,10 +91,16 @@ class LocalitySampler(torch.utils.data.Sampler):
         self.world_size = int(spec["world_size"])
         self._len = n // self.world_size
         # The job's version: orders are a function of it, so a position saved
-        # under one version means nothing under another.
+        # under one version means nothing under another, except under the
+        # version that replaced it by a resize (``previous``).
         self.generation = int(spec.get("version", 0))
+        self._previous = spec.get("previous")
         self._start = 0  # where this epoch resumes (a loaded checkpoint)
         self._yielded = 0  # indices handed out since this epoch's iteration began
+        # (generation, position) an epoch interrupted under a resized job's
+        # previous layout was resumed from, and that epoch; None otherwise.
+        self._resumed, self._resumed_epoch = None, None
+        self._orders = {}
 
     def set_epoch(self, epoch):
         epoch = int(epoch)
@@ -103,14 +109,27 @@ class LocalitySampler(torch.utils.data.Sampler):
         self.epoch = epoch
         self._yielded = 0
 
+    def _order(self):
+        resumed = self._resumed if self._resumed_epoch == self.epoch else None
+        key = (self.epoch, resumed)
+        if key not in self._orders:
+            if resumed:
+                order = self.client.resumed_order(self.job, self.epoch, self.rank, *resumed)
+            else:
+                order = self.client.rank_order(self.job, self.epoch, self.rank)
+            self._orders = {key: order}  # one epoch at a time
+        return self._orders[key]
+
     def __iter__(self):
-        order = self.client.rank_order(self.job, self.epoch, self.rank)
+        order = self._order()
         self._yielded = 0
         for i in order[self._start:]:
             self._yielded += 1
             yield i
 
     def __len__(self):
+        if self._resumed_epoch == self.epoch:
+            return len(self._order()) - self._start
         return self._len - self._start
 
     def state_dict(self, consumed=None):
@@ -122,28 +141,47 @@ class LocalitySampler(torch.utils.data.Sampler):
         e.g. ``batches_done * batch_size``); without it the sampler counts what
         it has handed out, which is what torchdata's ``StatefulDataLoader``
         expects (it snapshots the sampler as each batch is made and keeps the
-        snapshot of the batch the loop last received).
+        snapshot of the batch the loop last received). An epoch that was
+        itself resumed after a resize also records where it was resumed from.
         """
         done = self._yielded if consumed is None else int(consumed)
-        if done < 0 or self._start + done > self._len:
-            raise ValueError(f"consumed {done} is outside this epoch's {self._len - self._start} remaining samples")
-        return {"job": self.job, "generation": self.generation, "epoch": self.epoch, "rank": self.rank,
-                "world_size": self.world_size, "position": self._start + done}
+        if done < 0 or done > len(self):
+            raise ValueError(f"consumed {done} is outside this epoch's {len(self)} remaining samples")
+        state = {"job": self.job, "generation": self.generation, "epoch": self.epoch, "rank": self.rank,
+                 "world_size": self.world_size, "position": self._start + done}
+        if self._resumed_epoch == self.epoch and self._resumed:
+            state["resumed_from"] = list(self._resumed)
+        return state
 
     def load_state_dict(self, state):
         """Continue from a ``state_dict()``: the next iteration of its epoch
-        starts at its position."""
-        if state.get("job") != self.job or int(state.get("rank", -1)) != self.rank:
-            raise ValueError(f"state of job {state.get('job')!r} rank {state.get('rank')}, "
-                             f"not of job {self.job!r} rank {self.rank}")
-        if int(state["generation"]) != self.generation or int(state.get("world_size", 0)) != self.world_size:
-            raise ValueError(f"job {self.job!r} changed since the checkpoint (version {state['generation']} -> "
-                             f"{self.generation}); resuming a changed job mid-epoch is not supported yet: "
-                             f"start its next epoch instead")
-        position = int(state["position"])
-        if not 0 <= position <= self._len:
-            raise ValueError(f"position {position} outside an epoch of {self._len} samples")
-        self.epoch, self._start, self._yielded = int(state["epoch"]), position, 0
+        starts at its position. A state saved before the job was resized
+        (``PUT /v1/jobs/{job}`` with another world_size or ranks) resumes that
+        epoch with this rank's share of what all the old ranks had left: every
+        remaining sample once across the new ranks (all old ranks must have
+        been at the same position, as in synchronous data-parallel training).
+        """
+        if state.get("job") != self.job:
+            raise ValueError(f"state of job {state.get('job')!r}, not of job {self.job!r}")
+        gen, position, epoch = int(state["generation"]), int(state["position"]), int(state["epoch"])
+        if gen == self.generation:
+            if int(state.get("rank", -1)) != self.rank or int(state.get("world_size", 0)) != self.world_size:
+                raise ValueError(f"state of rank {state.get('rank')} of {state.get('world_size')}, "
+                                 f"not of rank {self.rank} of {self.world_size}")
+            resumed = state.get("resumed_from")
+            self._resumed = tuple(int(x) for x in resumed) if resumed else None
+            self._resumed_epoch = epoch if resumed else None
+            self.epoch, self._start, self._yielded = epoch, 0, 0
+            if not 0 <= position <= len(self):
+                raise ValueError(f"position {position} outside an epoch of {len(self)} samples")
+            self._start = position
+            return
+        if not self._previous or int(self._previous["generation"]) != gen:
+            raise ValueError(f"job {self.job!r} is at generation {self.generation}; a state of generation {gen} "
+                             f"is neither it nor the one it replaced: start its next epoch instead")
+        self.epoch, self._start, self._yielded = epoch, 0, 0
+        self._resumed, self._resumed_epoch = (gen, position), epoch
+        len(self)  # fetch the re-split order now: a bad state fails here, not in a worker
 
     def __getstate__(self):
         s = dict(self.__dict__)

@@ -3,6 +3,7 @@
 import os
 import random
 import shutil
+import signal
 import hashlib
 import io
 import json
@@ -321,8 +322,26 @@ class ResumeTest(unittest.TestCase):
 
     def run_rank(self, url, rank, ckpt, log, checkpoint_at, wait_after):
         script = os.path.join(os.path.dirname(__file__), "resume_rank.py")
-        return subprocess.Popen([sys.executable, script, url, "ds", "train", str(rank), "1", ckpt, log,
-                                 str(checkpoint_at), str(wait_after)], stdout=subprocess.PIPE, text=True)
+        # A session of its own, so that killing the rank kills its DataLoader
+        # workers too (a SIGKILLed parent leaves them blocked, holding every
+        # pipe they inherited), and stderr to a file, not to this test's.
+        err = open(os.path.join(self.tmp, f"rank{rank}.stderr"), "a")
+        p = subprocess.Popen([sys.executable, script, url, "ds", "train", str(rank), "1", ckpt, log,
+                              str(checkpoint_at), str(wait_after)], stdout=subprocess.PIPE, stderr=err, text=True,
+                             start_new_session=True)
+        err.close()
+        self.addCleanup(self.kill_rank, p)
+        return p
+
+    @staticmethod
+    def kill_rank(p):
+        """Kill a rank and its workers (their process group), and reap it."""
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait(timeout=15)
+        p.stdout.close()
 
     def consumed(self, log):
         """The samples a log records up to its last checkpoint (the rest was
@@ -341,8 +360,7 @@ class ResumeTest(unittest.TestCase):
         # Rank 0 checkpoints after 6 batches, consumes 3 more, and is killed.
         p = self.run_rank(url1, 0, ckpt, log, checkpoint_at=6, wait_after=9)
         self.assertEqual(p.stdout.readline().strip(), "WAITING")
-        p.kill()
-        p.wait(timeout=15)
+        self.kill_rank(p)
         with open(ckpt) as f:
             state = json.load(f)["sampler"]
         self.assertEqual(state["position"], 48)
@@ -376,11 +394,12 @@ class ResumeTest(unittest.TestCase):
         self.assertFalse({i for i, _ in other} & set(order))
         self.assertEqual(len(order) + len(other), len(self.files) // 2 * 2)
 
-    def test_state_refuses_another_job_version(self):
+    def test_resume_without_a_loader_and_after_a_resize(self):
         (n1, url1), (n2, _) = self.cluster.nodes
         c = Client(url1)
         wait_until(lambda: c.json("PUT", "/v1/datasets/ds", {"source": self.data}), 30, "registration")
         c.json("PUT", "/v1/jobs/train", {"dataset": "ds", "seed": 4, "world_size": 2, "batch_size": 8, "ranks": [n1, n2]})
+        old = [Client(url1).rank_order("train", 2, r) for r in range(2)]
         sampler = LocalitySampler(url1, "train", 0)
         sampler.set_epoch(2)
         it = iter(sampler)
@@ -391,11 +410,34 @@ class ResumeTest(unittest.TestCase):
         fresh.load_state_dict(state)
         fresh.set_epoch(2)
         self.assertEqual(len(fresh), len(sampler) - 10)
-        self.assertEqual(first + list(fresh), Client(url1).rank_order("train", 2, 0))
+        self.assertEqual(first + list(fresh), old[0])
         fresh.set_epoch(3)  # the next epoch starts from its beginning
         self.assertEqual(list(fresh), Client(url1).rank_order("train", 3, 0))
         with self.assertRaises(ValueError):
             sampler.state_dict(consumed=len(sampler) + 1)
-        c.json("PUT", "/v1/jobs/train", {"dataset": "ds", "seed": 4, "world_size": 3, "batch_size": 8})
+
+        # Resized to one rank: the state of old rank 0 (both ranks were at
+        # position 10) resumes with everything both old ranks had left.
+        c.json("PUT", "/v1/jobs/train", {"dataset": "ds", "seed": 4, "world_size": 1, "batch_size": 8, "ranks": [n1]})
+        one = LocalitySampler(url1, "train", 0)
+        one.load_state_dict(state)
+        one.set_epoch(2)
+        rest = set(old[0][10:]) | set(old[1][10:])
+        self.assertEqual(len(one), len(rest))
+        it = iter(one)
+        part = [next(it) for _ in range(30)]
+        mid = one.state_dict()
+        self.assertEqual((mid["position"], mid["resumed_from"]), (30, [state["generation"], 10]))
+        again = LocalitySampler(url1, "train", 0)
+        again.load_state_dict(json.loads(json.dumps(mid)))
+        again.set_epoch(2)
+        resumed = part + list(again)
+        self.assertEqual(len(resumed), len(rest))
+        self.assertEqual(set(resumed), rest)
+        again.set_epoch(3)
+        self.assertEqual(list(again), Client(url1).rank_order("train", 3, 0))
+
+        # Another seed is another job: nothing to resume.
+        c.json("PUT", "/v1/jobs/train", {"dataset": "ds", "seed": 99, "world_size": 1, "batch_size": 8, "ranks": [n1]})
         with self.assertRaises(ValueError):
             LocalitySampler(url1, "train", 0).load_state_dict(state)
