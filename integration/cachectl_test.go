@@ -139,6 +139,34 @@ func TestCachectl(t *testing.T) {
 		an.Model.Rates.Cold <= 0 || an.Model.Rates.Cached <= 0 {
 		t.Fatalf("analyze: %+v %v", an, err)
 	}
+	// A resize starts a new generation that keeps the one it replaced.
+	var jobs []struct {
+		Name    string
+		Version uint64
+	}
+	if err := json.Unmarshal([]byte(must(n1, "--json", "jobs", "ls")), &jobs); err != nil {
+		t.Fatal(err)
+	}
+	var gen0 uint64
+	for _, j := range jobs {
+		if j.Name == "train" {
+			gen0 = j.Version
+		}
+	}
+	if out := must(n2, "jobs", "resize", "train", "--world-size", "1", "--ranks", "n1"); !strings.Contains(out, "1 ranks (was generation") {
+		t.Fatalf("jobs resize: %s", out)
+	}
+	var resized struct {
+		WorldSize int `json:"world_size"`
+		Previous  struct {
+			Generation uint64 `json:"generation"`
+			WorldSize  int    `json:"world_size"`
+		} `json:"previous"`
+	}
+	if err := json.Unmarshal([]byte(must(n1, "--json", "jobs", "resize", "train", "--world-size", "1", "--ranks", "n1")), &resized); err != nil ||
+		resized.WorldSize != 1 || resized.Previous.WorldSize != 2 || resized.Previous.Generation != gen0 || gen0 == 0 {
+		t.Fatalf("jobs resize again (unchanged): %+v %v; want 1 rank after generation %d's 2", resized, err, gen0)
+	}
 	must(n1, "jobs", "rm", "train")
 	must(n2, "datasets", "rm", "ds")
 	if out, err := ctl(n1, "datasets", "rm", "ds"); err == nil || !strings.Contains(out, "404") {

@@ -12,7 +12,7 @@ import (
 
 func (a *app) jobs(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return usageError{"jobs add|ls|rm"}
+		return usageError{"jobs add|ls|rm|resize"}
 	}
 	switch args[0] {
 	case "add":
@@ -39,6 +39,41 @@ func (a *app) jobs(ctx context.Context, args []string) error {
 		}
 		fmt.Fprintf(a.out, "job %s: dataset %s, seed %d, %d ranks of batch %d\n", got.Name, got.Dataset, got.Seed, got.WorldSize, got.BatchSize)
 		return nil
+	case "resize":
+		fs := flag.NewFlagSet("jobs resize", flag.ContinueOnError)
+		world := fs.Int("world-size", 0, "the new number of ranks (0: unchanged)")
+		ranks := fs.String("ranks", "", "comma-separated node name of each new rank (empty: none)")
+		pos, err := parseCommand(fs, args[1:], 1, "jobs resize NAME --world-size N [--ranks n1,n2,...]")
+		if err != nil {
+			return err
+		}
+		j, err := a.c.Job(ctx, pos[0])
+		if err != nil {
+			return err
+		}
+		from := j.Version
+		if *world > 0 {
+			j.WorldSize = *world
+		}
+		j.Ranks = nil
+		if *ranks != "" {
+			j.Ranks = strings.Split(*ranks, ",")
+		}
+		j.Version, j.Previous = 0, nil
+		got, err := a.c.PutJob(ctx, j)
+		if err != nil {
+			return err
+		}
+		if a.json {
+			return a.printJSON(got)
+		}
+		if got.Previous == nil || got.Previous.Generation != from {
+			fmt.Fprintf(a.out, "job %s unchanged (generation %d)\n", got.Name, got.Version)
+			return nil
+		}
+		fmt.Fprintf(a.out, "job %s: generation %d, %d ranks (was generation %d, %d ranks); samplers saved under %d resume under it\n",
+			got.Name, got.Version, got.WorldSize, from, got.Previous.WorldSize, from)
+		return nil
 	case "ls":
 		js, err := a.c.Jobs(ctx)
 		if err != nil {
@@ -61,7 +96,7 @@ func (a *app) jobs(ctx context.Context, args []string) error {
 		}
 		return a.c.DeleteJob(ctx, args[1])
 	}
-	return usageError{"jobs add|ls|rm"}
+	return usageError{"jobs add|ls|rm|resize"}
 }
 
 func (a *app) sample(ctx context.Context, args []string) error {

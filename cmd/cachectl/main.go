@@ -30,7 +30,7 @@ commands:
   datasets rm NAME             remove a dataset
   warmup NAME                  load a dataset into the cluster's memory, with progress
   stats                        per-node cache statistics, cluster-wide
-  jobs add|ls|rm               training jobs (see cachectl jobs add -h)
+  jobs add|ls|rm|resize        training jobs (see cachectl jobs add -h; resize JOB --world-size N --ranks ...)
   sample JOB --epoch E --rank R   a rank's locality-aware order
   epoch NAME [--epochs N --workers W --verify DIR]
                                read a dataset in random order like a loader; report throughput and hit mix
