@@ -110,4 +110,55 @@ func TestResizedJobResumesTheInterruptedEpoch(t *testing.T) {
 	if full := rankOrder(t, nodes[2], "train", 1, 2); err != nil || !slices.Equal(cur.Indices, full.Indices[100:]) {
 		t.Fatalf("resuming under the current generation: %v; want the rank's order from 100 on", err)
 	}
+
+	// After a leader change, the resumed orders are the same: they come from
+	// the catalog alone. (The dead fourth voter is first removed from raft,
+	// so two of the remaining three keep a quorum.)
+	waitFor(t, 60*time.Second, "the dead node out of the raft configuration", func() bool {
+		cl, err := nodes[0].c.Cluster(ctx)
+		if err != nil {
+			return false
+		}
+		for _, m := range cl.Members {
+			if m.Name == nodes[3].name && m.Raft != "" {
+				return false
+			}
+		}
+		return true
+	})
+	var want [3][]int
+	for r := range 3 {
+		o, err := nodes[r].c.ResumedOrder(ctx, "train", 0, r, old.Version, position)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[r] = o.Indices
+	}
+	cl, err := nodes[0].c.Cluster(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rest []*proc
+	for _, n := range nodes[:3] {
+		if n.name == cl.Leader {
+			n.kill()
+		} else {
+			rest = append(rest, n)
+		}
+	}
+	if len(rest) != 2 {
+		t.Fatalf("leader %q is not one of the three live nodes", cl.Leader)
+	}
+	waitFor(t, 60*time.Second, "a new leader", func() bool {
+		cl, err := rest[0].c.Cluster(ctx)
+		return err == nil && slices.Contains(names(rest), cl.Leader)
+	})
+	for r := range 3 {
+		for _, n := range rest {
+			o, err := n.c.ResumedOrder(ctx, "train", 0, r, old.Version, position)
+			if err != nil || !slices.Equal(o.Indices, want[r]) {
+				t.Fatalf("rank %d from %s after the leader change: %v, or another order", r, n.name, err)
+			}
+		}
+	}
 }
