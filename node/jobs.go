@@ -245,6 +245,9 @@ func (n *Node) resumePlan(cur *locality.EpochPlan, epoch uint64, position int) (
 	k := resumeKey{job: j.Name, version: j.Version, epoch: epoch, position: position}
 	n.mu.Lock()
 	ep, ok := n.resumed[k]
+	if ok {
+		n.active[j.Name] = k
+	}
 	n.mu.Unlock()
 	if ok {
 		return ep, nil
@@ -269,8 +272,27 @@ func (n *Node) resumePlan(cur *locality.EpochPlan, epoch uint64, position int) (
 		clear(n.resumed) // resumes are rare; a bound is all this cache needs
 	}
 	n.resumed[k] = ep
+	n.active[j.Name] = k
 	n.mu.Unlock()
+	n.foresight.Refresh() // the read-ahead follows the re-split order
 	return ep, nil
+}
+
+// activeResume is the re-split plan of a job's epoch that a rank on this
+// node asked for last, if any: the order the job reads that epoch in.
+func (n *Node) activeResume(job string, epoch uint64) (*locality.EpochPlan, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	k, ok := n.active[job]
+	if !ok || k.epoch != epoch {
+		return nil, false
+	}
+	j, ok := n.cat.Job(job)
+	if !ok || j.Version != k.version {
+		return nil, false
+	}
+	ep, ok := n.resumed[k]
+	return ep, ok
 }
 
 type resumeKey struct {

@@ -97,8 +97,10 @@ type Node struct {
 	warmups map[string]*warmup
 	// registrations are the listings this node ran, by dataset name.
 	registrations map[string]*registration
-	// resumed are re-split remainders of interrupted epochs (ResumedOrder).
+	// resumed are re-split remainders of interrupted epochs (ResumedOrder);
+	// active is, per job, the one its ranks here asked for last.
 	resumed map[resumeKey]*locality.EpochPlan
+	active  map[string]resumeKey
 	owners  map[uint32]ownerMap // by dataset ID
 
 	peers    Peers
@@ -169,7 +171,7 @@ func New(cfg Config) (*Node, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	n := &Node{cfg: cfg, log: cfg.Logger, cat: cat, store: st, sources: map[uint32]*source.Bounded{}, owners: map[uint32]ownerMap{},
-		warmups: map[string]*warmup{}, registrations: map[string]*registration{}, resumed: map[resumeKey]*locality.EpochPlan{}, ctx: ctx, cancel: cancel, foresight: fore, peers: newNoPeers(cfg.Name)}
+		warmups: map[string]*warmup{}, registrations: map[string]*registration{}, resumed: map[resumeKey]*locality.EpochPlan{}, active: map[string]resumeKey{}, ctx: ctx, cancel: cancel, foresight: fore, peers: newNoPeers(cfg.Name)}
 	n.leader = newLeaderLink(cfg.Name, cfg.Token)
 	n.inflight.limit = cfg.MaxInflightBytes
 	n.registry = n.registerMetrics()

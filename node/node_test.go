@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"stallfree/api"
 	"stallfree/catalog"
 	"stallfree/cluster"
 )
@@ -186,5 +187,44 @@ func TestWarmupLeavesMovedItemsToTheirOwner(t *testing.T) {
 	if st.ItemsCached != items/2 || st.SourceReads != items/2 || peers.fromOwner.Load() != 0 {
 		t.Fatalf("%d cached, %d storage reads, %d peer fetches: want the %d even items read and cached, nothing fetched",
 			st.ItemsCached, st.SourceReads, peers.fromOwner.Load(), items/2)
+	}
+}
+
+// After a resize, the epoch its ranks resume is the one the read-ahead
+// follows: the cache policy's plan for it is the re-split order, not the
+// new layout's plain order.
+func TestCachePolicyFollowsAResumedEpoch(t *testing.T) {
+	n, _, _ := startNode(t, 60, 64, 1<<20, false)
+	ctx := context.Background()
+	old, err := n.PutJob(ctx, api.Job{Name: "train", Dataset: "ds", Seed: 3, WorldSize: 2, BatchSize: 4, Ranks: []string{"t1", "t1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.RankOrder(ctx, "train", 0, 0); err != nil { // epoch 0 starts under 2 ranks
+		t.Fatal(err)
+	}
+	if _, err := n.PutJob(ctx, api.Job{Name: "train", Dataset: "ds", Seed: 3, WorldSize: 1, BatchSize: 4, Ranks: []string{"t1"}}); err != nil {
+		t.Fatal(err)
+	}
+	host := clairvoyantHost{n}
+	plain, err := host.Plan("train", 0)
+	if err != nil || len(plain.Ranks[0]) != 60 {
+		t.Fatalf("before the resume: %v, want the plain 1-rank order of 60", err)
+	}
+	o, err := n.ResumedOrder(ctx, "train", 0, 0, old.Version, 10)
+	if err != nil || len(o.Indices) != 40 {
+		t.Fatalf("resumed order: %d samples, %v; want the 2 x 20 left", len(o.Indices), err)
+	}
+	ep, err := host.Plan("train", 0)
+	if err != nil || len(ep.Ranks[0]) != len(o.Indices) {
+		t.Fatalf("the policy's plan after the resume: %v; want the re-split order", err)
+	}
+	for x, i := range ep.Ranks[0] {
+		if int(i) != o.Indices[x] {
+			t.Fatalf("position %d: the policy plans item %d, the rank reads %d", x, i, o.Indices[x])
+		}
+	}
+	if next, err := host.Plan("train", 1); err != nil || len(next.Ranks[0]) != 60 {
+		t.Fatalf("epoch 1: %v, want a plain epoch", err)
 	}
 }

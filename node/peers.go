@@ -107,6 +107,10 @@ func (h clairvoyantHost) EpochMembers(job string, epoch uint64) ([]string, bool)
 	return h.n.cat.EpochMembers(job, epoch)
 }
 func (h clairvoyantHost) Plan(job string, epoch uint64) (*locality.EpochPlan, error) {
+	// An epoch resumed after a resize is read in its re-split order.
+	if ep, ok := h.n.activeResume(job, epoch); ok {
+		return ep, nil
+	}
 	return h.n.planHere(job, epoch)
 }
 func (h clairvoyantHost) PredictPlan(job string, epoch uint64) (*locality.EpochPlan, []string, error) {
