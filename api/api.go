@@ -69,6 +69,17 @@ type Job struct {
 	Previous *JobGeneration `json:"previous,omitempty"`
 }
 
+// RankPosition is how far a rank has got, as its sampler last reported at a
+// checkpoint: POST /v1/jobs/{job}/ranks/{r}/position takes it (rank from the
+// path), GET /v1/jobs/{job}/positions lists what this node was told.
+type RankPosition struct {
+	Rank       int     `json:"rank"`
+	Generation uint64  `json:"generation"`
+	Epoch      uint64  `json:"epoch"`
+	Position   int     `json:"position"`
+	SecondsAgo float64 `json:"seconds_ago"`
+}
+
 // JobGeneration is a job's earlier rank layout.
 type JobGeneration struct {
 	Generation uint64   `json:"generation"`

@@ -503,6 +503,22 @@ func (c *Client) ResumedOrder(ctx context.Context, job string, epoch, rank int, 
 	return o, err
 }
 
+// ReportPosition tells this node how far a rank of job has got.
+func (c *Client) ReportPosition(ctx context.Context, job string, p api.RankPosition) error {
+	resp, err := c.Do(ctx, http.MethodPost, fmt.Sprintf("/v1/jobs/%s/ranks/%d/position", url.PathEscape(job), p.Rank), p)
+	if err != nil {
+		return err
+	}
+	return resp.Body.Close()
+}
+
+// RankPositions lists the rank positions reported to this node for job.
+func (c *Client) RankPositions(ctx context.Context, job string) ([]api.RankPosition, error) {
+	var out []api.RankPosition
+	err := c.JSON(ctx, http.MethodGet, "/v1/jobs/"+url.PathEscape(job)+"/positions", nil, &out)
+	return out, err
+}
+
 // JobBatch fetches minibatch b of a rank's order.
 func (c *Client) JobBatch(ctx context.Context, job string, epoch, rank, b int) ([]Item, error) {
 	resp, err := c.Do(ctx, http.MethodGet, fmt.Sprintf("%s/batches/%d", RankOrderPath(job, epoch, rank), b), nil)

@@ -348,6 +348,15 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"PUT", "/v1/jobs/k", `{"dataset":"ds","world_size":2,"batch_size":4,"ranks":["a"]}`, 400},
 		{"PUT", "/v1/jobs/k", `{"dataset":"ds","world_size":1,"batch_size":4,"bogus":1}`, 400},
 		{"GET", "/v1/datasets/ds/index/0?cache=sometimes", "", 400},
+		{"GET", "/v1/jobs/j/epochs/0/ranks/0?from_generation=x&position=1", "", 400},
+		{"GET", "/v1/jobs/j/epochs/0/ranks/0?from_generation=1&position=-1", "", 400},
+		{"GET", "/v1/jobs/j/epochs/0/ranks/0?from_generation=1", "", 400},
+		{"GET", "/v1/jobs/j/epochs/0/ranks/0?from_generation=1&position=0", "", 409},
+		{"POST", "/v1/jobs/j/ranks/x/position", `{"epoch":0,"position":1}`, 400},
+		{"POST", "/v1/jobs/j/ranks/0/position", `{"epoch":0,"position":-1}`, 400},
+		{"POST", "/v1/jobs/j/ranks/0/position", `{"epoch":0,"position":1,"bogus":1}`, 400},
+		{"POST", "/v1/jobs/j/ranks/99999999/position", `{"epoch":0,"position":1}`, 400},
+		{"POST", "/v1/jobs/nope/ranks/0/position", `{"epoch":0,"position":1}`, 404},
 		{"POST", "/v1/loader/wait", `{"seconds":-5}`, 400},
 		{"GET", "/v1/nothing", "", 404},
 		{"PATCH", "/v1/datasets/ds", "", 405},
@@ -379,6 +388,9 @@ func TestBadInputChangesNothing(t *testing.T) {
 	}
 	if s := h.stats(); s.ItemsCached != 0 || s.SourceReads != 0 {
 		t.Errorf("bad input touched the store: %+v", s)
+	}
+	if got := h.do("GET", "/v1/jobs/j/positions", nil).body; string(got) != "[]" {
+		t.Errorf("refused position reports were kept: %s", got)
 	}
 }
 

@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -23,7 +24,14 @@ func (s *Server) jobs(ctx *fasthttp.RequestCtx, method string, seg []string) {
 		writeError(ctx, fasthttp.StatusBadRequest, err.Error())
 		return
 	}
-	if len(seg) > 1 {
+	switch {
+	case len(seg) == 2 && seg[1] == "positions" && method == fasthttp.MethodGet:
+		writeJSON(ctx, 200, s.node.RankPositions(name))
+		return
+	case len(seg) == 4 && seg[1] == "ranks" && seg[3] == "position" && method == fasthttp.MethodPost:
+		s.reportPosition(ctx, name, seg[2])
+		return
+	case len(seg) > 1:
 		s.jobOrder(ctx, method, name, seg[1:])
 		return
 	}
@@ -85,5 +93,25 @@ func (s *Server) loaderWait(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	s.node.ReportLoaderWait(time.Duration(req.Seconds*float64(time.Second)), req.Batches)
+	ctx.SetStatusCode(fasthttp.StatusNoContent)
+}
+
+// reportPosition records a rank's position, as its sampler reports it at a
+// checkpoint (shown by cachectl jobs ls).
+func (s *Server) reportPosition(ctx *fasthttp.RequestCtx, job, rankSeg string) {
+	rank, err := strconv.Atoi(rankSeg)
+	var p api.RankPosition
+	if err == nil {
+		err = decodeStrict(ctx.PostBody(), &p)
+	}
+	if err != nil || rank < 0 || p.Position < 0 {
+		writeError(ctx, fasthttp.StatusBadRequest, fmt.Sprintf("rank %q and body {\"generation\",\"epoch\",\"position\"}: %v", rankSeg, err))
+		return
+	}
+	p.Rank = rank
+	if err := s.node.ReportPosition(job, p); err != nil {
+		fail(ctx, err)
+		return
+	}
 	ctx.SetStatusCode(fasthttp.StatusNoContent)
 }

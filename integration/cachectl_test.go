@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"stallfree/api"
 	"stallfree/client"
 )
 
@@ -138,6 +139,13 @@ func TestCachectl(t *testing.T) {
 	if err := json.Unmarshal([]byte(must(n1, "--json", "analyze", "ds", "--sample", "50")), &an); err != nil ||
 		an.Model.Rates.Cold <= 0 || an.Model.Rates.Cached <= 0 {
 		t.Fatalf("analyze: %+v %v", an, err)
+	}
+	// Positions ranks report at checkpoints show in jobs ls, from any node.
+	if err := n2.c.ReportPosition(context.Background(), "train", api.RankPosition{Rank: 1, Epoch: 3, Position: 16}); err != nil {
+		t.Fatal(err)
+	}
+	if out := must(n1, "jobs", "ls"); !strings.Contains(out, "r1 e3@16") {
+		t.Fatalf("jobs ls does not show rank 1's position: %s", out)
 	}
 	// A resize starts a new generation that keeps the one it replaced.
 	var jobs []struct {

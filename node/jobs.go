@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -402,4 +403,44 @@ func (n *Node) recordJobItems(job string, rank int, items []Item) {
 		n.jobMetrics.items.WithLabelValues(job, r, res).Inc()
 		n.jobMetrics.bytes.WithLabelValues(job, r, res).Add(float64(len(items[i].Data)))
 	}
+}
+
+// rankPosition is a reported position and when it came.
+type rankPosition struct {
+	api.RankPosition
+	at time.Time
+}
+
+// ReportPosition records how far a rank of job has got (its sampler reports
+// at each checkpoint). Kept in memory on the node told, for operators.
+func (n *Node) ReportPosition(job string, p api.RankPosition) error {
+	j, ok := n.cat.Job(job)
+	if !ok {
+		return fmt.Errorf("%w: job %q", catalog.ErrNotFound, job)
+	}
+	if p.Rank >= api.MaxWorldSize || p.Epoch > maxEpoch {
+		return fmt.Errorf("%w: rank %d, epoch %d out of range", ErrBadRequest, p.Rank, p.Epoch)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	ranks := n.positions[job]
+	if ranks == nil || len(ranks) > 4*j.WorldSize+64 { // a bound on what reports can grow
+		ranks = map[int]rankPosition{}
+		n.positions[job] = ranks
+	}
+	ranks[p.Rank] = rankPosition{RankPosition: p, at: time.Now()}
+	return nil
+}
+
+// RankPositions lists the positions reported to this node for job, by rank.
+func (n *Node) RankPositions(job string) []api.RankPosition {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := []api.RankPosition{}
+	for _, p := range n.positions[job] {
+		p.SecondsAgo = time.Since(p.at).Seconds()
+		out = append(out, p.RankPosition)
+	}
+	slices.SortFunc(out, func(a, b api.RankPosition) int { return a.Rank - b.Rank })
+	return out
 }

@@ -101,7 +101,9 @@ type Node struct {
 	// active is, per job, the one its ranks here asked for last.
 	resumed map[resumeKey]*locality.EpochPlan
 	active  map[string]resumeKey
-	owners  map[uint32]ownerMap // by dataset ID
+	// positions are what ranks reported, by job and rank.
+	positions map[string]map[int]rankPosition
+	owners    map[uint32]ownerMap // by dataset ID
 
 	peers    Peers
 	leader   leaderLink
@@ -171,7 +173,7 @@ func New(cfg Config) (*Node, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	n := &Node{cfg: cfg, log: cfg.Logger, cat: cat, store: st, sources: map[uint32]*source.Bounded{}, owners: map[uint32]ownerMap{},
-		warmups: map[string]*warmup{}, registrations: map[string]*registration{}, resumed: map[resumeKey]*locality.EpochPlan{}, active: map[string]resumeKey{}, ctx: ctx, cancel: cancel, foresight: fore, peers: newNoPeers(cfg.Name)}
+		warmups: map[string]*warmup{}, registrations: map[string]*registration{}, resumed: map[resumeKey]*locality.EpochPlan{}, active: map[string]resumeKey{}, positions: map[string]map[int]rankPosition{}, ctx: ctx, cancel: cancel, foresight: fore, peers: newNoPeers(cfg.Name)}
 	n.leader = newLeaderLink(cfg.Name, cfg.Token)
 	n.inflight.limit = cfg.MaxInflightBytes
 	n.registry = n.registerMetrics()

@@ -5,6 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strings"
 
 	"stallfree/api"
@@ -82,11 +84,13 @@ func (a *app) jobs(ctx context.Context, args []string) error {
 		if a.json {
 			return a.printJSON(js)
 		}
+		positions := a.positions(ctx, js)
 		// GENERATION is the job's version, which a sampler's saved state
-		// names: a checkpoint resumes only under the generation it was taken in.
-		a.table("NAME\tDATASET\tSEED\tWORLD\tBATCH\tGENERATION\tRANKS", func(w io.Writer) {
+		// names; POSITIONS are the ranks' last reported checkpoints.
+		a.table("NAME\tDATASET\tSEED\tWORLD\tBATCH\tGENERATION\tRANKS\tPOSITIONS", func(w io.Writer) {
 			for _, j := range js {
-				fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%d\t%s\n", j.Name, j.Dataset, j.Seed, j.WorldSize, j.BatchSize, j.Version, strings.Join(j.Ranks, ","))
+				fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n", j.Name, j.Dataset, j.Seed, j.WorldSize, j.BatchSize, j.Version,
+					strings.Join(j.Ranks, ","), positions[j.Name])
 			}
 		})
 		return nil
@@ -120,4 +124,42 @@ func (a *app) sample(ctx context.Context, args []string) error {
 		fmt.Fprintln(a.out, i)
 	}
 	return nil
+}
+
+// positions renders, per job, the rank positions every member was told of
+// ("r0 e1@48 r1 e1@48"; the latest report of each rank; "-" for none).
+func (a *app) positions(ctx context.Context, js []api.Job) map[string]string {
+	cs, _, err := a.memberClients(ctx)
+	out := map[string]string{}
+	for _, j := range js {
+		out[j.Name] = "-"
+		if err != nil {
+			continue
+		}
+		latest := map[int]api.RankPosition{}
+		for _, c := range cs {
+			ps, err := c.RankPositions(ctx, j.Name)
+			if err != nil {
+				continue
+			}
+			for _, p := range ps {
+				if q, ok := latest[p.Rank]; !ok || p.SecondsAgo < q.SecondsAgo {
+					latest[p.Rank] = p
+				}
+			}
+		}
+		var parts []string
+		for _, r := range slices.Sorted(maps.Keys(latest)) {
+			p := latest[r]
+			g := ""
+			if p.Generation != j.Version {
+				g = fmt.Sprintf(" (gen %d)", p.Generation)
+			}
+			parts = append(parts, fmt.Sprintf("r%d e%d@%d%s", r, p.Epoch, p.Position, g))
+		}
+		if len(parts) > 0 {
+			out[j.Name] = strings.Join(parts, " ")
+		}
+	}
+	return out
 }

@@ -153,6 +153,17 @@ class LocalitySampler(torch.utils.data.Sampler):
             state["resumed_from"] = list(self._resumed)
         return state
 
+    def report(self, state=None):
+        """Tell the node how far this rank has got (``cachectl jobs ls`` shows
+        it): call it when saving a checkpoint, with the state saved. Best
+        effort: a node that cannot be told does not stop training."""
+        state = state or self.state_dict()
+        try:
+            self.client.json("POST", f"/v1/jobs/{self.client._q(self.job)}/ranks/{int(state['rank'])}/position",
+                             {"generation": state["generation"], "epoch": state["epoch"], "position": state["position"]})
+        except Exception:  # noqa: BLE001 - reporting is for operators only
+            pass
+
     def load_state_dict(self, state):
         """Continue from a ``state_dict()``: the next iteration of its epoch
         starts at its position. A state saved before the job was resized

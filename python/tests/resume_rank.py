@@ -49,9 +49,11 @@ def main():
             consumed += len(batch)
             if b == checkpoint_at:
                 tmp = ckpt + ".tmp"
+                state = sampler.state_dict(consumed=consumed)
                 with open(tmp, "w") as f:
-                    json.dump({"sampler": sampler.state_dict(consumed=consumed)}, f)
+                    json.dump({"sampler": state}, f)
                 os.replace(tmp, ckpt)
+                sampler.report(state)  # cachectl jobs ls shows it
                 out.write("CHECKPOINT\n")
                 out.flush()
             if b == wait_after:

@@ -365,6 +365,9 @@ class ResumeTest(unittest.TestCase):
             state = json.load(f)["sampler"]
         self.assertEqual(state["position"], 48)
         self.assertEqual(json.loads(json.dumps(state)), state)  # JSON all the way
+        reported = Client(url1).json("GET", "/v1/jobs/train/positions")
+        self.assertEqual([(p["rank"], p["epoch"], p["position"], p["generation"]) for p in reported],
+                         [(0, 1, 48, state["generation"])])
         records, lines = self.consumed(log)
         self.assertEqual(len(records), 72)
         before = records[:lines.index("CHECKPOINT")]  # what the checkpointed model has seen
