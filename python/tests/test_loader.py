@@ -434,7 +434,16 @@ class ResumeTest(unittest.TestCase):
         again = LocalitySampler(url1, "train", 0)
         again.load_state_dict(json.loads(json.dumps(mid)))
         again.set_epoch(2)
-        resumed = part + list(again)
+        # The rest of the resumed epoch through a DataLoader with workers:
+        # every sample's bytes, each remaining sample once.
+        loader = torch.utils.data.DataLoader(CachedDataset(url1, "ds"), batch_size=8, sampler=again, num_workers=2,
+                                             collate_fn=list)
+        order = list(iter(again))
+        samples = [b for batch in loader for b in batch]
+        self.assertEqual(len(samples), len(order))
+        for i, data in zip(order, samples):
+            self.assertEqual(data, self.files[self.keys[i]], f"resumed sample {i}")
+        resumed = part + order
         self.assertEqual(len(resumed), len(rest))
         self.assertEqual(set(resumed), rest)
         again.set_epoch(3)
