@@ -31,6 +31,10 @@ func TestCursorTimesAreAbsoluteSteps(t *testing.T) {
 	if c1, c2 := c.times(1); c1 != 27 || c2 != never {
 		t.Fatalf("item 1 (dropped next epoch): %d, %d; want 27, never", c1, c2)
 	}
+	c.cur.Step[1], c.next.Step[1] = 0, 0 // step 0 is a use, not "dropped"
+	if c1, c2 := c.times(1); c1 != 20 || c2 != 30 {
+		t.Fatalf("uses at step 0: %d, %d; want 20, 30", c1, c2)
+	}
 	if _, c2 := cursorFor(0, false).times(0); c2 != never {
 		t.Fatalf("no next plan: %d, want never", c2)
 	}
