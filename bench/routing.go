@@ -26,25 +26,9 @@ type RoutingResult struct {
 // Routing measures RoutingResult on a fresh cluster of n nodes.
 func Routing(c *Config, dataDir string, items, n int) (*RoutingResult, error) {
 	mem := fmt.Sprintf("%dMiB", items*(c.Size+4096)>>20+64)
-	bin := filepath.Join(c.Bin, "cachenode")
-	var nodes []*nodeProc
-	defer func() {
-		for _, nd := range nodes {
-			nd.stop()
-		}
-	}()
-	for i := range n {
-		join := ""
-		if i > 0 {
-			join = nodes[0].gossip
-		}
-		nd, err := startNode(c.Work, bin, fmt.Sprintf("r%d", i), mem, join)
-		if err != nil {
-			return nil, err
-		}
-		nodes = append(nodes, nd)
-	}
-	if err := waitMembers(nodes[0], n); err != nil {
+	nodes, err := startCluster(c, "r", n, mem, nil)
+	defer nodes.stop()
+	if err != nil {
 		return nil, err
 	}
 	if err := register(nodes[0], "bench", dataDir); err != nil {
@@ -79,13 +63,7 @@ func Routing(c *Config, dataDir string, items, n int) (*RoutingResult, error) {
 			own = append(own, paths[i])
 		}
 	}
-	all := func() []int {
-		var pids []int
-		for _, nd := range nodes {
-			pids = append(pids, nd.pids()...)
-		}
-		return pids
-	}
+	all := nodes.pids
 	name := func(s string) string { return fmt.Sprintf("%s-%dn", s, n) }
 	targets := []*Target{
 		HTTPGet(name("through-one-node"), nodes[0].http, all, paths, ""),

@@ -113,32 +113,23 @@ func S3(c *Config, minioBin string, objects, size, listObjects int) (*S3Result, 
 	res.LoopItemsPerSec, res.LoopMBPerSec = float64(objects)/el, float64(got.Load())/el/1e6
 
 	env := []string{"AWS_ACCESS_KEY_ID=" + miniotest.User, "AWS_SECRET_ACCESS_KEY=" + miniotest.Password}
-	bin := filepath.Join(c.Bin, "cachenode")
-	s3 := []string{"--s3-endpoint", srv.Endpoint}
-	n1, err := startNodeEnv(c.Work, bin, "s3-1", "4GiB", "", env, append(s3, c.pprofArgs("s3-1")...)...)
+	cl, err := startCluster(c, "s3", nodes, "4GiB", env, "--s3-endpoint", srv.Endpoint)
+	defer cl.stop()
 	if err != nil {
 		return nil, err
 	}
-	defer n1.stop()
-	n2, err := startNodeEnv(c.Work, bin, "s3-2", "4GiB", n1.gossip, env, s3...)
-	if err != nil {
-		return nil, err
-	}
-	defer n2.stop()
-	if err := waitMembers(n1, 2); err != nil {
-		return nil, err
-	}
+	n1 := cl[0]
 	if err := register(n1, "s3", "s3://bench/train"); err != nil {
 		return nil, err
 	}
-	cpu0 := cpuTicks(append(n1.pids(), n2.pids()...))
+	cpu0 := cpuTicks(cl.pids())
 	minio0 := cpuTicks(srv.PIDs())
 	start = time.Now()
-	if err := warm([]*nodeProc{n1, n2}, "s3"); err != nil {
+	if err := warm(cl, "s3"); err != nil {
 		return nil, err
 	}
 	el = time.Since(start).Seconds()
-	res.WarmNodeCPUus = float64(cpuTicks(append(n1.pids(), n2.pids()...))-cpu0) / clkTck * 1e6 / float64(objects)
+	res.WarmNodeCPUus = float64(cpuTicks(cl.pids())-cpu0) / clkTck * 1e6 / float64(objects)
 	res.WarmMinIOCPUus = float64(cpuTicks(srv.PIDs())-minio0) / clkTck * 1e6 / float64(objects)
 	res.WarmItemsPerSec, res.WarmMBPerSec = float64(objects)/el, float64(objects*size)/el/1e6
 	res.WarmVsLoop = res.WarmItemsPerSec / res.LoopItemsPerSec

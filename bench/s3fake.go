@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -104,22 +103,12 @@ func S3List(c *Config, objects int) (*ListResult, error) {
 	go srv.Serve(ln)
 	defer srv.Close()
 	env := []string{"AWS_ACCESS_KEY_ID=bench", "AWS_SECRET_ACCESS_KEY=bench-secret"}
-	bin := filepath.Join(c.Bin, "cachenode")
-	s3 := []string{"--s3-endpoint", "http://" + ln.Addr().String()}
-	mem := "1GiB"
-	n1, err := startNodeEnv(c.Work, bin, "list-1", mem, "", env, s3...)
+	cl, err := startCluster(c, "list", 2, "1GiB", env, "--s3-endpoint", "http://"+ln.Addr().String())
+	defer cl.stop()
 	if err != nil {
 		return nil, err
 	}
-	defer n1.stop()
-	n2, err := startNodeEnv(c.Work, bin, "list-2", mem, n1.gossip, env, s3...)
-	if err != nil {
-		return nil, err
-	}
-	defer n2.stop()
-	if err := waitMembers(n1, 2); err != nil {
-		return nil, err
-	}
+	n1, n2 := cl[0], cl[1]
 	res := &ListResult{Objects: objects, Nodes: 2}
 	start := time.Now()
 	if err := register(n1, "many", "s3://bench/many"); err != nil {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -225,6 +226,44 @@ func startNodeEnv(work, bin, name string, memory string, join string, env []stri
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// cluster is n nodes started by startCluster.
+type cluster []*nodeProc
+
+func (cl cluster) stop() {
+	for _, nd := range cl {
+		nd.stop()
+	}
+}
+
+func (cl cluster) pids() []int {
+	var pids []int
+	for _, nd := range cl {
+		pids = append(pids, nd.pids()...)
+	}
+	return pids
+}
+
+// startCluster starts n nodes named PREFIX-1..n (the first bootstraps, the
+// rest join it) with env added to their environment and extra flags, and
+// waits until the first sees them all. Stop it when done, also on error.
+func startCluster(c *Config, prefix string, n int, mem string, env []string, extra ...string) (cluster, error) {
+	bin := filepath.Join(c.Bin, "cachenode")
+	var cl cluster
+	for i := range n {
+		join := ""
+		if i > 0 {
+			join = cl[0].gossip
+		}
+		name := fmt.Sprintf("%s-%d", prefix, i+1)
+		nd, err := startNodeEnv(c.Work, bin, name, mem, join, env, append(slices.Clone(extra), c.pprofArgs(name)...)...)
+		if err != nil {
+			return cl, err
+		}
+		cl = append(cl, nd)
+	}
+	return cl, waitMembers(cl[0], n)
 }
 
 // register registers the dataset (retrying until raft has a leader) and warms it.

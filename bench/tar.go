@@ -41,20 +41,12 @@ func Tar(c *Config, samples, jpgSize, perShard int, d time.Duration) (*TarResult
 		return nil, err
 	}
 	res.SampleBytes = int(total / int64(samples))
-	bin := filepath.Join(c.Bin, "cachenode")
-	n1, err := startNodeEnv(c.Work, bin, "tar-1", "4GiB", "", nil)
+	cl, err := startCluster(c, "tar", 2, "4GiB", nil)
+	defer cl.stop()
 	if err != nil {
 		return nil, err
 	}
-	defer n1.stop()
-	n2, err := startNodeEnv(c.Work, bin, "tar-2", "4GiB", n1.gossip, nil)
-	if err != nil {
-		return nil, err
-	}
-	defer n2.stop()
-	if err := waitMembers(n1, 2); err != nil {
-		return nil, err
-	}
+	n1 := cl[0]
 	for _, ds := range []struct {
 		name, src     string
 		reg, warmMBps *float64
@@ -65,7 +57,7 @@ func Tar(c *Config, samples, jpgSize, perShard int, d time.Duration) (*TarResult
 		}
 		*ds.reg = time.Since(start).Seconds()
 		start = time.Now()
-		if err := warm([]*nodeProc{n1, n2}, ds.name); err != nil {
+		if err := warm(cl, ds.name); err != nil {
 			return nil, err
 		}
 		*ds.warmMBps = float64(total) / time.Since(start).Seconds() / 1e6
@@ -117,7 +109,7 @@ func Tar(c *Config, samples, jpgSize, perShard int, d time.Duration) (*TarResult
 	}
 	// Both datasets must have served from memory: a storage read would make
 	// the comparison one of disks.
-	for _, n := range []*nodeProc{n1, n2} {
+	for _, n := range cl {
 		s, err := n.c.Stats(context.Background())
 		if err != nil {
 			return nil, err

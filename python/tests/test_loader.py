@@ -72,25 +72,37 @@ class Cluster:
             p.wait(timeout=15)
 
 
-class LoaderTest(unittest.TestCase):
-    def setUp(self):
-        self.tmp = tempfile.mkdtemp(prefix="stallfree-py")
+class ClusterCase(unittest.TestCase):
+    """A temporary directory, random files in it, and a real cluster."""
+
+    def make_tmp(self, prefix):
+        self.tmp = tempfile.mkdtemp(prefix=prefix)
+
+    def write_files(self, count, seed, key, base, span):
+        """count files of random bytes under self.data: file i is key(i), of
+        base + randrange(span) bytes."""
         self.data = os.path.join(self.tmp, "data")
-        rnd = random.Random(1)
+        rnd = random.Random(seed)
         self.files = {}
-        for i in range(203):
-            key = f"c{i % 4}/s{i:04d}.bin"
-            b = rnd.randbytes(500 + rnd.randrange(3000))
-            os.makedirs(os.path.join(self.data, os.path.dirname(key)), exist_ok=True)
-            with open(os.path.join(self.data, key), "wb") as f:
+        for i in range(count):
+            k = key(i)
+            b = rnd.randbytes(base + rnd.randrange(span))
+            os.makedirs(os.path.join(self.data, os.path.dirname(k)), exist_ok=True)
+            with open(os.path.join(self.data, k), "wb") as f:
                 f.write(b)
-            self.files[key] = b
+            self.files[k] = b
         self.keys = sorted(self.files)
-        self.cluster = Cluster(self.tmp)
 
     def tearDown(self):
         self.cluster.stop()
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+class LoaderTest(ClusterCase):
+    def setUp(self):
+        self.make_tmp("stallfree-py")
+        self.write_files(203, 1, lambda i: f"c{i % 4}/s{i:04d}.bin", 500, 3000)
+        self.cluster = Cluster(self.tmp)
 
     def test_two_ranks_two_epochs(self):
         (n1, url1), (n2, url2) = self.cluster.nodes
@@ -168,27 +180,13 @@ class LoaderTest(unittest.TestCase):
         self.assertEqual(client.index("ds", 7), self.files[self.keys[7]])
 
 
-class OwnerRoutingTest(unittest.TestCase):
+class OwnerRoutingTest(ClusterCase):
     """route="owner" over three real nodes: reads go to the owning node."""
 
     def setUp(self):
-        self.tmp = tempfile.mkdtemp(prefix="stallfree-py-owner")
-        self.data = os.path.join(self.tmp, "data")
-        rnd = random.Random(3)
-        self.files = {}
-        for i in range(300):
-            key = f"d{i % 3}/o{i:04d}.bin"
-            os.makedirs(os.path.join(self.data, os.path.dirname(key)), exist_ok=True)
-            b = rnd.randbytes(100 + rnd.randrange(1500))
-            with open(os.path.join(self.data, key), "wb") as f:
-                f.write(b)
-            self.files[key] = b
-        self.keys = sorted(self.files)
+        self.make_tmp("stallfree-py-owner")
+        self.write_files(300, 3, lambda i: f"d{i % 3}/o{i:04d}.bin", 100, 1500)
         self.cluster = Cluster(self.tmp, n=3)
-
-    def tearDown(self):
-        self.cluster.stop()
-        shutil.rmtree(self.tmp, ignore_errors=True)
 
     def stats(self):
         return [Client(url).stats() for _, url in self.cluster.nodes]
@@ -233,11 +231,11 @@ class OwnerRoutingTest(unittest.TestCase):
         self.assertEqual(client.batch("ds", order[:64]), [(self.keys[i], self.files[self.keys[i]]) for i in order[:64]])
 
 
-class TarLoaderTest(unittest.TestCase):
+class TarLoaderTest(ClusterCase):
     """The same loader over WebDataset shards written by Python's tarfile."""
 
     def setUp(self):
-        self.tmp = tempfile.mkdtemp(prefix="stallfree-py-tar")
+        self.make_tmp("stallfree-py-tar")
         self.data = os.path.join(self.tmp, "shards")
         os.makedirs(self.data)
         rnd = random.Random(2)
@@ -255,10 +253,6 @@ class TarLoaderTest(unittest.TestCase):
                         tf.addfile(info, io.BytesIO(b))
                     self.samples.append(dict(parts, __key__=f"{name}/{key}"))
         self.cluster = Cluster(self.tmp)
-
-    def tearDown(self):
-        self.cluster.stop()
-        shutil.rmtree(self.tmp, ignore_errors=True)
 
     def test_two_ranks_two_workers_over_shards(self):
         (n1, url1), (n2, url2) = self.cluster.nodes
@@ -292,33 +286,16 @@ class TarLoaderTest(unittest.TestCase):
         self.assertFalse(set(orders[0]) & set(orders[1]), "ranks share samples")
 
 
-if __name__ == "__main__":
-    unittest.main()
 
-
-class ResumeTest(unittest.TestCase):
+class ResumeTest(ClusterCase):
     """A rank killed mid-epoch after a checkpoint and restarted from it reads
     exactly its share of the epoch: the samples consumed up to the checkpoint
     plus those after the restart, none repeated, none skipped."""
 
     def setUp(self):
-        self.tmp = tempfile.mkdtemp(prefix="stallfree-py")
-        self.data = os.path.join(self.tmp, "data")
-        rnd = random.Random(3)
-        self.files = {}
-        for i in range(331):
-            key = f"c{i % 3}/r{i:04d}.bin"
-            b = rnd.randbytes(300 + rnd.randrange(2000))
-            os.makedirs(os.path.join(self.data, os.path.dirname(key)), exist_ok=True)
-            with open(os.path.join(self.data, key), "wb") as f:
-                f.write(b)
-            self.files[key] = b
-        self.keys = sorted(self.files)
+        self.make_tmp("stallfree-py")
+        self.write_files(331, 3, lambda i: f"c{i % 3}/r{i:04d}.bin", 300, 2000)
         self.cluster = Cluster(self.tmp)
-
-    def tearDown(self):
-        self.cluster.stop()
-        shutil.rmtree(self.tmp, ignore_errors=True)
 
     def run_rank(self, url, rank, ckpt, log, checkpoint_at, wait_after):
         script = os.path.join(os.path.dirname(__file__), "resume_rank.py")
@@ -453,3 +430,7 @@ class ResumeTest(unittest.TestCase):
         c.json("PUT", "/v1/jobs/train", {"dataset": "ds", "seed": 99, "world_size": 1, "batch_size": 8, "ranks": [n1]})
         with self.assertRaises(ValueError):
             LocalitySampler(url1, "train", 0).load_state_dict(state)
+
+
+if __name__ == "__main__":
+    unittest.main()
