@@ -191,13 +191,22 @@ func (n *Node) RankOrder(ctx context.Context, job string, epoch uint64, rank int
 	if rank < 0 || rank >= len(ep.Ranks) {
 		return api.RankOrder{}, fmt.Errorf("%w: rank %d: want an integer in [0,%d)", ErrBadRequest, rank, len(ep.Ranks))
 	}
-	order := ep.Ranks[rank]
+	return orderOf(ep, rank, 0, epoch), nil
+}
+
+// orderOf is rank's order in ep from position start on.
+func orderOf(ep *locality.EpochPlan, rank, start int, epoch uint64) api.RankOrder {
+	order := ep.Ranks[rank][start:]
 	indices := make([]int, len(order))
 	for x, i := range order {
 		indices[x] = int(i)
 	}
-	return api.RankOrder{Indices: indices, Batches: ep.Batches(), BatchSize: ep.BatchSize,
-		Remote: ep.Remote[rank], Epoch: epoch}, nil
+	remote := ep.Remote[rank]
+	if start > 0 {
+		remote = ep.RemoteFrom(rank, start)
+	}
+	return api.RankOrder{Indices: indices, Batches: (len(indices) + ep.BatchSize - 1) / ep.BatchSize, BatchSize: ep.BatchSize,
+		Remote: remote, Epoch: epoch}
 }
 
 // ResumedOrder is rank's order for the rest of an epoch that was interrupted
@@ -230,13 +239,7 @@ func (n *Node) ResumedOrder(ctx context.Context, job string, epoch uint64, rank 
 	default:
 		return api.RankOrder{}, fmt.Errorf("%w: generation %d is neither job %s's current one (%d) nor the one it replaced", catalog.ErrConflict, from, job, j.Version)
 	}
-	order := ep.Ranks[rank][start:]
-	indices := make([]int, len(order))
-	for x, i := range order {
-		indices[x] = int(i)
-	}
-	return api.RankOrder{Indices: indices, Batches: (len(indices) + ep.BatchSize - 1) / ep.BatchSize, BatchSize: ep.BatchSize,
-		Remote: ep.RemoteFrom(rank, start), Epoch: epoch}, nil
+	return orderOf(ep, rank, start, epoch), nil
 }
 
 // resumePlan re-splits the rest of epoch of the previous generation, whose

@@ -163,20 +163,31 @@ func (d *Dir) openRegular(key string) (*os.File, int64, error) {
 	return f, fi.Size(), nil
 }
 
+// openShard opens a shard file that must still be the size it was indexed
+// at: a rewritten shard moves its members.
+func (d *Dir) openShard(shard Entry) (*os.File, error) {
+	f, size, err := d.openRegular(shard.Key)
+	if err != nil {
+		return nil, err
+	}
+	if size != shard.Size {
+		f.Close()
+		return nil, fmt.Errorf("read %s: %w (%d bytes, indexed at %d)", shard.Key, ErrChanged, size, shard.Size)
+	}
+	return f, nil
+}
+
 // readAt reads len(buf) bytes at off of a shard file, which must still be
 // the size it was indexed at (a rewritten shard moves its members).
 func (d *Dir) readAt(ctx context.Context, shard Entry, off int64, buf []byte) error {
 	if err := d.throttle(ctx, shard.Key, int64(len(buf))); err != nil {
 		return err
 	}
-	f, size, err := d.openRegular(shard.Key)
+	f, err := d.openShard(shard)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	if size != shard.Size {
-		return fmt.Errorf("read %s: %w (%d bytes, indexed at %d)", shard.Key, ErrChanged, size, shard.Size)
-	}
 	if _, err := f.ReadAt(buf, off); err != nil {
 		return fmt.Errorf("read %s at %d: %w", shard.Key, off, err)
 	}
@@ -186,13 +197,9 @@ func (d *Dir) readAt(ctx context.Context, shard Entry, off int64, buf []byte) er
 // stream opens a shard file for one sequential pass; it must still be the
 // size it was indexed at, and the read rate obeys the source's throttle.
 func (d *Dir) stream(ctx context.Context, shard Entry) (io.ReadCloser, error) {
-	f, size, err := d.openRegular(shard.Key)
+	f, err := d.openShard(shard)
 	if err != nil {
 		return nil, err
-	}
-	if size != shard.Size {
-		f.Close()
-		return nil, fmt.Errorf("read %s: %w (%d bytes, indexed at %d)", shard.Key, ErrChanged, size, shard.Size)
 	}
 	if d.limiter == nil {
 		return f, nil

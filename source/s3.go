@@ -202,14 +202,11 @@ func (s *S3) readAt(ctx context.Context, shard Entry, off int64, buf []byte) err
 	if err := opts.SetRange(off, off+int64(len(buf))-1); err != nil {
 		return fmt.Errorf("read %s: %w", shard.Key, err)
 	}
-	body, info, _, err := s.core.GetObject(ctx, s.bucket, s.prefix+shard.Key, opts)
+	body, err := s.getShard(ctx, shard, opts)
 	if err != nil {
-		return s.storageErr("read", s.prefix+shard.Key, err)
+		return err
 	}
 	defer body.Close()
-	if shard.Tag != 0 && etagTag(info.ETag) != shard.Tag {
-		return fmt.Errorf("read %s: %w (a new ETag)", shard.Key, ErrChanged)
-	}
 	if _, err := io.ReadFull(body, buf); err != nil {
 		return s.storageErr("read", s.prefix+shard.Key, err)
 	}
@@ -223,7 +220,13 @@ func (s *S3) stream(ctx context.Context, shard Entry) (io.ReadCloser, error) {
 
 // open streams a whole shard (one GET) for indexing.
 func (s *S3) open(ctx context.Context, shard Entry) (io.ReadCloser, error) {
-	body, info, _, err := s.core.GetObject(ctx, s.bucket, s.prefix+shard.Key, minio.GetObjectOptions{})
+	return s.getShard(ctx, shard, minio.GetObjectOptions{})
+}
+
+// getShard is a GET of a shard (or a range of it) that must still be the
+// version indexed.
+func (s *S3) getShard(ctx context.Context, shard Entry, opts minio.GetObjectOptions) (io.ReadCloser, error) {
+	body, info, _, err := s.core.GetObject(ctx, s.bucket, s.prefix+shard.Key, opts)
 	if err != nil {
 		return nil, s.storageErr("read", s.prefix+shard.Key, err)
 	}

@@ -5,7 +5,10 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"os"
+	"path/filepath"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -157,5 +160,46 @@ func TestNormalizeS3(t *testing.T) {
 	}
 	if !Within("s3://bucket/a/b", "s3://bucket/a") || Within("s3://bucket/ab", "s3://bucket/a") || Within("s3://bucketx", "s3://bucket") {
 		t.Error("Within on s3 specs")
+	}
+}
+
+// Upload copies a directory into a bucket it makes: the prefix then lists
+// the directory's keys and serves their bytes.
+func TestUploadCopiesADirectory(t *testing.T) {
+	srv := miniotest.Start(t)
+	dir := t.TempDir()
+	want := map[string][]byte{"a.bin": []byte("first"), "sub/b c.bin": bytes.Repeat([]byte("b"), 5000), "sub/deeper/é.bin": []byte("3")}
+	for k, b := range want {
+		if err := os.MkdirAll(filepath.Join(dir, filepath.Dir(k)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, k), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := s3Config(srv, miniotest.User, miniotest.Password)
+	var n atomic.Int64
+	ctx := context.Background()
+	total, err := Upload(ctx, dir, "s3://fresh/copy", cfg, &n)
+	if err != nil || n.Load() != 3 || total != 5006 {
+		t.Fatalf("upload: %d objects, %d bytes, %v; want 3, 5006", n.Load(), total, err)
+	}
+	src, err := Open("s3://fresh/copy", Options{S3: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	entries, err := src.List(ctx)
+	if err != nil || len(entries) != 3 {
+		t.Fatalf("listed %d objects, %v; want 3", len(entries), err)
+	}
+	for _, e := range entries {
+		b, err := src.Read(ctx, e, nil)
+		if err != nil || !bytes.Equal(b, want[e.Key]) {
+			t.Fatalf("%s: %q %v", e.Key, b, err)
+		}
+	}
+	if _, err := Upload(ctx, dir, "/not/s3", cfg, nil); err == nil {
+		t.Fatal("an upload to a directory was taken")
 	}
 }

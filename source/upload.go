@@ -3,9 +3,6 @@ package source
 import (
 	"context"
 	"fmt"
-	"io/fs"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 
@@ -39,44 +36,37 @@ func Upload(ctx context.Context, dir, dest string, cfg S3Config, uploaded *atomi
 			return 0, s.storageErr("make bucket", "", err)
 		}
 	}
+	// The directory is listed as a dataset would be: the same keys, the
+	// same rules for names and links.
+	d, err := OpenDir(dir, Options{})
+	if err != nil {
+		return 0, err
+	}
+	defer d.Close()
+	entries, err := d.List(ctx)
+	if err != nil {
+		return 0, err
+	}
 	var total atomic.Int64
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(uploaders)
-	err = filepath.WalkDir(dir, func(p string, de fs.DirEntry, err error) error {
-		if err != nil || !de.Type().IsRegular() {
-			return err
-		}
-		rel, err := filepath.Rel(dir, p)
-		if err != nil {
-			return err
-		}
-		key := filepath.ToSlash(rel)
-		if ValidKey(key) != nil {
-			return nil // a name no dataset could serve
-		}
+	for _, e := range entries {
 		g.Go(func() error {
-			f, err := os.Open(p)
+			f, size, err := d.openRegular(e.Key)
 			if err != nil {
 				return err
 			}
 			defer f.Close()
-			fi, err := f.Stat()
-			if err != nil {
-				return err
+			if _, err := s.core.Client.PutObject(gctx, s.bucket, s.prefix+e.Key, f, size, minio.PutObjectOptions{}); err != nil {
+				return s.storageErr("put", s.prefix+e.Key, err)
 			}
-			if _, err := s.core.Client.PutObject(gctx, s.bucket, s.prefix+key, f, fi.Size(), minio.PutObjectOptions{}); err != nil {
-				return s.storageErr("put", s.prefix+key, err)
-			}
-			total.Add(fi.Size())
+			total.Add(size)
 			if uploaded != nil {
 				uploaded.Add(1)
 			}
 			return nil
 		})
-		return gctx.Err()
-	})
-	if werr := g.Wait(); err == nil {
-		err = werr
 	}
+	err = g.Wait()
 	return total.Load(), err
 }

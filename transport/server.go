@@ -163,20 +163,15 @@ func (s *Server) serveConn(c net.Conn) {
 			s.log.Warn("dropping peer connection: bad request", "remote", c.RemoteAddr().String(), "op", h.Op, "err", err)
 			return
 		}
-		recycle := func() {
-			if payload != nil {
-				s.pushed.Put(payload)
-			}
-		}
 		if req.Push && !pushIntact(req) {
-			recycle()
+			s.recycle(payload)
 			s.respond(c, bw, &wmu, h, nil, errors.New("pushed item fails its checksum"))
 			continue
 		}
 		// Items in memory are answered right here: a goroutine per request
 		// costs more than serving it (most peer requests are such hits).
 		if items, err := s.handler(s.ctx, req); !errors.Is(err, ErrWouldBlock) {
-			recycle()
+			s.recycle(payload)
 			s.respond(c, bw, &wmu, h, items, err)
 			continue
 		}
@@ -193,9 +188,16 @@ func (s *Server) serveConn(c net.Conn) {
 			ctx, cancel := context.WithTimeout(s.ctx, frameTimeout)
 			defer cancel()
 			items, err := s.handler(ctx, req)
-			recycle()
+			s.recycle(payload)
 			s.respond(c, bw, &wmu, h, items, err)
 		}()
+	}
+}
+
+// recycle hands a push's receive buffer back (nil for other requests).
+func (s *Server) recycle(payload *bufpool.Buf) {
+	if payload != nil {
+		s.pushed.Put(payload)
 	}
 }
 

@@ -73,44 +73,25 @@ func main() {
 	if *only != "" {
 		cfg.Only = strings.Split(*only, ",")
 	}
-	if *s3Only {
-		r, err := bench.S3(&cfg, cfg.MinIO, cfg.S3Objects, cfg.Size, cfg.S3List)
-		if err != nil {
-			fail(err)
-		}
-		b, _ := json.MarshalIndent(r, "", "  ")
-		fmt.Println(string(b))
+	// One section alone, printed as JSON (no report).
+	switch {
+	case *s3Only:
+		printJSON(bench.S3(&cfg, cfg.MinIO, cfg.S3Objects, cfg.Size, cfg.S3List))
 		return
-	}
-	if *listOnly {
-		r, err := bench.S3List(&cfg, cfg.ListKeys)
-		if err != nil {
-			fail(err)
-		}
-		b, _ := json.MarshalIndent(r, "", "  ")
-		fmt.Println(string(b))
+	case *listOnly:
+		printJSON(bench.S3List(&cfg, cfg.ListKeys))
 		return
-	}
-	if *routingOnly {
+	case *tarOnly:
+		printJSON(bench.Tar(&cfg, cfg.TarSamples, cfg.Size/8, 500, cfg.Duration))
+		return
+	case *routingOnly:
 		dataDir := filepath.Join(cfg.Work, "data")
 		if _, err := bench.WriteFixed(dataDir, cfg.Items, cfg.Size); err != nil {
 			fail(err)
 		}
 		rep := &bench.Report{}
-		if err := bench.RoutingAndBatches(&cfg, rep, dataDir); err != nil {
-			fail(err)
-		}
-		b, _ := json.MarshalIndent(map[string]any{"routing": rep.Routing, "batch_sizes": rep.BatchSizes}, "", "  ")
-		fmt.Println(string(b))
-		return
-	}
-	if *tarOnly {
-		r, err := bench.Tar(&cfg, cfg.TarSamples, cfg.Size/8, 500, cfg.Duration)
-		if err != nil {
-			fail(err)
-		}
-		b, _ := json.MarshalIndent(r, "", "  ")
-		fmt.Println(string(b))
+		err := bench.RoutingAndBatches(&cfg, rep, dataDir)
+		printJSON(map[string]any{"routing": rep.Routing, "batch_sizes": rep.BatchSizes}, err)
 		return
 	}
 	rep, err := bench.Main(cfg)
@@ -129,6 +110,15 @@ func main() {
 		fail(err)
 	}
 	fmt.Printf("wrote %s and %s (%.0fs)\n", *doc, *out, rep.DurationS)
+}
+
+// printJSON prints a section's result, or fails with its error.
+func printJSON[T any](v T, err error) {
+	if err != nil {
+		fail(err)
+	}
+	b, _ := json.MarshalIndent(v, "", "  ")
+	fmt.Println(string(b))
 }
 
 func fail(err error) {
