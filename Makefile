@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin
 export CGO_ENABLED ?= 0
 
-.PHONY: build test test-deps test-short fuzz lint demo clean mutate
+.PHONY: build test test-deps test-short test-hosts fuzz lint demo clean mutate
 
 build:
 	$(GO) build -o $(BIN)/ ./cmd/cachenode ./cmd/cachectl
@@ -24,6 +24,13 @@ test-deps:
 
 test-short:
 	STALLFREE_MINIO=$$(./scripts/minio.sh) CGO_ENABLED=1 $(GO) test -race -short -count=1 ./...
+
+# The multi-host testbed (needs root): each node in its own network
+# namespace with its own address, links limited by tc. The FIGURE lines are
+# the figures docs/hosts.md keeps.
+test-hosts: build
+	@rc=0; CGO_ENABLED=1 $(GO) test -tags hosts -count=1 -timeout 30m -v -run '^TestHosts' ./integration || rc=$$?; \
+		./scripts/hosts-clean.sh; exit $$rc
 
 # Brief runs of every fuzz target (CI runs these too).
 FUZZTIME ?= 15s

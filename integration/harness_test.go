@@ -76,6 +76,7 @@ type proc struct {
 	fixedGossip              bool // the test chose the gossip address, so it must not change
 	started                  bool // has run before: other nodes may know its addresses
 	env                      []string
+	host                     *testHost // the network namespace it runs in; nil: loopback
 }
 
 type nodeOpts struct {
@@ -91,6 +92,9 @@ type nodeOpts struct {
 	plain     bool     // the binary built without the race detector
 	logLevel  string   // warn when empty
 	env       []string // added to the test's environment
+	host      *testHost // run in this test host's network namespace, on its own address
+	// defaultTimers leaves out --fast-timers: gossip and raft as deployed.
+	defaultTimers bool
 }
 
 func startNode(t *testing.T, o nodeOpts) *proc {
@@ -105,13 +109,19 @@ func startNode(t *testing.T, o nodeOpts) *proc {
 	if o.logLevel == "" {
 		o.logLevel = "warn"
 	}
-	p.wrap, p.env = o.wrap, o.env
+	p.wrap, p.env, p.host = o.wrap, o.env, o.host
+	if o.host != nil {
+		p.wrap = append([]string{"ip", "netns", "exec", o.host.ns}, p.wrap...)
+	}
 	p.binary = filepath.Join(binDir, "cachenode")
 	if o.plain {
 		p.binary = filepath.Join(binDir, "plain", "cachenode")
 	}
 	p.args = []string{"--name", o.name, "--data-dir", p.dataDir, "--memory", o.memory, "--policy", o.policy,
-		"--fast-timers", "--log-level", o.logLevel}
+		"--log-level", o.logLevel}
+	if !o.defaultTimers {
+		p.args = append(p.args, "--fast-timers")
+	}
 	if o.bootstrap {
 		p.args = append(p.args, "--bootstrap")
 	}
@@ -137,6 +147,12 @@ func startNode(t *testing.T, o nodeOpts) *proc {
 
 // pickPorts chooses free loopback ports for every listener the test did not fix.
 func (p *proc) pickPorts() {
+	if p.host != nil {
+		// A test host has its address to itself: the default ports.
+		p.http, p.peer, p.gossip, p.raft = p.host.ip+":7070", p.host.ip+":7071", p.host.ip+":7946", p.host.ip+":7072"
+		p.c = client.New(p.http, p.token)
+		return
+	}
 	p.http, p.peer, p.raft = freePort(p.t, "127.0.0.1"), freePort(p.t, "127.0.0.1"), freePort(p.t, "127.0.0.1")
 	if !p.fixedGossip {
 		p.gossip = freePort(p.t, "127.0.0.1")

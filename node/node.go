@@ -196,8 +196,13 @@ func New(cfg Config) (*Node, error) {
 		clv.Register(n.registry)
 		clv.Start(ctx, clairvoyantHost{n}, st)
 	}
-	n.wg.Add(1)
+	n.wg.Add(2)
 	go n.watchCatalog()
+	rehomeEvery := 2 * time.Second
+	if cfg.FastRaft {
+		rehomeEvery = 300 * time.Millisecond
+	}
+	go n.rehomeLoop(rehomeEvery)
 	return n, nil
 }
 
@@ -607,6 +612,11 @@ func (n *Node) readSource(ctx context.Context, d *catalog.Dataset, index int, ca
 	n.counters.sourceReads.Add(1)
 	n.counters.sourceBytes.Add(uint64(len(data)))
 	sum := xxhash.Sum64(data)
+	if cache {
+		// The ring may have moved during the read: keep only what this node
+		// still owns, or the copy would sit where nobody asks for it.
+		_, cache = n.peers.Owner(d, index)
+	}
 	if cache {
 		if err := n.store.Put(store.MakeKey(d.ID, uint32(index)), data, sum); err != nil && !errors.Is(err, store.ErrNotAdmitted) {
 			n.bufs.Put(buf)

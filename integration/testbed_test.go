@@ -1,0 +1,164 @@
+package integration
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// A testbed is a set of test hosts on one machine: each a network namespace
+// with its own address on a shared bridge, so nodes talk over real links
+// (ARP, a bridge, a qdisc) rather than one loopback address. The test
+// process sits on the bridge too, at gw, as the hosts' loaders and operator.
+type testbed struct {
+	t      *testing.T
+	prefix string // of every name it creates, unique to this test process
+	bridge string
+	gw     string
+	hosts  []*testHost
+	// forwardRule is the iptables rule letting bridged packets between hosts
+	// through, when bridge netfilter would hand them to iptables.
+	forwardRule []string
+}
+
+// acceptBridged lets the hosts talk to each other. With br_netfilter loaded
+// and the global bridge-nf-call-iptables on (Docker does both, and sets the
+// FORWARD policy to DROP), packets crossing any bridge go through iptables'
+// FORWARD chain; the bridge's own nf_call_iptables 0 cannot override the
+// global switch, so one ACCEPT rule for this bridge goes first.
+func (tb *testbed) acceptBridged() {
+	b, err := os.ReadFile("/proc/sys/net/bridge/bridge-nf-call-iptables")
+	if err != nil || strings.TrimSpace(string(b)) != "1" {
+		return
+	}
+	if _, err := exec.LookPath("iptables"); err != nil {
+		tb.t.Fatalf("testbed: bridge netfilter is on but there is no iptables to let the hosts' traffic through: %v", err)
+	}
+	tb.forwardRule = []string{"FORWARD", "-i", tb.bridge, "-o", tb.bridge, "-j", "ACCEPT"}
+	tb.must(append([]string{"iptables", "-I"}, tb.forwardRule...)...)
+}
+
+// A testHost is one namespace. Its egress to other hosts goes through an htb
+// class limited to the testbed's rate (class 1:20, whose byte counter is the
+// host's cross-host traffic); traffic to the test process (loaders, the
+// operator) has its own unlimited class 1:10, as a loader on the host would
+// talk to its node over loopback.
+type testHost struct {
+	tb    *testbed
+	ns    string
+	ip    string
+	outer string // the veth end on the bridge: down is a cut cable
+}
+
+// The testbed's subnet: private, and only ever inside namespaces it creates.
+const testbedNet = "10.213"
+
+// newTestbed creates n hosts whose links to each other are limited to rate
+// (tc syntax, e.g. 10gbit). Everything is removed when the test ends; `make
+// test-hosts` also runs scripts/hosts-clean.sh in case a test process died
+// before its cleanup could run.
+func newTestbed(t *testing.T, n int, rate string) *testbed {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("NOT RUN: the multi-host testbed needs root (network namespaces, veth, a bridge, tc)")
+	}
+	for _, tool := range []string{"ip", "tc"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("NOT RUN: the multi-host testbed needs iproute2's %s: %v", tool, err)
+		}
+	}
+	if n > 240 {
+		t.Fatalf("testbed: %d hosts, at most 240", n)
+	}
+	tb := &testbed{t: t, prefix: fmt.Sprintf("sfh%x", os.Getpid()&0xfffff), gw: testbedNet + ".0.1"}
+	tb.bridge = tb.prefix + "br"
+	t.Cleanup(tb.remove)
+	tb.must("ip", "link", "add", tb.bridge, "type", "bridge",
+		// Docker turns on bridge netfilter with FORWARD dropping: keep the
+		// testbed's bridged traffic out of iptables.
+		"nf_call_iptables", "0", "nf_call_ip6tables", "0", "nf_call_arptables", "0")
+	tb.acceptBridged()
+	tb.must("ip", "addr", "add", tb.gw+"/16", "dev", tb.bridge)
+	tb.must("ip", "link", "set", tb.bridge, "up")
+	for i := 1; i <= n; i++ {
+		h := &testHost{tb: tb, ns: fmt.Sprintf("%s-h%d", tb.prefix, i), ip: fmt.Sprintf("%s.0.%d", testbedNet, 10+i),
+			outer: fmt.Sprintf("%sh%d", tb.prefix, i)}
+		tb.hosts = append(tb.hosts, h)
+		tb.must("ip", "netns", "add", h.ns)
+		tb.must("ip", "link", "add", h.outer, "type", "veth", "peer", "name", "eth0", "netns", h.ns)
+		tb.must("ip", "link", "set", h.outer, "master", tb.bridge, "up")
+		tb.must("ip", "-n", h.ns, "addr", "add", h.ip+"/16", "dev", "eth0")
+		tb.must("ip", "-n", h.ns, "link", "set", "eth0", "up")
+		tb.must("ip", "-n", h.ns, "link", "set", "lo", "up")
+		tb.must("tc", "-n", h.ns, "qdisc", "add", "dev", "eth0", "root", "handle", "1:", "htb", "default", "20")
+		tb.must("tc", "-n", h.ns, "class", "add", "dev", "eth0", "parent", "1:", "classid", "1:10", "htb", "rate", "100gbit")
+		tb.must("tc", "-n", h.ns, "class", "add", "dev", "eth0", "parent", "1:", "classid", "1:20", "htb", "rate", rate, "ceil", rate)
+		tb.must("tc", "-n", h.ns, "filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "u32",
+			"match", "ip", "dst", tb.gw+"/32", "flowid", "1:10")
+	}
+	return tb
+}
+
+func (tb *testbed) must(argv ...string) {
+	tb.t.Helper()
+	if out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput(); err != nil {
+		tb.t.Fatalf("testbed: %s: %v\n%s", strings.Join(argv, " "), err, out)
+	}
+}
+
+// remove kills whatever still runs in the hosts and deletes the namespaces
+// (their veths go with them) and the bridge.
+func (tb *testbed) remove() {
+	for _, h := range tb.hosts {
+		if out, err := exec.Command("ip", "netns", "pids", h.ns).Output(); err == nil {
+			for _, f := range strings.Fields(string(out)) {
+				if pid, err := strconv.Atoi(f); err == nil {
+					if p, err := os.FindProcess(pid); err == nil {
+						p.Kill()
+					}
+				}
+			}
+		}
+		if out, err := exec.Command("ip", "netns", "del", h.ns).CombinedOutput(); err != nil {
+			tb.t.Errorf("testbed cleanup: ip netns del %s: %v\n%s", h.ns, err, out)
+		}
+	}
+	if tb.forwardRule != nil {
+		if out, err := exec.Command("iptables", append([]string{"-D"}, tb.forwardRule...)...).CombinedOutput(); err != nil {
+			tb.t.Errorf("testbed cleanup: iptables -D %v: %v\n%s", tb.forwardRule, err, out)
+		}
+	}
+	if out, err := exec.Command("ip", "link", "del", tb.bridge).CombinedOutput(); err != nil {
+		tb.t.Errorf("testbed cleanup: ip link del %s: %v\n%s", tb.bridge, err, out)
+	}
+}
+
+// cut takes the host's cable out: no packet in or out, the process runs on.
+func (h *testHost) cut() { h.tb.must("ip", "link", "set", h.outer, "down") }
+
+// heal puts it back.
+func (h *testHost) heal() { h.tb.must("ip", "link", "set", h.outer, "up") }
+
+var sentBytes = regexp.MustCompile(`class htb 1:20 [^\n]*\n\s*Sent (\d+) bytes`)
+
+// crossHostBytes is what the host has sent to other hosts so far.
+func (h *testHost) crossHostBytes() uint64 {
+	h.tb.t.Helper()
+	out, err := exec.Command("tc", "-n", h.ns, "-s", "class", "show", "dev", "eth0").CombinedOutput()
+	if err != nil {
+		h.tb.t.Fatalf("tc class show in %s: %v\n%s", h.ns, err, out)
+	}
+	m := sentBytes.FindSubmatch(out)
+	if m == nil {
+		h.tb.t.Fatalf("tc class show in %s: no counter for class 1:20 in\n%s", h.ns, out)
+	}
+	n, err := strconv.ParseUint(string(m[1]), 10, 64)
+	if err != nil {
+		h.tb.t.Fatal(err)
+	}
+	return n
+}

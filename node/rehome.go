@@ -1,0 +1,129 @@
+package node
+
+import (
+	"context"
+	"time"
+
+	"stallfree/catalog"
+	"stallfree/store"
+)
+
+// rehomeLoop moves what this node holds but no longer owns to the owner,
+// once membership has settled. A handoff moves an item on its new owner's
+// first use, from the one previous owner; after members come and go several
+// times, copies left on owners of older rings are never asked for (requests
+// go to the owner) and hold memory the cluster counts on to keep each item
+// once. The loop sweeps when the ring has stayed the same for a tick.
+func (n *Node) rehomeLoop(every time.Duration) {
+	defer n.wg.Done()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	var seen, swept uint64 // ring versions
+	// A fetch or handoff begun under the previous ring can still cache an
+	// item after the first sweep: one more sweep, a while later, takes
+	// those too.
+	const again = 10
+	ticksSince := 0
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-t.C:
+		}
+		r := n.peers.Ring()
+		if r == nil || !n.peers.Joined() {
+			continue
+		}
+		ticksSince++
+		switch v := r.Version(); {
+		case v != seen:
+			seen = v // still moving, or just moved: look again next tick
+		case v != swept:
+			if n.rehome(n.ctx) {
+				swept, ticksSince = v, 0
+			}
+		case ticksSince == again:
+			n.rehome(n.ctx)
+		}
+	}
+}
+
+// Bounds on one push of copies to their owner, as the tar warm-up's.
+const (
+	rehomeBatchItems = 256
+	rehomeBatchBytes = 4 << 20
+)
+
+// rehome pushes every item held here that another member owns to that
+// member and drops the local copy once the owner holds it. False when a push
+// failed (the owner was busy or saw another ring): the next tick tries again.
+func (n *Node) rehome(ctx context.Context) bool {
+	complete, moved := true, 0
+	for _, d := range n.cat.Datasets() {
+		byOwner := map[string][]int{}
+		for i := range d.Manifest.Len() {
+			if !n.store.Contains(store.MakeKey(d.ID, uint32(i))) {
+				continue
+			}
+			if owner, self := n.peers.Owner(d, i); !self {
+				byOwner[owner] = append(byOwner[owner], i)
+			}
+		}
+		for owner, idx := range byOwner {
+			for len(idx) > 0 && ctx.Err() == nil {
+				m, ok := n.pushCopies(ctx, owner, d, &idx)
+				moved += m
+				if !ok {
+					complete = false
+					break
+				}
+			}
+		}
+	}
+	if moved > 0 {
+		n.log.Info("moved copies left by earlier rings to their owners", "items", moved)
+	}
+	return complete && ctx.Err() == nil
+}
+
+// pushCopies sends the first batch of *idx to owner, advances *idx past it,
+// and deletes the items the owner now holds.
+func (n *Node) pushCopies(ctx context.Context, owner string, d *catalog.Dataset, idx *[]int) (int, bool) {
+	var batch []int
+	var data [][]byte
+	var release []func()
+	defer func() {
+		for _, r := range release {
+			r()
+		}
+	}()
+	size, used := 0, 0
+	for _, i := range *idx {
+		if len(batch) == rehomeBatchItems || (len(batch) > 0 && size+int(d.Manifest.Size(i)) > rehomeBatchBytes) {
+			break
+		}
+		used++
+		ref, ok := n.store.Get(store.MakeKey(d.ID, uint32(i)))
+		if !ok {
+			continue // evicted or handed off meanwhile
+		}
+		batch, data, release = append(batch, i), append(data, ref.Data), append(release, ref.Release)
+		size += len(ref.Data)
+	}
+	*idx = (*idx)[used:]
+	if len(batch) == 0 {
+		return 0, true
+	}
+	kept, err := n.peers.PushToOwner(ctx, owner, d, batch, data)
+	if err != nil {
+		n.log.Debug("moving copies to their owner", "owner", owner, "dataset", d.Name, "err", err)
+		return 0, false
+	}
+	moved := 0
+	for j, ok := range kept {
+		if ok && n.store.Delete(store.MakeKey(d.ID, uint32(batch[j]))) {
+			moved++
+		}
+	}
+	return moved, true
+}
