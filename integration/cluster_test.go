@@ -113,6 +113,8 @@ func sumStats(t *testing.T, nodes []*proc) client.Stats {
 		tot.HitsLocal += s.HitsLocal
 		tot.HitsPeer += s.HitsPeer
 		tot.Misses += s.Misses
+		tot.PeerBytesIn += s.PeerBytesIn
+		tot.PeerBytesOut += s.PeerBytesOut
 	}
 	return tot
 }

@@ -88,10 +88,10 @@ type nodeOpts struct {
 	memory    string
 	policy    string
 	extra     []string
-	wrap      []string // a command the node runs under, e.g. prlimit
-	plain     bool     // the binary built without the race detector
-	logLevel  string   // warn when empty
-	env       []string // added to the test's environment
+	wrap      []string  // a command the node runs under, e.g. prlimit
+	plain     bool      // the binary built without the race detector
+	logLevel  string    // warn when empty
+	env       []string  // added to the test's environment
 	host      *testHost // run in this test host's network namespace, on its own address
 	// defaultTimers leaves out --fast-timers: gossip and raft as deployed.
 	defaultTimers bool

@@ -42,8 +42,29 @@ func (n *Node) rehomeLoop(every time.Duration) {
 			if n.rehome(n.ctx) {
 				swept, ticksSince = v, 0
 			}
+			n.rewarm()
 		case ticksSince == again:
 			n.rehome(n.ctx)
+			n.rewarm()
+		}
+	}
+}
+
+// rewarm warms again, under the settled ring, every dataset this node has
+// warmed: items whose owner changed during or after a warm-up were left
+// to the new owner, whose own warm-up may have ended before it owned them.
+// Items already held are skipped, so this reads only what is missing. A
+// warm-up still running, failed, or stopped by a full store is left alone.
+func (n *Node) rewarm() {
+	for _, d := range n.cat.Datasets() {
+		n.mu.Lock()
+		w, ok := n.warmups[d.Name]
+		n.mu.Unlock()
+		if !ok || w.version != d.Version || d.Manifest.IsTar() {
+			continue
+		}
+		if p := w.progress(); !p.Running && !p.Full && p.Error == "" {
+			n.StartWarmup(d)
 		}
 	}
 }
