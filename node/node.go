@@ -196,13 +196,17 @@ func New(cfg Config) (*Node, error) {
 		clv.Register(n.registry)
 		clv.Start(ctx, clairvoyantHost{n}, st)
 	}
-	n.wg.Add(2)
+	n.wg.Add(1)
 	go n.watchCatalog()
-	rehomeEvery := 2 * time.Second
-	if cfg.FastRaft {
-		rehomeEvery = 300 * time.Millisecond
+	if cfg.GossipBind != "" {
+		// Alone, a node owns everything: nothing to move, nothing to rewarm.
+		rehomeEvery := 2 * time.Second
+		if cfg.FastRaft {
+			rehomeEvery = 300 * time.Millisecond
+		}
+		n.wg.Add(1)
+		go n.rehomeLoop(rehomeEvery)
 	}
-	go n.rehomeLoop(rehomeEvery)
 	return n, nil
 }
 
