@@ -28,7 +28,7 @@ test-short:
 # The multi-host testbed (needs root): each node in its own network
 # namespace with its own address, links limited by tc. The FIGURE lines are
 # the figures docs/hosts.md keeps.
-test-hosts: build
+test-hosts:
 	@rc=0; CGO_ENABLED=1 $(GO) test -tags hosts -count=1 -timeout 30m -v -run '^TestHosts' ./integration || rc=$$?; \
 		./scripts/hosts-clean.sh; exit $$rc
 

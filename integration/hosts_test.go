@@ -186,7 +186,6 @@ func TestHostsPartitionedNodeComesBack(t *testing.T) {
 	const items = 600
 	tb := newTestbed(t, 6, "10gbit")
 	dir, files := dataset(t, items, 8192)
-	keys := sortedKeys(files)
 	nodes := startOnHosts(t, tb.hosts, hostOpts{defaultTimers: true})
 	awaitConverged(t, nodes, names(nodes), 60*time.Second)
 	register(t, nodes[0], "ds", dir)
@@ -206,7 +205,7 @@ func TestHostsPartitionedNodeComesBack(t *testing.T) {
 	// Every item, byte for byte, through each remaining node: what the cut
 	// host held comes from storage; nothing fails.
 	for _, n := range rest {
-		if err := readKeys(context.Background(), n, "ds", keys, files); err != nil {
+		if err := readAll(context.Background(), n, "ds", files, items, 1); err != nil {
 			t.Fatalf("while %s is cut off: %v", cut.name, err)
 		}
 	}
@@ -216,7 +215,7 @@ func TestHostsPartitionedNodeComesBack(t *testing.T) {
 	awaitConverged(t, nodes, names(nodes), 90*time.Second)
 	t.Logf("FIGURE partition: all 6 agreed on 6 members and one leader %.2fs after the link came back", time.Since(healAt).Seconds())
 	for _, n := range nodes {
-		if err := readKeys(context.Background(), n, "ds", keys, files); err != nil {
+		if err := readAll(context.Background(), n, "ds", files, items, 2); err != nil {
 			t.Fatalf("after %s came back: %v", cut.name, err)
 		}
 	}
@@ -533,20 +532,6 @@ func warmAll(t *testing.T, nodes []*proc, ds string, items int) {
 		why += fmt.Sprintf("\n%s: cached %d, warm-up %+v %v", n.name, mustStats(t, n).ItemsCached, p, err)
 	}
 	t.Fatalf("timed out after 2m waiting for the warm-up of %s:%s", ds, why)
-}
-
-// readKeys reads every key through n and compares bytes.
-func readKeys(ctx context.Context, n *proc, ds string, keys []string, files map[string][]byte) error {
-	for _, k := range keys {
-		it, err := n.c.ItemByKey(ctx, ds, k)
-		if err != nil {
-			return fmt.Errorf("%s %s: %w", n.name, k, err)
-		}
-		if !bytes.Equal(it.Data, files[k]) {
-			return fmt.Errorf("%s %s: wrong bytes", n.name, k)
-		}
-	}
-	return nil
 }
 
 // checkHeldOnceByOwner asks each item of its owner: a local hit with the

@@ -69,12 +69,6 @@ func (n *Node) rewarm() {
 	}
 }
 
-// Bounds on one push of copies to their owner, as the tar warm-up's.
-const (
-	rehomeBatchItems = 256
-	rehomeBatchBytes = 4 << 20
-)
-
 // rehome pushes every item held here that another member owns to that
 // member and drops the local copy once the owner holds it. False when a push
 // failed (the owner was busy or saw another ring): the next tick tries again.
@@ -107,7 +101,8 @@ func (n *Node) rehome(ctx context.Context) bool {
 	return complete && ctx.Err() == nil
 }
 
-// pushCopies sends the first batch of *idx to owner, advances *idx past it,
+// pushCopies sends the first batch of *idx to owner (bounded as a tar
+// warm-up's pushes are), advances *idx past it,
 // and deletes the items the owner now holds.
 func (n *Node) pushCopies(ctx context.Context, owner string, d *catalog.Dataset, idx *[]int) (int, bool) {
 	var batch []int
@@ -120,7 +115,7 @@ func (n *Node) pushCopies(ctx context.Context, owner string, d *catalog.Dataset,
 	}()
 	size, used := 0, 0
 	for _, i := range *idx {
-		if len(batch) == rehomeBatchItems || (len(batch) > 0 && size+int(d.Manifest.Size(i)) > rehomeBatchBytes) {
+		if len(batch) == pushItems || (len(batch) > 0 && size+int(d.Manifest.Size(i)) > pushBytes) {
 			break
 		}
 		used++
