@@ -18,7 +18,11 @@ func (n *Node) rehomeLoop(every time.Duration) {
 	defer n.wg.Done()
 	t := time.NewTicker(every)
 	defer t.Stop()
-	var seen, swept uint64 // ring versions
+	// Versions name member sets, so a ring can come back to a version swept
+	// before (members leave and return): what calls for a sweep is a change
+	// since the last one, not an unseen version.
+	var seen uint64
+	changed := true
 	// A fetch or handoff begun under the previous ring can still cache an
 	// item after the first sweep: one more sweep, a while later, takes
 	// those too.
@@ -37,10 +41,10 @@ func (n *Node) rehomeLoop(every time.Duration) {
 		ticksSince++
 		switch v := r.Version(); {
 		case v != seen:
-			seen = v // still moving, or just moved: look again next tick
-		case v != swept:
+			seen, changed = v, true // still moving, or just moved: look again next tick
+		case changed:
 			if n.rehome(n.ctx) {
-				swept, ticksSince = v, 0
+				changed, ticksSince = false, 0
 			}
 			n.rewarm()
 		case ticksSince == again:
