@@ -41,6 +41,9 @@ type Config struct {
 	// ListKeys sizes the listing figure: a registration of that many keys
 	// from a manifest-sized fake bucket (0: skipped).
 	ListKeys int
+	// ManifestItems sizes the directory dataset whose registration time and
+	// memory per item are measured (0: skipped).
+	ManifestItems int
 	// TarSamples sizes the tar-shard figures (0: skipped).
 	TarSamples int
 	Log        io.Writer
@@ -67,6 +70,8 @@ type Report struct {
 	S3      *S3Result      `json:"s3,omitempty"`
 	Tar     *TarResult     `json:"tar,omitempty"`
 	List    *ListResult    `json:"s3_list,omitempty"`
+	// Manifest is a large directory dataset's registration and memory.
+	Manifest *ManifestResult `json:"manifest,omitempty"`
 	// Routing is owner routing against reads through one node, by cluster size.
 	Routing []*RoutingResult `json:"routing,omitempty"`
 	// BatchSizes is batch64 against single GETs by item size.
@@ -293,6 +298,13 @@ func Main(c Config) (*Report, error) {
 			return nil, fmt.Errorf("s3 listing: %w", err)
 		}
 		c.logf("s3 listing: %d keys registered in %.1fs, node RSS %d MiB", rep.List.Objects, rep.List.Seconds, rep.List.NodeRSS>>20)
+	}
+	if c.ManifestItems > 0 {
+		if rep.Manifest, err = Manifest(&c, c.ManifestItems); err != nil {
+			return nil, fmt.Errorf("manifest: %w", err)
+		}
+		m := rep.Manifest
+		c.logf("manifest: %d files registered in %.1fs; RSS per item %.1f and %.1f B", m.Items, m.Seconds, m.PerItem[0], m.PerItem[1])
 	}
 	if c.TarSamples > 0 {
 		if rep.Tar, err = Tar(&c, c.TarSamples, c.Size/8, 500, c.Duration); err != nil {

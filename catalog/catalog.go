@@ -34,6 +34,10 @@ import (
 // dataset size.
 const maxChunkKeyBytes = 512 << 10
 
+// raftLogCache entries are kept in memory for replication: a few manifest
+// chunks' worth (~200 KB each once coded).
+const raftLogCache = 32
+
 var (
 	// ErrNotLeader means this node cannot write; forward to Leader().
 	ErrNotLeader = errors.New("not the raft leader")
@@ -95,6 +99,10 @@ func Open(cfg Config) (*Catalog, error) {
 	rc.LocalID = raft.ServerID(cfg.NodeID)
 	rc.Logger = hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: slogWriter{cfg.Logger}})
 	rc.SnapshotThreshold = 1024
+	// A follower further behind than this gets a snapshot instead of the
+	// log: the log holds manifest chunks, and keeping 10,240 of them (raft's
+	// default) would keep gigabytes on disk for a large dataset.
+	rc.TrailingLogs = 256
 	if cfg.Fast {
 		rc.HeartbeatTimeout = 300 * time.Millisecond
 		rc.ElectionTimeout = 300 * time.Millisecond
@@ -117,7 +125,16 @@ func Open(cfg Config) (*Catalog, error) {
 	tr := raft.NewNetworkTransport(stream, 3, 10*time.Second, io.Discard)
 	c := &Catalog{fsm: &fsm{st: newState()}, trans: tr, store: bs, log: cfg.Logger, updated: make(chan struct{})}
 	c.fsm.onChange = c.notify
-	r, err := raft.NewRaft(rc, c.fsm, bs, bs, snaps, tr)
+	// The leader replicates recent entries from memory instead of reading
+	// them back through bolt's mmap, which would make every manifest chunk
+	// it sent resident in the node's RSS.
+	logs, err := raft.NewLogCache(raftLogCache, bs)
+	if err != nil {
+		tr.Close()
+		bs.Close()
+		return nil, fmt.Errorf("catalog: raft log cache: %w", err)
+	}
+	r, err := raft.NewRaft(rc, c.fsm, logs, bs, snaps, tr)
 	if err != nil {
 		tr.Close()
 		bs.Close()

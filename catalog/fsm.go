@@ -164,7 +164,7 @@ func (f *fsm) apply(index uint64, c *command) any {
 		if !ok || p.Token != c.Token || c.Chunk == nil {
 			return fmt.Errorf("%w: registration of %q was superseded", ErrConflict, c.Name)
 		}
-		if !c.Chunk.wellFormed() {
+		if !c.Chunk.upgrade() || !c.Chunk.wellFormed() {
 			return fmt.Errorf("catalog: a malformed manifest chunk for %q", c.Name)
 		}
 		p.Manifest.appendChunk(c.Chunk)
@@ -259,7 +259,7 @@ func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	for k, p := range f.st.Pending {
 		pc := *p
 		m := *p.Manifest
-		m.Ends, m.Sizes, m.Tags = slices.Clone(m.Ends), slices.Clone(m.Sizes), slices.Clone(m.Tags)
+		m.Blocks, m.Starts, m.Sizes, m.Tags = slices.Clone(m.Blocks), slices.Clone(m.Starts), slices.Clone(m.Sizes), slices.Clone(m.Tags)
 		m.Shards, m.ShardOf, m.Offsets = slices.Clone(m.Shards), slices.Clone(m.ShardOf), slices.Clone(m.Offsets)
 		pc.Manifest = &m
 		cp.Pending[k] = &pc
@@ -277,13 +277,18 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 		st.Datasets = map[string]*Dataset{}
 	}
 	for name, d := range st.Datasets {
-		if d == nil || d.Manifest == nil || !d.Manifest.wellFormed() {
+		if d == nil || d.Manifest == nil || !d.Manifest.upgrade() || !d.Manifest.wellFormed() {
 			return fmt.Errorf("catalog: restore: dataset %q has a malformed manifest", name)
 		}
 		d.Manifest.seal()
 	}
 	if st.Pending == nil {
 		st.Pending = map[string]*pending{}
+	}
+	for name, p := range st.Pending {
+		if p == nil || p.Manifest == nil || !p.Manifest.upgrade() || !p.Manifest.wellFormed() {
+			return fmt.Errorf("catalog: restore: the registration of %q has a malformed manifest", name)
+		}
 	}
 	if st.Jobs == nil {
 		st.Jobs = map[string]*Job{}

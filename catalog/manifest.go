@@ -1,19 +1,25 @@
 package catalog
 
 import (
+	"encoding/binary"
 	"sort"
 	"strings"
 
 	"stallfree/source"
 )
 
-// Manifest is a dataset's sorted key list in a pointer-free layout: all keys
-// in one string, their end offsets and sizes in flat slices. ImageNet's 1.28 M
-// keys are three allocations, not 1.28 M strings for the GC to trace.
+// Manifest is a dataset's key list in a pointer-free, front-coded layout:
+// keys in blocks of manifestBlock, each block's first key whole and every
+// other key as the length of the prefix it shares with the key before plus
+// the rest. ImageNet-shaped keys (36 bytes) cost ~12 bytes each this way,
+// and 10 M keys are a handful of allocations for the GC, not 10 M strings.
+// Sizes and block offsets are little-endian bytes, so a chunk travels in raft
+// and snapshots as a few binary strings rather than millions of integers.
 type Manifest struct {
-	Keys  string   `msgpack:"k"`
-	Ends  []uint32 `msgpack:"e"`
-	Sizes []int64  `msgpack:"s"`
+	Blocks []byte `msgpack:"fb"`
+	Starts []byte `msgpack:"fs"` // uint64 per block: where it begins in Blocks
+	Sizes  []byte `msgpack:"fz"` // uint32 per item (MaxItemSize is 256 MiB)
+	Count  int    `msgpack:"n"`
 	// Tags are the entries' version fingerprints, nil when the source has
 	// none (directories), so they cost nothing there.
 	Tags []uint64 `msgpack:"t,omitempty"`
@@ -27,8 +33,22 @@ type Manifest struct {
 	// LeftOut counts the members a tar source's listing left out.
 	LeftOut int `msgpack:"lo,omitempty"`
 
-	tar *tarIndex // derived from the above by seal; nil until then
+	// The layout before front coding: all keys in one string, their end
+	// offsets and sizes. Raft logs and snapshots written by earlier
+	// versions hold it; upgrade converts it when it is read.
+	OldKeys  string   `msgpack:"k,omitempty"`
+	OldEnds  []uint32 `msgpack:"e,omitempty"`
+	OldSizes []int64  `msgpack:"s,omitempty"`
+
+	// The key before the next one added, while a manifest is built.
+	last       string
+	totalBytes int64     // derived by seal
+	tar        *tarIndex // derived from the above by seal; nil until then
 }
+
+// manifestBlock keys share a block: a lookup decodes at most this many, and
+// a block's first key costs its whole length once.
+const manifestBlock = 16
 
 // Shard is one tar shard as indexed.
 type Shard struct {
@@ -37,21 +57,13 @@ type Shard struct {
 	Tag  uint64 `msgpack:"t,omitempty"`
 }
 
-// NewManifest packs sorted entries.
+// NewManifest packs entries (sorted, or a tar source's archive order).
 func NewManifest(entries []source.Entry) *Manifest {
-	var total int
+	m := &Manifest{Sizes: make([]byte, 0, 4*len(entries)), Starts: make([]byte, 0, 8*blocks(len(entries)))}
 	for _, e := range entries {
-		total += len(e.Key)
+		m.add(e.Key, e.Size)
 	}
-	var b strings.Builder
-	b.Grow(total)
-	m := &Manifest{Ends: make([]uint32, len(entries)), Sizes: make([]int64, len(entries))}
-	for i, e := range entries {
-		b.WriteString(e.Key)
-		m.Ends[i] = uint32(b.Len())
-		m.Sizes[i] = e.Size
-	}
-	m.Keys = b.String()
+	m.last = ""
 	if len(entries) > 0 && entries[0].Shard != "" {
 		m.ShardOf, m.Offsets = make([]uint32, len(entries)), make([]int64, len(entries))
 		for i, e := range entries {
@@ -74,9 +86,29 @@ func NewManifest(entries []source.Entry) *Manifest {
 	return m
 }
 
+func blocks(items int) int { return (items + manifestBlock - 1) / manifestBlock }
+
+// add appends one key, front-coded against the key added before it.
+func (m *Manifest) add(key string, size int64) {
+	shared := 0
+	if m.Count%manifestBlock == 0 {
+		m.Starts = binary.LittleEndian.AppendUint64(m.Starts, uint64(len(m.Blocks)))
+	} else {
+		for shared < len(key) && shared < len(m.last) && key[shared] == m.last[shared] {
+			shared++
+		}
+	}
+	m.Blocks = binary.AppendUvarint(m.Blocks, uint64(shared))
+	m.Blocks = binary.AppendUvarint(m.Blocks, uint64(len(key)-shared))
+	m.Blocks = append(m.Blocks, key[shared:]...)
+	m.Sizes = binary.LittleEndian.AppendUint32(m.Sizes, uint32(size))
+	m.Count++
+	m.last = key
+}
+
 // Entry returns the i-th manifest line, what a source reads by.
 func (m *Manifest) Entry(i int) source.Entry {
-	e := source.Entry{Key: m.Key(i), Size: m.Sizes[i]}
+	e := source.Entry{Key: m.Key(i), Size: m.Size(i)}
 	if m.Tags != nil {
 		e.Tag = m.Tags[i]
 	}
@@ -88,19 +120,42 @@ func (m *Manifest) Entry(i int) source.Entry {
 }
 
 // Len is the number of items.
-func (m *Manifest) Len() int { return len(m.Ends) }
+func (m *Manifest) Len() int { return m.Count }
 
 // Key returns the i-th key.
 func (m *Manifest) Key(i int) string {
-	start := uint32(0)
-	if i > 0 {
-		start = m.Ends[i-1]
+	var buf [256]byte
+	return string(m.appendKey(buf[:0], i))
+}
+
+// appendKey appends the i-th key to buf: its block's keys are decoded up to
+// it.
+func (m *Manifest) appendKey(buf []byte, i int) []byte {
+	p := m.blockStart(i / manifestBlock)
+	for range i%manifestBlock + 1 {
+		var rest []byte
+		var shared int
+		shared, rest, p = m.next(p)
+		buf = append(buf[:shared], rest...)
 	}
-	return m.Keys[start:m.Ends[i]]
+	return buf
+}
+
+func (m *Manifest) blockStart(b int) int { return int(binary.LittleEndian.Uint64(m.Starts[8*b:])) }
+
+// next decodes the key coded at p: the prefix it shares with the key before,
+// its own rest, and where the key after it begins. Coded keys were checked
+// by wellFormed, so the slicing stays in bounds.
+func (m *Manifest) next(p int) (shared int, rest []byte, after int) {
+	s, n := binary.Uvarint(m.Blocks[p:])
+	p += n
+	l, n := binary.Uvarint(m.Blocks[p:])
+	p += n
+	return int(s), m.Blocks[p : p+int(l)], p + int(l)
 }
 
 // Size returns the i-th item's size in bytes.
-func (m *Manifest) Size(i int) int64 { return m.Sizes[i] }
+func (m *Manifest) Size(i int) int64 { return int64(binary.LittleEndian.Uint32(m.Sizes[4*i:])) }
 
 // Index finds key by binary search: over the keys, sorted bytewise, or for a
 // tar dataset (in archive order) over its sorted permutation.
@@ -112,27 +167,66 @@ func (m *Manifest) Index(key string) (int, bool) {
 		}
 		return 0, false
 	}
-	i := sort.Search(m.Len(), func(i int) bool { return m.Key(i) >= key })
-	return i, i < m.Len() && m.Key(i) == key
+	// The last block whose first key is at most key holds it, if anyone does.
+	b := sort.Search(blocks(m.Count), func(b int) bool {
+		_, first, _ := m.next(m.blockStart(b))
+		return string(first) > key
+	}) - 1
+	if b < 0 {
+		return 0, false
+	}
+	var buf [256]byte
+	k, p := buf[:0], m.blockStart(b)
+	for i := b * manifestBlock; i < min(m.Count, (b+1)*manifestBlock); i++ {
+		var shared int
+		var rest []byte
+		shared, rest, p = m.next(p)
+		k = append(k[:shared], rest...)
+		if string(k) == key {
+			return i, true
+		}
+		if string(k) > key {
+			return 0, false
+		}
+	}
+	return 0, false
 }
 
 // TotalBytes is the sum of item sizes.
 func (m *Manifest) TotalBytes() int64 {
+	if m.totalBytes == 0 { // not sealed (a chunk, a pending manifest)
+		return m.sumSizes()
+	}
+	return m.totalBytes
+}
+
+func (m *Manifest) sumSizes() int64 {
 	var n int64
-	for _, s := range m.Sizes {
-		n += s
+	for i := range m.Count {
+		n += m.Size(i)
 	}
 	return n
 }
 
-// wellFormed reports whether a chunk's slices agree with each other and its
-// key offsets stay inside its keys, ascending.
+// Bytes is what the manifest holds in memory.
+func (m *Manifest) Bytes() int64 {
+	n := len(m.Blocks) + len(m.Starts) + len(m.Sizes) + 8*len(m.Tags) + 4*len(m.ShardOf) + 8*len(m.Offsets)
+	if t := m.tar; t != nil {
+		n += 4 * (len(t.byKey) + len(t.samples))
+	}
+	return int64(n)
+}
+
+// wellFormed reports whether a chunk's parts agree with each other: sizes
+// and block offsets for Count items, every coded key inside its block and
+// within the key limit, a tar chunk's shard numbers inside its shard list.
 func (m *Manifest) wellFormed() bool {
-	if len(m.Sizes) != len(m.Ends) || (m.Tags != nil && len(m.Tags) != len(m.Ends)) {
+	if m.Count < 0 || len(m.Sizes) != 4*m.Count || len(m.Starts) != 8*blocks(m.Count) ||
+		(m.Tags != nil && len(m.Tags) != m.Count) {
 		return false
 	}
 	if m.Shards != nil || m.ShardOf != nil || m.Offsets != nil {
-		if len(m.ShardOf) != len(m.Ends) || len(m.Offsets) != len(m.Ends) || m.Tags != nil {
+		if len(m.ShardOf) != m.Count || len(m.Offsets) != m.Count || m.Tags != nil {
 			return false
 		}
 		for _, s := range m.ShardOf {
@@ -141,32 +235,73 @@ func (m *Manifest) wellFormed() bool {
 			}
 		}
 	}
-	prev := uint32(0)
-	for _, e := range m.Ends {
-		if e < prev || int(e) > len(m.Keys) {
+	for i := range m.Count {
+		if m.Size(i) > source.MaxItemSize {
 			return false
 		}
-		prev = e
+	}
+	for b := range blocks(m.Count) {
+		p := m.blockStart(b)
+		end := len(m.Blocks)
+		if b+1 < blocks(m.Count) {
+			end = m.blockStart(b + 1)
+		}
+		if (b == 0 && p != 0) || p > end || end > len(m.Blocks) {
+			return false
+		}
+		prev := 0 // length of the key before
+		for k := 0; k < min(manifestBlock, m.Count-b*manifestBlock); k++ {
+			s, n := binary.Uvarint(m.Blocks[p:end])
+			if n <= 0 || (k == 0 && s != 0) || s > uint64(prev) {
+				return false
+			}
+			p += n
+			l, n := binary.Uvarint(m.Blocks[p:end])
+			if n <= 0 || l > uint64(end-p-n) || s+l == 0 || s+l > maxKeyBytes {
+				return false
+			}
+			p += n + int(l)
+			prev = int(s + l)
+		}
+		if p != end {
+			return false
+		}
 	}
 	return true
 }
 
+// maxKeyBytes is source.ValidKey's limit.
+const maxKeyBytes = 4096
+
+// appendChunk adds a chunk's items after the manifest's own. A chunk that
+// starts on a block boundary (chunks splits them so) has its blocks appended
+// as they are; one that does not (written by an earlier version) is coded
+// key by key.
 func (m *Manifest) appendChunk(c *Manifest) {
-	base := uint32(len(m.Keys))
-	m.Keys += c.Keys
-	for _, e := range c.Ends {
-		m.Ends = append(m.Ends, base+e)
+	if m.Count%manifestBlock == 0 {
+		base := uint64(len(m.Blocks))
+		m.Blocks = append(m.Blocks, c.Blocks...)
+		for b := range blocks(c.Count) {
+			m.Starts = binary.LittleEndian.AppendUint64(m.Starts, base+uint64(c.blockStart(b)))
+		}
+		m.Sizes = append(m.Sizes, c.Sizes...)
+		m.Count += c.Count
+	} else {
+		m.last = m.Key(m.Count - 1)
+		for i := range c.Count {
+			m.add(c.Key(i), c.Size(i))
+		}
+		m.last = ""
 	}
 	// Chunks of one manifest come from one source: all tagged or none.
 	if c.Tags != nil {
 		if m.Tags == nil {
-			m.Tags = make([]uint64, len(m.Sizes))
+			m.Tags = make([]uint64, m.Count-c.Count)
 		}
 		m.Tags = append(m.Tags, c.Tags...)
 	} else if m.Tags != nil {
-		m.Tags = append(m.Tags, make([]uint64, len(c.Sizes))...)
+		m.Tags = append(m.Tags, make([]uint64, c.Count)...)
 	}
-	m.Sizes = append(m.Sizes, c.Sizes...)
 	m.LeftOut += c.LeftOut
 	if c.Shards != nil {
 		// A shard split over two chunks is one shard: the chunk's first
@@ -183,19 +318,50 @@ func (m *Manifest) appendChunk(c *Manifest) {
 	}
 }
 
-// chunks splits entries so no raft entry carries more than maxBytes of keys.
+// upgrade converts a manifest read in the layout before front coding. It
+// reports false when the old parts disagree with each other.
+func (m *Manifest) upgrade() bool {
+	if m.OldKeys == "" && m.OldEnds == nil && m.OldSizes == nil {
+		return true
+	}
+	if len(m.OldSizes) != len(m.OldEnds) || m.Count != 0 || m.Blocks != nil {
+		return false
+	}
+	prev := uint32(0)
+	for _, e := range m.OldEnds {
+		if e < prev || int(e) > len(m.OldKeys) {
+			return false
+		}
+		prev = e
+	}
+	prev = 0
+	for i, e := range m.OldEnds {
+		m.add(m.OldKeys[prev:e], m.OldSizes[i])
+		prev = e
+	}
+	m.last, m.OldKeys, m.OldEnds, m.OldSizes = "", "", nil, nil
+	return true
+}
+
+// chunks splits entries so no raft entry carries much more than maxBytes of
+// keys. Every chunk but the last holds whole blocks, so the chunks' blocks
+// join as they are.
 func chunks(entries []source.Entry, maxBytes int) [][]source.Entry {
 	var out [][]source.Entry
-	start, n := 0, 0
-	for i, e := range entries {
-		if n+len(e.Key)+24 > maxBytes && i > start {
-			out = append(out, entries[start:i])
-			start, n = i, 0
+	for start := 0; start < len(entries); {
+		end, n := start, 0
+		for end < len(entries) && (end-start < manifestBlock || n+len(entries[end].Key)+8 <= maxBytes) {
+			n += len(entries[end].Key) + 8
+			end++
 		}
-		n += len(e.Key) + 24
+		if end < len(entries) {
+			end = start + (end-start)/manifestBlock*manifestBlock
+		}
+		out = append(out, entries[start:end])
+		start = end
 	}
-	if start < len(entries) || len(out) == 0 {
-		out = append(out, entries[start:])
+	if len(out) == 0 {
+		out = append(out, entries)
 	}
 	return out
 }
@@ -211,6 +377,10 @@ type tarIndex struct {
 // seal derives a tar manifest's index once its items are all in (a
 // committed or restored dataset); manifests of other sources have none.
 func (m *Manifest) seal() {
+	m.totalBytes = m.sumSizes()
+	// Appending chunks left up to a quarter of slack behind; a committed
+	// manifest never grows again.
+	m.Blocks, m.Starts, m.Sizes = fit(m.Blocks), fit(m.Starts), fit(m.Sizes)
 	if m.Shards == nil || m.tar != nil {
 		return
 	}
@@ -228,6 +398,15 @@ func (m *Manifest) seal() {
 	}
 	t.samples = append(t.samples, uint32(m.Len()))
 	m.tar = t
+}
+
+// fit returns b in an array of its own length when b's has more than a
+// little slack.
+func fit(b []byte) []byte {
+	if cap(b)-len(b) <= len(b)/32 {
+		return b
+	}
+	return append(make([]byte, 0, len(b)), b...)
 }
 
 // IsTar reports whether the items are members of tar shards.

@@ -12,10 +12,12 @@ import (
 	"math"
 	"net"
 	"net/http"
-	_ "net/http/pprof"
+	"net/http/pprof"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/debug"
+	"runtime/metrics"
 	"strings"
 	"syscall"
 	"time"
@@ -205,7 +207,7 @@ func run(args []string) error {
 	defer n.Close()
 
 	if *pprofAddr != "" {
-		go func() { log.Warn("pprof", "err", http.ListenAndServe(*pprofAddr, nil)) }()
+		go func() { log.Warn("pprof", "err", http.ListenAndServe(*pprofAddr, debugMux())) }()
 	}
 	ln, err := net.Listen("tcp", *httpAddr)
 	if err != nil {
@@ -242,17 +244,67 @@ func run(args []string) error {
 }
 
 // setGC tunes the collector for a cache whose items live off-heap (the store's
-// arena): the Go heap holds only metadata and per-request garbage, so instead
-// of collecting whenever that small heap doubles (many times a second under
-// load, each peer fetch allocating an item's worth), collect when it reaches a
-// fixed headroom. The headroom bounds RSS at cached bytes plus 128 MiB plus
-// 1/32 of --memory (4 GiB cached: 1.06x).
+// arena): the Go heap holds metadata and per-request garbage, so instead of
+// collecting whenever the heap doubles (many times a second under load, each
+// peer fetch allocating an item's worth), collect when the garbage reaches a
+// fixed headroom over what the last collection found live: 128 MiB plus 1/32
+// of --memory (4 GiB cached: 1.06x). The live part is mostly manifests (a
+// 10 M-item dataset is ~150 MB of them), which a limit of the headroom alone
+// would have the collector chase without end; once it is larger than the
+// headroom the heap may double, as with GOGC=100, or a registration of 10 M
+// files would run dozens of collections over a gigabyte each, and their
+// assists stall raft's heartbeats past the leader's lease.
 func setGC(memory uint64) {
 	debug.SetGCPercent(-1)
-	debug.SetMemoryLimit(int64(HeapHeadroom(memory)))
+	headroom := int64(HeapHeadroom(memory))
+	debug.SetMemoryLimit(headroom)
+	sample := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	afterEachGC(func() {
+		metrics.Read(sample)
+		if sample[0].Value.Kind() == metrics.KindUint64 {
+			live := int64(sample[0].Value.Uint64())
+			debug.SetMemoryLimit(live + max(headroom, live))
+		}
+	})
 }
 
-// HeapHeadroom is the Go heap a node with this much cache memory may use.
+// afterEachGC calls f after every collection, for the life of the process: a
+// fresh object whose cleanup runs once a collection has found it
+// unreachable, re-armed each time.
+func afterEachGC(f func()) {
+	type sentinel struct{ _ [64]byte } // too large for the tiny allocator, which batches objects
+	var arm func()
+	arm = func() {
+		runtime.AddCleanup(new(sentinel), func(struct{}) {
+			f()
+			arm()
+		}, struct{}{})
+	}
+	arm()
+}
+
+// debugMux serves net/http/pprof and /debug/free-memory, which collects and
+// hands free memory back to the OS at once: what a node holds, measured
+// without the garbage its headroom allows (`sfbench -manifest-only`).
+func debugMux() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	mux.HandleFunc("/debug/free-memory", func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			http.Error(w, "POST only", http.StatusMethodNotAllowed)
+			return
+		}
+		debug.FreeOSMemory()
+	})
+	return mux
+}
+
+// HeapHeadroom is the Go heap a node with this much cache memory may use
+// beyond what it holds live.
 func HeapHeadroom(memory uint64) uint64 { return 128<<20 + memory/32 }
 
 // applyEnv fills every flag not given on the command line from STALLFREE_<FLAG>.

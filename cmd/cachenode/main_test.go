@@ -5,8 +5,10 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Bad flags stop cachenode before it creates, binds or joins anything.
@@ -43,5 +45,25 @@ func TestBadFlagsFailBeforeStarting(t *testing.T) {
 	}
 	if err := run([]string{"-h"}); !errors.Is(err, flag.ErrHelp) {
 		t.Errorf("-h: err %v, want flag.ErrHelp (main exits 0)", err)
+	}
+}
+
+// The hook that moves the memory limit runs after every collection, not
+// once: each run re-arms it.
+func TestAfterEachGCRunsAfterEveryCollection(t *testing.T) {
+	ran := make(chan struct{}, 1)
+	afterEachGC(func() {
+		select {
+		case ran <- struct{}{}:
+		default:
+		}
+	})
+	for round := range 3 {
+		runtime.GC()
+		select {
+		case <-ran:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("collection %d: the hook did not run", round+1)
+		}
 	}
 }

@@ -36,6 +36,8 @@ func main() {
 	s3List := flag.Int("s3-list", 100000, "small objects registered as one S3 dataset")
 	listKeys := flag.Int("list-keys", 1000000, "keys of the manifest-sized fake bucket whose registration is timed (0: skipped)")
 	listOnly := flag.Bool("list-only", false, "measure only the registration of -list-keys keys, as JSON; writes no report")
+	manifestItems := flag.Int("manifest-items", 10000000, "files of the directory dataset whose registration and per-item memory are measured (0: skipped)")
+	manifestOnly := flag.Bool("manifest-only", false, "measure only the registration of -manifest-items files, as JSON; writes no report")
 	s3Only := flag.Bool("s3-only", false, "measure only the S3 figures (needs -minio) and print them as JSON; writes no report")
 	tarSamples := flag.Int("tar-samples", 6000, "WebDataset samples (.jpg of -size/8, .cls, .json) in the tar-shard figures")
 	routingOnly := flag.Bool("routing-only", false, "measure only owner routing (2 and 4 nodes) and batch64/single by item size, as JSON; writes no report")
@@ -69,7 +71,8 @@ func main() {
 	os.MkdirAll(*out, 0o755)
 	cfg := bench.Config{Items: *items, Size: int(sz), Rounds: *rounds, Duration: *dur, Conc: *conc,
 		Work: *work, Bin: bin, Self: self, Out: *out, Doc: *doc, MemGiB: *memGiB, Profile: *profile, Log: os.Stderr,
-		MinIO: *minioBin, S3Objects: *s3Objects, S3List: *s3List, TarSamples: *tarSamples, ListKeys: *listKeys}
+		MinIO: *minioBin, S3Objects: *s3Objects, S3List: *s3List, TarSamples: *tarSamples, ListKeys: *listKeys,
+		ManifestItems: *manifestItems}
 	if *only != "" {
 		cfg.Only = strings.Split(*only, ",")
 	}
@@ -80,6 +83,9 @@ func main() {
 		return
 	case *listOnly:
 		printJSON(bench.S3List(&cfg, cfg.ListKeys))
+		return
+	case *manifestOnly:
+		printJSON(bench.Manifest(&cfg, cfg.ManifestItems))
 		return
 	case *tarOnly:
 		printJSON(bench.Tar(&cfg, cfg.TarSamples, cfg.Size/8, 500, cfg.Duration))
