@@ -71,6 +71,9 @@ type Config struct {
 // Stats are the cluster's cumulative figures.
 type Stats struct {
 	PeerBytesIn, PeerBytesOut, PeerFailures uint64
+	// RingChanges counts the rings this node has rebuilt since it started:
+	// a member flapping under load shows here, and moves items each time.
+	RingChanges uint64
 }
 
 // Cluster is safe for concurrent use.
@@ -93,6 +96,7 @@ type Cluster struct {
 	stop                  chan struct{}
 
 	peerBytesIn, peerBytesOut, peerFailures atomic.Uint64
+	ringChanges                             atomic.Uint64
 }
 
 // ringPair keeps the rings a new owner consults to find who held an item
@@ -166,7 +170,8 @@ func (c *Cluster) Close() {
 
 // Stats returns the cluster's counters.
 func (c *Cluster) Stats() Stats {
-	return Stats{PeerBytesIn: c.peerBytesIn.Load(), PeerBytesOut: c.peerBytesOut.Load(), PeerFailures: c.peerFailures.Load()}
+	return Stats{PeerBytesIn: c.peerBytesIn.Load(), PeerBytesOut: c.peerBytesOut.Load(), PeerFailures: c.peerFailures.Load(),
+		RingChanges: c.ringChanges.Load()}
 }
 
 func (c *Cluster) ring() *partition.Ring { return c.rings.Load().cur }
@@ -218,6 +223,7 @@ func (c *Cluster) rebuildRing() {
 		without = nil
 	}
 	c.rings.Store(&ringPair{cur: r, prev: old.cur, withoutSelf: without})
+	c.ringChanges.Add(1)
 	c.log.Info("ring", "members", alive, "version", r.Version(), "moved", partition.Moved(old.cur, r))
 	// Connections to members that left are of no further use.
 	for _, m := range c.ml.Members() {

@@ -220,10 +220,13 @@ func TestKillNodeMidEpoch(t *testing.T) {
 		}()
 	}
 	waitFor(t, 30*time.Second, "loaders under way", func() bool { return reads.Load() > 0 })
-	killed := time.Now()
+	killed, ringsBefore := time.Now(), metric(t, nodes[0], "stallfree_ring_changes_total")
 	victim.kill()
 	waitMembers(t, nodes[:2], []string{"n1", "n2"})
 	t.Logf("killed node left the member list after %v", time.Since(killed))
+	if rings := metric(t, nodes[0], "stallfree_ring_changes_total"); rings != ringsBefore+1 {
+		t.Fatalf("a member's death rebuilt %v rings on a survivor, want 1", rings-ringsBefore)
+	}
 	before := reads.Load()
 	waitFor(t, 60*time.Second, "a full epoch after the kill", func() bool { return reads.Load() >= before+2*items })
 	close(stop)

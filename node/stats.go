@@ -66,6 +66,7 @@ func (n *Node) registerMetrics() *prometheus.Registry {
 	peerCounter("peer_bytes_out_total", "Item bytes sent to peers.", func(s cluster.Stats) uint64 { return s.PeerBytesOut })
 	counter("served_bytes_total", "Item bytes sent to HTTP clients.", &c.bytesServed)
 	peerCounter("peer_failures_total", "Peer fetches that failed and fell back to storage.", func(s cluster.Stats) uint64 { return s.PeerFailures })
+	peerCounter("ring_changes_total", "Rings rebuilt on membership changes since the node started.", func(s cluster.Stats) uint64 { return s.RingChanges })
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "stallfree_loader_wait_seconds_total",
 		Help: "Total time training loops reported waiting for data."},
 		func() float64 { return float64(c.loaderWaitNs.Load()) / 1e9 }))
