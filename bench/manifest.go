@@ -119,29 +119,19 @@ func Manifest(c *Config, items int) (*ManifestResult, error) {
 	c.logf("manifest: %d files ready in %s", items, time.Since(start).Round(time.Second))
 	// Default raft timers, as a deployment runs: the fast ones are for
 	// loopback tests, and a leader busy applying 10 M entries misses them.
-	// The debug listener is how the nodes are asked to collect at the end.
-	var cl cluster
-	defer func() { cl.stop() }()
-	debugAddrs := []string{freePort(), freePort()}
-	for i, addr := range debugAddrs {
-		join := ""
-		if i > 0 {
-			join = cl[0].gossip
-		}
-		nd, err := startNode(c.Work, filepath.Join(c.Bin, "cachenode"), fmt.Sprintf("manifest-%d", i+1), "1GiB", join,
-			"--fast-timers=false", "--pprof", addr)
-		if err != nil {
-			return nil, err
-		}
-		cl = append(cl, nd)
-	}
-	if err := waitMembers(cl[0], len(cl)); err != nil {
+	// The debug listener (profiling on) is how the nodes are asked to
+	// collect at the end.
+	profiled := *c
+	profiled.Profile = true
+	cl, err := startCluster(&profiled, "manifest", 2, "1GiB", nil, "--fast-timers=false")
+	defer cl.stop()
+	if err != nil {
 		return nil, err
 	}
 	pids := cl.pids()
 	before := make([]procMem, len(pids))
 	for i, pid := range pids {
-		if err := freeMemory(debugAddrs[i]); err != nil {
+		if err := freeMemory(cl[i].debug); err != nil {
 			return nil, err
 		}
 		before[i] = memOf(pid)
@@ -150,6 +140,7 @@ func Manifest(c *Config, items int) (*ManifestResult, error) {
 	// start-up, which is not the dataset's.
 	peak := make([]uint64, len(pids))
 	stop, sampled := make(chan struct{}), make(chan struct{})
+	stopSampling := func() { close(stop); <-sampled }
 	go func() {
 		defer close(sampled)
 		t := time.NewTicker(20 * time.Millisecond)
@@ -167,26 +158,23 @@ func Manifest(c *Config, items int) (*ManifestResult, error) {
 	}()
 	res := &ManifestResult{Items: items, Nodes: len(cl)}
 	start = time.Now()
-	err := register(cl[0], "big", dir)
+	err = register(cl[0], "big", dir)
 	res.Seconds = time.Since(start).Seconds()
 	if err != nil {
-		close(stop)
-		<-sampled
-		return nil, fmt.Errorf("registering %d files: %w", items, err)
+		err = fmt.Errorf("registering %d files: %w", items, err)
+	} else {
+		// Registered means committed; the other node applies it a moment later.
+		err = awaitDataset(cl[1], "big", items)
 	}
-	// Registered means committed; the other node applies it a moment later.
-	if err := awaitDataset(cl[1], "big", items); err != nil {
-		close(stop)
-		<-sampled
+	stopSampling()
+	if err != nil {
 		return nil, err
 	}
-	close(stop)
-	<-sampled
 	// Settled: the garbage the registration left (the listing, decoded
 	// chunks) is collected and its memory handed back, as the collector
 	// would once it reached its headroom.
-	for _, addr := range debugAddrs {
-		if err := freeMemory(addr); err != nil {
+	for _, n := range cl {
+		if err := freeMemory(n.debug); err != nil {
 			return nil, err
 		}
 	}

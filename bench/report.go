@@ -381,7 +381,8 @@ Profiles: ` + "`cachenode --pprof 127.0.0.1:6061`" + ` under wrk or ` + "`sfbenc
   ` + "`filepath.WalkDir`" + ` with ` + "`os.Root.Stat`" + ` of each file's full path, which opens every directory on the way (11 s
   of 1 M, 68% in syscalls); appending raft chunks concatenated the key string, copying it whole per chunk; and the
   manifest kept every key whole (36 B) with 8-byte sizes. **Kept:** a parallel listing, one ` + "`os.Root`" + ` and one
-  ` + "`fstatat`" + ` per file beside it, names without DirEntries (1 M: 11 → 3.9 s); front-coded keys in blocks of 16 with
+  ` + "`fstatat`" + ` per file beside it, names without DirEntries (1 M: 11 → 3.9 s, timing
+  ` + "`Dir.List`" + ` on the benchmark's tree in a throwaway test); front-coded keys in blocks of 16 with
   4-byte sizes (15 B per item in all); raft keeping 256 entries behind a snapshot instead of 10,240 and replicating
   the latest 32 from memory. 1 M then registered in 3.7–7.0 s. At 10 M the leader lost its lease mid-listing in
   every try (` + "`GODEBUG=gctrace=1`" + `: 30 collections, the later ones marking 1–2 GB each for up to 1.9 s, their
@@ -389,7 +390,9 @@ Profiles: ` + "`cachenode --pprof 127.0.0.1:6061`" + ` under wrk or ` + "`sfbenc
   its headroom and what is live (GOGC=100 once the heap is large), 15 collections, and the listing's entries are
   joined once instead of grown. Three runs at 10 M: 39.2, 38.1 and 34.4 s; settled RSS per item 21.6, 21.4 and
   21.4 B on the registering node, 18.2, 34.7 and 18.0 B on the other (the second run's other node kept ~170 MB
-  more after the collection; not explained yet).
+  more after the collection; not explained yet). These runs listed a tree the kernel had cached (written or listed
+  shortly before); the first registration of the 1 M tree after the 10 M one had pushed it out of the inode cache
+  took 19.9 s against 6.2 s right after, so a cold tree costs what the disk takes to read its inodes.
 - This machine is a shared VM: three full runs in one session gave local/nginx 1.02, 0.86 and 0.88,
   local/memcached 0.87, 0.86 and 0.75, peer/local 0.40, 0.39 and 0.43, batch/single 1.35, 1.30 and 1.27, and
   nginx itself moved between 25.7 and 32.1 µs of CPU per request. A run in the next session gave 1.00, 0.94,

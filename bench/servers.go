@@ -191,6 +191,7 @@ type nodeProc struct {
 	*proc
 	name, http, gossip string
 	c                  *client.Client
+	debug              string // its --pprof listener when profiling, else ""
 }
 
 func startNode(work, bin, name string, memory string, join string, extra ...string) (*nodeProc, error) {
@@ -257,9 +258,13 @@ func startCluster(c *Config, prefix string, n int, mem string, env []string, ext
 			join = cl[0].gossip
 		}
 		name := fmt.Sprintf("%s-%d", prefix, i+1)
-		nd, err := startNodeEnv(c.Work, bin, name, mem, join, env, append(slices.Clone(extra), c.pprofArgs(name)...)...)
+		pprof := c.pprofArgs(name)
+		nd, err := startNodeEnv(c.Work, bin, name, mem, join, env, append(slices.Clone(extra), pprof...)...)
 		if err != nil {
 			return cl, err
+		}
+		if len(pprof) == 2 {
+			nd.debug = pprof[1]
 		}
 		cl = append(cl, nd)
 	}
@@ -307,19 +312,7 @@ func warm(nodes []*nodeProc, name string) error {
 	return nil
 }
 
-func rssOf(pid int) uint64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			return kb << 10
-		}
-	}
-	return 0
-}
+func rssOf(pid int) uint64 { return memOf(pid).rss }
 
 // waitMembers waits until n sees want members alive and a raft leader.
 func waitMembers(n *nodeProc, want int) error {

@@ -40,8 +40,6 @@ type Manifest struct {
 	OldEnds  []uint32 `msgpack:"e,omitempty"`
 	OldSizes []int64  `msgpack:"s,omitempty"`
 
-	// The key before the next one added, while a manifest is built.
-	last       string
 	totalBytes int64     // derived by seal
 	tar        *tarIndex // derived from the above by seal; nil until then
 }
@@ -60,10 +58,11 @@ type Shard struct {
 // NewManifest packs entries (sorted, or a tar source's archive order).
 func NewManifest(entries []source.Entry) *Manifest {
 	m := &Manifest{Sizes: make([]byte, 0, 4*len(entries)), Starts: make([]byte, 0, 8*blocks(len(entries)))}
+	prev := ""
 	for _, e := range entries {
-		m.add(e.Key, e.Size)
+		m.add(prev, e.Key, e.Size)
+		prev = e.Key
 	}
-	m.last = ""
 	if len(entries) > 0 && entries[0].Shard != "" {
 		m.ShardOf, m.Offsets = make([]uint32, len(entries)), make([]int64, len(entries))
 		for i, e := range entries {
@@ -88,13 +87,13 @@ func NewManifest(entries []source.Entry) *Manifest {
 
 func blocks(items int) int { return (items + manifestBlock - 1) / manifestBlock }
 
-// add appends one key, front-coded against the key added before it.
-func (m *Manifest) add(key string, size int64) {
+// add appends one key, front-coded against prev, the key added before it.
+func (m *Manifest) add(prev, key string, size int64) {
 	shared := 0
 	if m.Count%manifestBlock == 0 {
 		m.Starts = binary.LittleEndian.AppendUint64(m.Starts, uint64(len(m.Blocks)))
 	} else {
-		for shared < len(key) && shared < len(m.last) && key[shared] == m.last[shared] {
+		for shared < len(key) && shared < len(prev) && key[shared] == prev[shared] {
 			shared++
 		}
 	}
@@ -103,7 +102,6 @@ func (m *Manifest) add(key string, size int64) {
 	m.Blocks = append(m.Blocks, key[shared:]...)
 	m.Sizes = binary.LittleEndian.AppendUint32(m.Sizes, uint32(size))
 	m.Count++
-	m.last = key
 }
 
 // Entry returns the i-th manifest line, what a source reads by.
@@ -133,12 +131,16 @@ func (m *Manifest) Key(i int) string {
 func (m *Manifest) appendKey(buf []byte, i int) []byte {
 	p := m.blockStart(i / manifestBlock)
 	for range i%manifestBlock + 1 {
-		var rest []byte
-		var shared int
-		shared, rest, p = m.next(p)
-		buf = append(buf[:shared], rest...)
+		buf, p = m.step(buf, p)
 	}
 	return buf
+}
+
+// step turns buf, the key before the one coded at p, into that key, and
+// returns where the key after it begins.
+func (m *Manifest) step(buf []byte, p int) ([]byte, int) {
+	shared, rest, after := m.next(p)
+	return append(buf[:shared], rest...), after
 }
 
 func (m *Manifest) blockStart(b int) int { return int(binary.LittleEndian.Uint64(m.Starts[8*b:])) }
@@ -178,10 +180,7 @@ func (m *Manifest) Index(key string) (int, bool) {
 	var buf [256]byte
 	k, p := buf[:0], m.blockStart(b)
 	for i := b * manifestBlock; i < min(m.Count, (b+1)*manifestBlock); i++ {
-		var shared int
-		var rest []byte
-		shared, rest, p = m.next(p)
-		k = append(k[:shared], rest...)
+		k, p = m.step(k, p)
 		if string(k) == key {
 			return i, true
 		}
@@ -287,11 +286,12 @@ func (m *Manifest) appendChunk(c *Manifest) {
 		m.Sizes = append(m.Sizes, c.Sizes...)
 		m.Count += c.Count
 	} else {
-		m.last = m.Key(m.Count - 1)
+		prev := m.Key(m.Count - 1)
 		for i := range c.Count {
-			m.add(c.Key(i), c.Size(i))
+			key := c.Key(i)
+			m.add(prev, key, c.Size(i))
+			prev = key
 		}
-		m.last = ""
 	}
 	// Chunks of one manifest come from one source: all tagged or none.
 	if c.Tags != nil {
@@ -334,12 +334,13 @@ func (m *Manifest) upgrade() bool {
 		}
 		prev = e
 	}
-	prev = 0
-	for i, e := range m.OldEnds {
-		m.add(m.OldKeys[prev:e], m.OldSizes[i])
-		prev = e
+	start, before := uint32(0), ""
+	for i, end := range m.OldEnds {
+		key := m.OldKeys[start:end]
+		m.add(before, key, m.OldSizes[i])
+		start, before = end, key
 	}
-	m.last, m.OldKeys, m.OldEnds, m.OldSizes = "", "", nil, nil
+	m.OldKeys, m.OldEnds, m.OldSizes = "", nil, nil
 	return true
 }
 

@@ -56,7 +56,7 @@ func (d *Dir) Close() error { return d.root.Close() }
 func (d *Dir) List(ctx context.Context) ([]Entry, error) { return d.list(ctx, MaxItemSize) }
 
 // listWorkers directories are read at once: a cold tree waits on the disk, a
-// warm one on the two syscalls per file.
+// warm one on the fstatat per file.
 const listWorkers = 8
 
 // list lists files of at most maxSize bytes and fails on a larger one.
@@ -114,7 +114,6 @@ func (w *dirWalk) dir(ctx context.Context, rel string) error {
 	if err != nil {
 		return err
 	}
-	fd := f.Fd()
 	var found []Entry
 	for _, name := range names {
 		key := name
@@ -125,7 +124,7 @@ func (w *dirWalk) dir(ctx context.Context, rel string) error {
 		if ValidKey(key) != nil {
 			continue
 		}
-		mode, size, err := lstatAt(f, fd, r, name)
+		mode, size, err := lstatAt(f, r, name)
 		if err != nil {
 			continue // gone meanwhile
 		}

@@ -9,7 +9,7 @@ import (
 
 // lstatAt is the type and size of name in the directory r is rooted at,
 // without following a symlink.
-func lstatAt(_ *os.File, _ uintptr, r *os.Root, name string) (fs.FileMode, int64, error) {
+func lstatAt(_ *os.File, r *os.Root, name string) (fs.FileMode, int64, error) {
 	fi, err := r.Lstat(name)
 	if err != nil {
 		return 0, 0, err

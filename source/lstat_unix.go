@@ -13,10 +13,10 @@ import (
 // lstatAt is the type and size of name in the open directory dir, without
 // following a symlink: one fstatat and no garbage, which matters when a
 // listing runs over 10 M files and every allocation feeds the collector.
-func lstatAt(dir *os.File, fd uintptr, _ *os.Root, name string) (fs.FileMode, int64, error) {
+func lstatAt(dir *os.File, _ *os.Root, name string) (fs.FileMode, int64, error) {
 	var st unix.Stat_t
 	for {
-		err := unix.Fstatat(int(fd), name, &st, unix.AT_SYMLINK_NOFOLLOW)
+		err := unix.Fstatat(int(dir.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW)
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}
