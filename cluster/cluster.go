@@ -74,6 +74,9 @@ type Stats struct {
 	// RingChanges counts the rings this node has rebuilt since it started:
 	// a member flapping under load shows here, and moves items each time.
 	RingChanges uint64
+	// MembersVouched counts the members gossip declared dead that answered
+	// this node directly and so stayed on its ring (vouch.go).
+	MembersVouched uint64
 }
 
 // Cluster is safe for concurrent use.
@@ -97,6 +100,8 @@ type Cluster struct {
 
 	peerBytesIn, peerBytesOut, peerFailures atomic.Uint64
 	ringChanges                             atomic.Uint64
+	vouch                                   *voucher
+	recheck                                 chan struct{} // a voucher's verdict: rebuild the ring
 }
 
 // ringPair keeps the rings a new owner consults to find who held an item
@@ -125,6 +130,19 @@ func New(cfg Config, local Local, cat *catalog.Catalog, st *store.Store) *Cluste
 		http: &fasthttp.Client{ReadTimeout: time.Second, WriteTimeout: time.Second, MaxConnsPerHost: 4}}
 	empty, _ := partition.New(nil)
 	c.rings.Store(&ringPair{cur: empty})
+	c.recheck = make(chan struct{}, 1)
+	c.vouch = &voucher{ping: c.client.Ping, timeout: time.Second, interval: time.Second, max: 10 * time.Second,
+		kick: func() {
+			select {
+			case c.recheck <- struct{}{}:
+			default:
+			}
+		},
+		log: c.log, held: map[string]*hold{}}
+	c.vouch.ctx, c.vouch.cancel = context.WithCancel(context.Background())
+	if cfg.Fast {
+		c.vouch.timeout, c.vouch.interval, c.vouch.max = 300*time.Millisecond, 300*time.Millisecond, 3*time.Second
+	}
 	return c
 }
 
@@ -163,6 +181,7 @@ func (c *Cluster) Start() error {
 func (c *Cluster) Close() {
 	close(c.stop)
 	c.wg.Wait()
+	c.vouch.close()
 	c.ml.Leave(time.Second)
 	c.srv.Close()
 	c.client.Close()
@@ -171,7 +190,7 @@ func (c *Cluster) Close() {
 // Stats returns the cluster's counters.
 func (c *Cluster) Stats() Stats {
 	return Stats{PeerBytesIn: c.peerBytesIn.Load(), PeerBytesOut: c.peerBytesOut.Load(), PeerFailures: c.peerFailures.Load(),
-		RingChanges: c.ringChanges.Load()}
+		RingChanges: c.ringChanges.Load(), MembersVouched: c.vouch.vouched.Load()}
 }
 
 func (c *Cluster) ring() *partition.Ring { return c.rings.Load().cur }
@@ -203,12 +222,13 @@ func (c *Cluster) HTTPAddr(name string) (string, bool) {
 	return m.Meta.HTTP, true
 }
 
-// rebuildRing recomputes ownership over the alive members.
+// rebuildRing recomputes ownership over the alive members, and the dead ones
+// that still answer (vouch.go).
 func (c *Cluster) rebuildRing() {
 	c.ringMu.Lock()
 	defer c.ringMu.Unlock()
-	alive := c.ml.Alive()
 	old := c.rings.Load()
+	alive := c.ringMembers(old.cur)
 	if slices.Equal(old.cur.Members(), alive) {
 		return
 	}
@@ -227,10 +247,33 @@ func (c *Cluster) rebuildRing() {
 	c.log.Info("ring", "members", alive, "version", r.Version(), "moved", partition.Moved(old.cur, r))
 	// Connections to members that left are of no further use.
 	for _, m := range c.ml.Members() {
-		if m.State == membership.Dead || m.State == membership.Left {
+		if (m.State == membership.Dead || m.State == membership.Left) && !slices.Contains(alive, m.Name) {
 			c.client.Forget(m.Meta.Peer)
 		}
 	}
+}
+
+// ringMembers are the members gossip sees alive, plus those on the ring cur
+// that gossip declared dead (not left) but that the voucher keeps.
+func (c *Cluster) ringMembers(cur *partition.Ring) []string {
+	alive := c.ml.Alive()
+	deadOnRing := map[string]bool{}
+	for _, name := range cur.Members() {
+		if slices.Contains(alive, name) {
+			continue
+		}
+		m, ok := c.ml.Get(name)
+		if !ok || m.State != membership.Dead {
+			continue
+		}
+		deadOnRing[name] = true
+		if c.vouch.keep(name, m.Meta.Peer) {
+			alive = append(alive, name)
+		}
+	}
+	c.vouch.prune(deadOnRing)
+	slices.Sort(alive)
+	return alive
 }
 
 // watch follows membership: it rebuilds the ring on every change, and on the
@@ -244,6 +287,8 @@ func (c *Cluster) watch() {
 		select {
 		case <-c.stop:
 			return
+		case <-c.recheck:
+			c.rebuildRing()
 		case <-c.ml.Changed():
 			c.rebuildRing()
 			select {

@@ -15,7 +15,7 @@ import (
 
 func (c *Cluster) peerAddr(name string) (string, bool) {
 	m, ok := c.ml.Get(name)
-	if !ok || m.State != membership.Alive || m.Meta.Peer == "" {
+	if !ok || m.Meta.Peer == "" || (m.State != membership.Alive && !(m.State == membership.Dead && c.vouch.kept(name))) {
 		return "", false
 	}
 	return m.Meta.Peer, true

@@ -229,6 +229,76 @@ func TestHostsPartitionedNodeComesBack(t *testing.T) {
 	})
 }
 
+// A host whose gossip falls silent while its node runs on is declared dead,
+// but the others ask it directly before moving its items: it stays on their
+// rings, serving what it holds, so reading the whole dataset costs no
+// storage read; it leaves their rings only when gossip has not seen it for
+// the voucher's limit, and comes back when its gossip does.
+func TestHostsSilentGossipKeepsItsItems(t *testing.T) {
+	const items = 400
+	tb := newTestbed(t, 4, "10gbit")
+	dir, files := dataset(t, items, 8192)
+	nodes := startOnHosts(t, tb.hosts, hostOpts{defaultTimers: true})
+	awaitConverged(t, nodes, names(nodes), 60*time.Second)
+	register(t, nodes[0], "ds", dir)
+	warmAll(t, nodes, "ds", items)
+
+	mute, rest := nodes[2], slices.Concat(nodes[:2], nodes[3:])
+	vouched, rings := map[string]float64{}, map[string]float64{}
+	for _, n := range rest {
+		vouched[n.name] = metric(t, n, "stallfree_members_vouched_total")
+		rings[n.name] = metric(t, n, "stallfree_ring_changes_total")
+	}
+	_, port, _ := strings.Cut(mute.gossip, ":")
+	mutedAt := time.Now()
+	mute.host.muteGossip(port)
+	awaitConverged(t, rest, names(rest), 60*time.Second)
+	waitFor(t, 30*time.Second, "every other node to vouch for the silent member", func() bool {
+		for _, n := range rest {
+			if metric(t, n, "stallfree_members_vouched_total") < vouched[n.name]+1 {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("FIGURE silent gossip: the 3 others declared %s dead and kept it on their rings %.2fs after it fell silent",
+		mute.name, time.Since(mutedAt).Seconds())
+	sources := sumStats(t, nodes).SourceReads
+	for _, n := range rest {
+		if err := readAll(context.Background(), n, "ds", files, items, 3); err != nil {
+			t.Fatalf("while %s is silent: %v", mute.name, err)
+		}
+		if got := metric(t, n, "stallfree_ring_changes_total"); got != rings[n.name] {
+			t.Fatalf("%s rebuilt its ring %v times while the silent member still answered", n.name, got-rings[n.name])
+		}
+	}
+	if got := sumStats(t, nodes).SourceReads; got != sources {
+		t.Fatalf("%d storage reads while the silent member was kept: its items should have come from it", got-sources)
+	}
+	// Gossip stays silent: the others drop it after the voucher's limit.
+	waitFor(t, 60*time.Second, "the silent member to leave every ring", func() bool {
+		for _, n := range rest {
+			if metric(t, n, "stallfree_ring_changes_total") < rings[n.name]+1 {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("FIGURE silent gossip: dropped from every ring %.2fs after it fell silent", time.Since(mutedAt).Seconds())
+	for _, n := range rest {
+		if err := readAll(context.Background(), n, "ds", files, items, 4); err != nil {
+			t.Fatalf("after %s left the rings: %v", mute.name, err)
+		}
+	}
+	mute.host.unmuteGossip()
+	awaitConverged(t, nodes, names(nodes), 90*time.Second)
+	for _, n := range nodes {
+		if err := readAll(context.Background(), n, "ds", files, items, 5); err != nil {
+			t.Fatalf("after %s's gossip came back: %v", mute.name, err)
+		}
+	}
+}
+
 // Members come and go (SIGTERM and SIGKILL, restarts on the same address)
 // while a loader reads through the stable ones: no read fails or returns
 // wrong bytes, and the cluster settles with each item held once.

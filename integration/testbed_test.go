@@ -143,6 +143,24 @@ func (h *testHost) cut() { h.tb.must("ip", "link", "set", h.outer, "down") }
 // heal puts it back.
 func (h *testHost) heal() { h.tb.must("ip", "link", "set", h.outer, "up") }
 
+// muteGossip drops every packet the host sends from or to port, UDP and TCP
+// alike (iptables in the host's namespace: this kernel has no tc drop
+// action): its gossip falls silent while its other ports keep working, as a
+// host too loaded to answer probes in time looks to the others. The rules
+// go with the namespace; unmuteGossip removes them before.
+func (h *testHost) muteGossip(port string) {
+	if _, err := exec.LookPath("iptables"); err != nil {
+		h.tb.t.Fatalf("testbed: muting a host's gossip needs iptables: %v", err)
+	}
+	for _, proto := range []string{"udp", "tcp"} {
+		for _, dir := range []string{"--sport", "--dport"} {
+			h.tb.must("ip", "netns", "exec", h.ns, "iptables", "-A", "OUTPUT", "-p", proto, dir, port, "-j", "DROP")
+		}
+	}
+}
+
+func (h *testHost) unmuteGossip() { h.tb.must("ip", "netns", "exec", h.ns, "iptables", "-F", "OUTPUT") }
+
 var sentBytes = regexp.MustCompile(`class htb 1:20 [^\n]*\n\s*Sent (\d+) bytes`)
 
 // crossHostBytes is what the host has sent to other hosts so far.

@@ -67,6 +67,7 @@ func (n *Node) registerMetrics() *prometheus.Registry {
 	counter("served_bytes_total", "Item bytes sent to HTTP clients.", &c.bytesServed)
 	peerCounter("peer_failures_total", "Peer fetches that failed and fell back to storage.", func(s cluster.Stats) uint64 { return s.PeerFailures })
 	peerCounter("ring_changes_total", "Rings rebuilt on membership changes since the node started.", func(s cluster.Stats) uint64 { return s.RingChanges })
+	peerCounter("members_vouched_total", "Members gossip declared dead that answered this node directly and stayed on its ring.", func(s cluster.Stats) uint64 { return s.MembersVouched })
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "stallfree_loader_wait_seconds_total",
 		Help: "Total time training loops reported waiting for data."},
 		func() float64 { return float64(c.loaderWaitNs.Load()) / 1e9 }))

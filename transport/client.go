@@ -182,6 +182,30 @@ func (c *Client) Push(ctx context.Context, addr string, req *Request) (kept []bo
 	return kept, nil
 }
 
+// Ping proves that the process behind addr is running and holds the key.
+// It opens a connection of its own, outside the pool: the handshake needs
+// the peer to answer, which a pooled connection (or a listening socket, whose
+// backlog completes TCP's handshake even for a stopped process) does not.
+func (c *Client) Ping(ctx context.Context, addr string) error {
+	d := net.Dialer{Timeout: DialTimeout}
+	nc, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return fmt.Errorf("transport: ping %s: %w", addr, err)
+	}
+	defer nc.Close()
+	// The handshake sets its own deadline; closing the connection is what
+	// holds it to ctx.
+	stop := context.AfterFunc(ctx, func() { nc.Close() })
+	defer stop()
+	if err := clientHandshake(nc, c.key); err != nil {
+		if ctx.Err() != nil {
+			err = ctx.Err()
+		}
+		return fmt.Errorf("transport: ping %s: %w", addr, err)
+	}
+	return nil
+}
+
 func (c *Client) conn(ctx context.Context, addr string) (*conn, error) {
 	c.mu.Lock()
 	if c.closed {

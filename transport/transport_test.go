@@ -377,3 +377,41 @@ func TestRecycledResultsStayExact(t *testing.T) {
 		t.Fatal("Recycle touched a result that shares its buffer")
 	}
 }
+
+// Ping answers only for a running peer with the key: a listening socket that
+// never answers (a stopped process) fails at the caller's deadline, a closed
+// port and a stranger fail at once, and no ping reaches the handler.
+func TestPingNeedsAnAnsweringPeer(t *testing.T) {
+	addr, calls := serve(t, key)
+	c := NewClient(key)
+	defer c.Close()
+	if err := c.Ping(context.Background(), addr); err != nil {
+		t.Fatalf("a running peer: %v", err)
+	}
+	stranger, _ := serve(t, []byte("imposter"))
+	if err := c.Ping(context.Background(), stranger); !errors.Is(err, ErrAuth) {
+		t.Fatalf("a peer without the key: %v, want ErrAuth", err)
+	}
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close() // accepts by the kernel's backlog, never answers
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := c.Ping(ctx, silent.Addr().String()); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a silent listener: %v, want the caller's deadline", err)
+	}
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closedAddr := closed.Addr().String()
+	closed.Close()
+	if err := c.Ping(context.Background(), closedAddr); err == nil {
+		t.Fatal("a closed port answered a ping")
+	}
+	if calls.Load() != 0 {
+		t.Fatalf("%d pings reached the handler", calls.Load())
+	}
+}

@@ -1,0 +1,130 @@
+package cluster
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// A member that gossip declares dead is often still running: a host starved
+// of CPU (preprocessing, a collection, 32 nodes on 2 cores in the testbed)
+// misses its probes, and its refutation arrives after the suspicion timer.
+// Every ring change moves 1/n of the items, and such a flap changes the ring
+// twice (out, then back in), each new owner refilling its share. So before
+// the ring drops a member, it asks the member directly: a member whose peer
+// transport completes a handshake stays on the ring, and is asked again
+// every interval, until gossip sees it alive again or max has passed. A
+// crashed member refuses the connection and leaves the ring at once; one cut
+// off leaves it after timeout.
+type voucher struct {
+	ping                   func(ctx context.Context, addr string) error
+	timeout, interval, max time.Duration
+	kick                   func() // a verdict came in: rebuild the ring
+	log                    *slog.Logger
+
+	ctx    context.Context // ends the pings when the node leaves
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu     sync.Mutex
+	held   map[string]*hold
+	closed bool
+	// vouched counts the holds begun on a member that answered.
+	vouched atomic.Uint64
+}
+
+type hold struct {
+	since time.Time
+	// answered: the last ping succeeded; gone: a ping failed or max passed.
+	// Neither yet: the first ping is under way, and the member stays.
+	answered, gone bool
+}
+
+// keep reports whether member name, which gossip has declared dead and which
+// is on the current ring, stays on it for now. The first call starts asking
+// the member at addr; the answer comes back through kick.
+func (v *voucher) keep(name, addr string) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	h, ok := v.held[name]
+	if !ok {
+		if addr == "" || v.closed {
+			return false
+		}
+		h = &hold{since: time.Now()}
+		v.held[name] = h
+		v.wg.Add(1)
+		go v.ask(name, addr, h)
+	}
+	return !h.gone
+}
+
+// close stops the pings under way and waits for them.
+func (v *voucher) close() {
+	v.mu.Lock()
+	v.closed = true
+	v.mu.Unlock()
+	v.cancel()
+	v.wg.Wait()
+}
+
+// kept reports whether a member gossip declared dead is being kept on the
+// ring because it answered, so its peer address may still be used.
+func (v *voucher) kept(name string) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	h, ok := v.held[name]
+	return ok && h.answered && !h.gone
+}
+
+// prune forgets the holds of members no longer dead on the ring (alive
+// again, left, or dropped), so a later death is asked about afresh.
+func (v *voucher) prune(deadOnRing map[string]bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for name := range v.held {
+		if !deadOnRing[name] {
+			delete(v.held, name)
+		}
+	}
+}
+
+// ask pings a held member until it fails to answer, max passes, or the hold
+// is forgotten.
+func (v *voucher) ask(name, addr string, h *hold) {
+	defer v.wg.Done()
+	for first := true; ; first = false {
+		ctx, cancel := context.WithTimeout(v.ctx, v.timeout)
+		err := v.ping(ctx, addr)
+		cancel()
+		v.mu.Lock()
+		if v.held[name] != h || v.closed {
+			v.mu.Unlock()
+			return
+		}
+		expired := time.Since(h.since) >= v.max
+		h.answered, h.gone = err == nil && !expired, err != nil || expired
+		v.mu.Unlock()
+		switch {
+		case err != nil:
+			v.log.Info("member declared dead does not answer; dropping it from the ring", "member", name, "err", err)
+		case expired:
+			v.log.Warn("member declared dead still answers, but gossip has not seen it for too long; dropping it from the ring",
+				"member", name, "held", v.max)
+		case first:
+			v.vouched.Add(1)
+			v.log.Info("member declared dead still answers; keeping it on the ring", "member", name)
+		}
+		if h.gone {
+			v.kick()
+			return
+		}
+		select {
+		case <-v.ctx.Done():
+			return
+		case <-time.After(v.interval):
+		}
+	}
+}
