@@ -560,7 +560,8 @@ func runEpoch(t *testing.T, tb *testbed, nodes []*proc, job, mode string, batch 
 		t.Logf("%s epoch: %.0f rings rebuilt during it, summed over the nodes (a member flapping)", mode, rings)
 	}
 	if reads := after.SourceReads - before.SourceReads; reads > 0 {
-		t.Logf("%s epoch read %d items from storage", mode, reads)
+		t.Logf("%s epoch read %d items from storage; %d peer fetches failed (timed out or refused) and fell back to it; %d evictions; %d items cached before, %d after",
+			mode, reads, after.PeerFailures-before.PeerFailures, after.Evictions-before.Evictions, before.ItemsCached, after.ItemsCached)
 		if reads > uint64(len(files)/100) {
 			t.Fatalf("%s epoch on a warm cluster read storage %d times", mode, reads)
 		}

@@ -182,3 +182,36 @@ func TestBoundedDrawIsStable(t *testing.T) {
 		t.Fatalf("Permutation(12, 7, 3) = %v; it changed (was %v)", p, want)
 	}
 }
+
+// The smallest layouts are valid (one rank, batches of one), and two ranks
+// on one node share its samples between them: neither is left to read
+// remotely while the other has room.
+func TestAssignOneRankAndSharedNodes(t *testing.T) {
+	perm := Permutation(40, 1, 0)
+	owner := func(i int32) string { return []string{"a", "b"}[i%2] }
+	p, err := Assign(perm, 1, 1, []string{"a"}, owner)
+	if err != nil {
+		t.Fatalf("one rank, batches of one: %v", err)
+	}
+	if !slices.Equal(p.Ranks[0], perm) {
+		t.Fatalf("a single rank's order %v is not the permutation %v", p.Ranks[0], perm)
+	}
+	// Two ranks on each of two nodes, in global minibatches of 8 holding
+	// 4 items of each node (the identity order alternates owners): every
+	// rank is filled with its own node's items.
+	identity := make([]int32, 40)
+	for i := range identity {
+		identity[i] = int32(i)
+	}
+	p, err = Assign(identity, 4, 2, []string{"a", "a", "b", "b"}, owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r, node := range []string{"a", "a", "b", "b"} {
+		for _, i := range p.Ranks[r] {
+			if owner(i) != node {
+				t.Fatalf("rank %d on %s got item %d of %s (remote %v)", r, node, i, owner(i), p.Remote)
+			}
+		}
+	}
+}

@@ -39,24 +39,75 @@ func TestExpectedRemoteMatchesAssign(t *testing.T) {
 			}
 			want := ExpectedRemote(share, demand)
 			closed := math.Sqrt((1-1/float64(c.k))/float64(c.b)) / math.Sqrt(2*math.Pi)
-			if math.Abs(want-closed) > 1e-9 {
+			if !near(want, closed, 1e-9) {
 				t.Fatalf("model %.5f, closed form %.5f", want, closed)
 			}
 			t.Logf("k=%d b=%d: measured %.4f, model %.4f", c.k, c.b, got, want)
 			// The normal approximation is coarse for small batches; the
 			// per-step shortfalls average over 200 steps.
-			if math.Abs(got-want) > 0.25*want+0.005 {
+			if !near(got, want, 0.25*want+0.005) {
 				t.Fatalf("measured remote fraction %.4f, model %.4f", got, want)
 			}
 		})
 	}
 	// All owned by one of two nodes with equal demand: half is remote.
-	if got := ExpectedRemote([]float64{1, 0}, []int{8, 8}); math.Abs(got-0.5) > 1e-9 {
+	if got := ExpectedRemote([]float64{1, 0}, []int{8, 8}); !near(got, 0.5, 1e-9) {
 		t.Fatalf("one node owning everything: %.3f remote, want 0.5", got)
 	}
 	if !math.IsNaN(ExpectedRemote([]float64{1}, []int{1, 2})) {
 		t.Fatal("mismatched shares and demands must give NaN")
 	}
+	if !math.IsNaN(ExpectedRemote([]float64{0.5, 0.5}, []int{0, 0})) {
+		t.Fatal("no demand must give NaN")
+	}
+}
+
+// near is false for NaN, so a model that returns NaN fails every check
+// written with it (a check written as "differs by more than" would pass).
+func near(a, b, tol float64) bool { return math.Abs(a-b) <= tol }
+
+// Unequal shares and demands (where the shortfall's mean term is not zero)
+// against the exact expectation over the binomial: with G in the hundreds
+// the normal approximation is within a few percent of it.
+func TestExpectedRemoteUnequalSharesMatchesBinomial(t *testing.T) {
+	for _, c := range []struct {
+		share  []float64
+		demand []int
+	}{
+		{[]float64{0.6, 0.4}, []int{100, 100}},
+		{[]float64{0.2, 0.3, 0.5}, []int{96, 96, 96}},
+		{[]float64{0.25, 0.25, 0.5}, []int{64, 128, 64}},
+		{[]float64{0.7, 0.3}, []int{300, 100}},
+	} {
+		g := 0
+		for _, d := range c.demand {
+			g += d
+		}
+		exact := 0.0
+		for i, p := range c.share {
+			exact += expectedShortfall(g, p, c.demand[i])
+		}
+		exact /= float64(g)
+		got := ExpectedRemote(c.share, c.demand)
+		t.Logf("shares %v demands %v: model %.4f, exact %.4f", c.share, c.demand, got, exact)
+		if !near(got, exact, 0.05*exact) {
+			t.Errorf("shares %v demands %v: model %.4f, exact binomial %.4f", c.share, c.demand, got, exact)
+		}
+	}
+}
+
+// expectedShortfall is E[max(0, d − X)] for X ~ Binomial(g, p), summed
+// exactly (log-space terms, so large g does not overflow).
+func expectedShortfall(g int, p float64, d int) float64 {
+	sum := 0.0
+	for x := 0; x < d && x <= g; x++ {
+		lg, _ := math.Lgamma(float64(g + 1))
+		lx, _ := math.Lgamma(float64(x + 1))
+		lr, _ := math.Lgamma(float64(g - x + 1))
+		logP := lg - lx - lr + float64(x)*math.Log(p) + float64(g-x)*math.Log1p(-p)
+		sum += float64(d-x) * math.Exp(logP)
+	}
+	return sum
 }
 
 func mix(x uint64) uint64 {

@@ -4,7 +4,6 @@ package partition
 
 import (
 	"fmt"
-	"math"
 	"slices"
 	"strings"
 
@@ -52,8 +51,10 @@ func New(members []string) (*Ring, error) {
 	if len(ms) == 0 {
 		return r, nil
 	}
-	// consistent panics when ceil(P/N*Load)*N < P (integer division first).
-	if n := len(ms); PartitionCount < n || int(math.Ceil(float64(PartitionCount/n)*Load))*n < PartitionCount {
+	// consistent panics when ceil(P/N*Load)*N < P (integer division first);
+	// with Load > 1 that happens only beyond P members
+	// (TestEveryMemberCountUpToPartitionsFits checks the constants).
+	if n := len(ms); n > PartitionCount {
 		return nil, fmt.Errorf("partition: %d members do not fit %d partitions", n, PartitionCount)
 	}
 	cms := make([]consistent.Member, len(ms))

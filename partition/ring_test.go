@@ -88,11 +88,45 @@ func TestBalanced(t *testing.T) {
 				t.Fatal(err)
 			}
 			fair := 1 / float64(n)
-			for m, s := range ring.Shares() {
+			shares, sum := ring.Shares(), 0.0
+			for _, s := range shares {
+				sum += s
+			}
+			if len(shares) != n || math.Abs(sum-1) > 1e-9 {
+				t.Fatalf("%d nodes: shares %v (sum %v), want one per member summing to 1", n, shares, sum)
+			}
+			for m, s := range shares {
 				if s < 0.9*fair || s > Load*fair+1.0/PartitionCount {
 					t.Errorf("%d nodes: %s owns %.4f (fair %.4f)", n, m, s, fair)
 				}
 			}
 		}
+	}
+}
+
+// consistent panics unless ceil(P/n·Load)·n ≥ P (integer division first);
+// New relies on that holding for every member count up to P.
+func TestEveryMemberCountUpToPartitionsFits(t *testing.T) {
+	for n := 1; n <= PartitionCount; n++ {
+		if int(math.Ceil(float64(PartitionCount/n)*Load))*n < PartitionCount {
+			t.Fatalf("%d members: consistent would panic with P=%d, Load=%v", n, PartitionCount, Load)
+		}
+	}
+}
+
+// More members than partitions are refused, not a panic (a ring of exactly
+// P members is valid but takes minutes to build, so it is not built here). An
+// empty ring owns nothing and has no shares.
+func TestMemberLimit(t *testing.T) {
+	ms := make([]string, PartitionCount+1)
+	for i := range ms {
+		ms[i] = fmt.Sprintf("m%d", i)
+	}
+	if _, err := New(ms); err == nil {
+		t.Fatalf("%d members accepted", len(ms))
+	}
+	empty, err := New(nil)
+	if err != nil || !empty.Empty() || empty.Owner("d", "k") != "" || len(empty.Shares()) != 0 {
+		t.Fatalf("empty ring: %v, owner %q, shares %v", err, empty.Owner("d", "k"), empty.Shares())
 	}
 }
