@@ -2,8 +2,10 @@ package clusterauth
 
 import (
 	"errors"
+	"io"
 	"net"
 	"testing"
+	"time"
 )
 
 func handshake(t *testing.T, clientKey, serverKey []byte) (clientErr, serverErr error) {
@@ -48,5 +50,74 @@ func TestDerive(t *testing.T) {
 	}
 	if string(Derive([]byte("s"), "a")) == string(Derive([]byte("s"), "b")) {
 		t.Fatal("two labels derive the same key")
+	}
+}
+
+// Something that does not open with the magic is refused as not a node,
+// before the server says anything.
+func TestWrongMagicRefused(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	done := make(chan error, 1)
+	go func() { done <- Server(b, Derive([]byte("secret"), "raft")) }()
+	go a.Write(append([]byte("GET "), make([]byte, nonceLen)...))
+	if err := <-done; !errors.Is(err, ErrAuth) {
+		t.Fatalf("a stranger's opening: %v, want ErrAuth", err)
+	}
+}
+
+// Dial connects and proves the key; with the wrong key it fails and closes
+// the connection (the server sees it end); a closed port fails to connect.
+func TestDial(t *testing.T) {
+	k := Derive([]byte("secret"), "raft")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	results := make(chan error, 2)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				err := Server(c, k)
+				if err == nil {
+					_, err = c.Write([]byte("ok"))
+				}
+				results <- err
+			}()
+		}
+	}()
+	c, err := Dial(ln.Addr().String(), time.Second, k)
+	if err != nil {
+		t.Fatalf("dial with the key: %v", err)
+	}
+	buf := make([]byte, 2)
+	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "ok" {
+		t.Fatalf("after the handshake: %q, %v", buf, err)
+	}
+	c.Close()
+	if err := <-results; err != nil {
+		t.Fatalf("server side of a good dial: %v", err)
+	}
+	if _, err := Dial(ln.Addr().String(), time.Second, Derive([]byte("other"), "raft")); !errors.Is(err, ErrAuth) {
+		t.Fatalf("dial with another key: %v, want ErrAuth", err)
+	}
+	if err := <-results; err == nil {
+		t.Fatal("the server accepted a dial with another key")
+	}
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := closed.Addr().String()
+	closed.Close()
+	if _, err := Dial(addr, time.Second, k); err == nil {
+		t.Fatal("dialled a closed port")
 	}
 }
