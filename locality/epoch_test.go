@@ -122,6 +122,9 @@ func TestPlanEpochFiles(t *testing.T) {
 	if got := ep.RemoteFrom(1, 4); got != 30 {
 		t.Fatalf("a rank on no node: %d of 30 units remote", got)
 	}
+	if got := ep.RemoteFrom(0, 0); got != 34 {
+		t.Fatalf("rank 0 on no node: %d of 34 units remote", got)
+	}
 }
 
 // A tar dataset is planned by sample: each sample's members share its step,

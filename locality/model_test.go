@@ -68,7 +68,7 @@ func near(a, b, tol float64) bool { return math.Abs(a-b) <= tol }
 
 // Unequal shares and demands (where the shortfall's mean term is not zero)
 // against the exact expectation over the binomial: with G in the hundreds
-// the normal approximation is within a few percent of it.
+// the normal approximation is within 1% of it.
 func TestExpectedRemoteUnequalSharesMatchesBinomial(t *testing.T) {
 	for _, c := range []struct {
 		share  []float64
@@ -78,6 +78,9 @@ func TestExpectedRemoteUnequalSharesMatchesBinomial(t *testing.T) {
 		{[]float64{0.2, 0.3, 0.5}, []int{96, 96, 96}},
 		{[]float64{0.25, 0.25, 0.5}, []int{64, 128, 64}},
 		{[]float64{0.7, 0.3}, []int{300, 100}},
+		// Demand within a deviation or two of the mean: both terms count.
+		{[]float64{0.55, 0.45}, []int{100, 100}},
+		{[]float64{0.26, 0.24, 0.25, 0.25}, []int{64, 64, 64, 64}},
 	} {
 		g := 0
 		for _, d := range c.demand {
@@ -89,8 +92,8 @@ func TestExpectedRemoteUnequalSharesMatchesBinomial(t *testing.T) {
 		}
 		exact /= float64(g)
 		got := ExpectedRemote(c.share, c.demand)
-		t.Logf("shares %v demands %v: model %.4f, exact %.4f", c.share, c.demand, got, exact)
-		if !near(got, exact, 0.05*exact) {
+		t.Logf("shares %v demands %v: model %.6f, exact %.6f", c.share, c.demand, got, exact)
+		if !near(got, exact, 0.01*exact) {
 			t.Errorf("shares %v demands %v: model %.4f, exact binomial %.4f", c.share, c.demand, got, exact)
 		}
 	}
