@@ -121,3 +121,25 @@ func TestDial(t *testing.T) {
 		t.Fatal("dialled a closed port")
 	}
 }
+
+// A client that ignores the server's proof and answers with a made-up one
+// (as an attacker replaying half a handshake would) is refused by the server.
+func TestForgedClientProofRefused(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	done := make(chan error, 1)
+	go func() { done <- Server(b, Derive([]byte("secret"), "raft")) }()
+	if _, err := a.Write(append([]byte(magic), make([]byte, nonceLen)...)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(a, make([]byte, nonceLen+macLen)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Write(make([]byte, macLen)); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, ErrAuth) {
+		t.Fatalf("a forged client proof: %v, want ErrAuth", err)
+	}
+}

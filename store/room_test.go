@@ -114,3 +114,33 @@ func TestArenaExactFitLeavesNoHole(t *testing.T) {
 		t.Fatalf("a full arena keeps %d free extents (%d bytes)", a.bySize.Len(), a.freeBytes)
 	}
 }
+
+// MakeRoom charges what Put will: in a store with room for one item and a
+// little more, making room for a second evicts the first; bytes evicted
+// but still pinned are not counted twice; an exact fit gets its room.
+func TestMakeRoomChargesLikePut(t *testing.T) {
+	const size = 4096
+	charge := uint64(size + EntryOverhead)
+	s := mustNew(t, 2*charge-100, NewLRU())
+	a := MakeKey(1, 0)
+	put(t, s, a, item(0, size))
+	if !s.MakeRoom(MakeKey(1, 1), size) || s.Contains(a) || s.Stats().Evicted != 1 {
+		t.Fatalf("room for a second item of %d bytes: a held %v, %d evicted; want a evicted", size, s.Contains(a), s.Stats().Evicted)
+	}
+
+	s = mustNew(t, 2*charge, NewLRU())
+	b := MakeKey(1, 1)
+	put(t, s, a, item(0, size))
+	put(t, s, b, item(1, size))
+	ref, _ := s.Get(a)
+	defer ref.Release()
+	s.Delete(a) // evicted while pinned: its bytes are still charged, once
+	if !s.MakeRoom(MakeKey(1, 2), size) || !s.Contains(b) || s.Stats().Evicted != 0 {
+		t.Fatalf("room beside a pinned eviction: b held %v, %d evicted; want room without evicting b", s.Contains(b), s.Stats().Evicted)
+	}
+
+	s = mustNew(t, charge, NewLRU())
+	if !s.MakeRoom(a, size) {
+		t.Fatal("no room made for an item filling the store exactly")
+	}
+}
