@@ -82,6 +82,12 @@ func (n *Node) Plan(ctx context.Context, job string, epoch uint64) (*locality.Ep
 	if _, err := n.forward(ctx, fasthttp.MethodPost, path, nil, nil, 30*time.Second); err != nil {
 		return nil, fmt.Errorf("pinning epoch %d of %s: %w", epoch, job, err)
 	}
+	// The leader answers once the pin is committed; this node may apply it
+	// a moment later (a loaded follower lags by a few entries), and planning
+	// before that would send the request to the leader again for nothing.
+	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	n.cat.WaitFor(wctx, func() bool { _, ok := n.cat.EpochMembers(job, epoch); return ok })
 	return n.planHere(job, epoch)
 }
 
