@@ -131,18 +131,17 @@ func New(cfg Config, local Local, cat *catalog.Catalog, st *store.Store) *Cluste
 	empty, _ := partition.New(nil)
 	c.rings.Store(&ringPair{cur: empty})
 	c.recheck = make(chan struct{}, 1)
-	c.vouch = &voucher{ping: c.client.Ping, timeout: time.Second, interval: time.Second, max: 10 * time.Second,
-		kick: func() {
-			select {
-			case c.recheck <- struct{}{}:
-			default:
-			}
-		},
-		log: c.log, held: map[string]*hold{}}
-	c.vouch.ctx, c.vouch.cancel = context.WithCancel(context.Background())
-	if cfg.Fast {
-		c.vouch.timeout, c.vouch.interval, c.vouch.max = 300*time.Millisecond, 300*time.Millisecond, 3*time.Second
+	kick := func() {
+		select {
+		case c.recheck <- struct{}{}:
+		default:
+		}
 	}
+	pingTimeout, holdMax := time.Second, 10*time.Second
+	if cfg.Fast {
+		pingTimeout, holdMax = 300*time.Millisecond, 3*time.Second
+	}
+	c.vouch = newVoucher(c.client.Ping, pingTimeout, pingTimeout, holdMax, kick, c.log)
 	return c
 }
 
@@ -256,15 +255,18 @@ func (c *Cluster) rebuildRing() {
 // ringMembers are the members gossip sees alive, plus those on the ring cur
 // that gossip declared dead (not left) but that the voucher keeps.
 func (c *Cluster) ringMembers(cur *partition.Ring) []string {
-	alive := c.ml.Alive()
-	deadOnRing := map[string]bool{}
+	alive := c.ml.Alive() // sorted
+	var deadOnRing map[string]bool
 	for _, name := range cur.Members() {
-		if slices.Contains(alive, name) {
+		if _, found := slices.BinarySearch(alive, name); found {
 			continue
 		}
 		m, ok := c.ml.Get(name)
 		if !ok || m.State != membership.Dead {
 			continue
+		}
+		if deadOnRing == nil {
+			deadOnRing = map[string]bool{}
 		}
 		deadOnRing[name] = true
 		if c.vouch.keep(name, m.Meta.Peer) {

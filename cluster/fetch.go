@@ -15,7 +15,9 @@ import (
 
 func (c *Cluster) peerAddr(name string) (string, bool) {
 	m, ok := c.ml.Get(name)
-	if !ok || m.Meta.Peer == "" || (m.State != membership.Alive && !(m.State == membership.Dead && c.vouch.kept(name))) {
+	// A member gossip declared dead is still asked while the voucher keeps it.
+	usable := m.State == membership.Alive || (m.State == membership.Dead && c.vouch.kept(name))
+	if !ok || m.Meta.Peer == "" || !usable {
 		return "", false
 	}
 	return m.Meta.Peer, true

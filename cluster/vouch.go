@@ -35,6 +35,15 @@ type voucher struct {
 	vouched atomic.Uint64
 }
 
+// newVoucher asks members with ping, each ping within timeout, again every
+// interval, holding none longer than max; kick is called when a verdict
+// drops a member.
+func newVoucher(ping func(ctx context.Context, addr string) error, timeout, interval, max time.Duration, kick func(), log *slog.Logger) *voucher {
+	v := &voucher{ping: ping, timeout: timeout, interval: interval, max: max, kick: kick, log: log, held: map[string]*hold{}}
+	v.ctx, v.cancel = context.WithCancel(context.Background())
+	return v
+}
+
 type hold struct {
 	since time.Time
 	// answered: the last ping succeeded; gone: a ping failed or max passed.

@@ -33,11 +33,9 @@ func (f *fakePeers) set(addr string, up bool) {
 	f.mu.Unlock()
 }
 
-func newVoucher(t *testing.T, peers *fakePeers, max time.Duration) (*voucher, chan struct{}) {
+func testVoucher(t *testing.T, peers *fakePeers, max time.Duration) (*voucher, chan struct{}) {
 	kicks := make(chan struct{}, 16)
-	v := &voucher{ping: peers.ping, timeout: time.Second, interval: 5 * time.Millisecond, max: max,
-		kick: func() { kicks <- struct{}{} }, log: slog.New(slog.DiscardHandler), held: map[string]*hold{}}
-	v.ctx, v.cancel = context.WithCancel(context.Background())
+	v := newVoucher(peers.ping, time.Second, 5*time.Millisecond, max, func() { kicks <- struct{}{} }, slog.New(slog.DiscardHandler))
 	t.Cleanup(v.close)
 	return v, kicks
 }
@@ -64,7 +62,7 @@ func waitFor(t *testing.T, cond func() bool) {
 // usable; one that does not answer leaves it; both are asked, not assumed.
 func TestVoucherKeepsOnlyMembersThatAnswer(t *testing.T) {
 	peers := &fakePeers{up: map[string]bool{"a:1": true}}
-	v, kicks := newVoucher(t, peers, time.Hour)
+	v, kicks := testVoucher(t, peers, time.Hour)
 	if !v.keep("a", "a:1") || !v.keep("b", "b:1") {
 		t.Fatal("a member is dropped before it was asked")
 	}
@@ -95,7 +93,7 @@ func TestVoucherKeepsOnlyMembersThatAnswer(t *testing.T) {
 // max; pruned (alive again) and then declared dead again, it is asked afresh.
 func TestVoucherHoldsAtMostMaxAndForgetsOnPrune(t *testing.T) {
 	peers := &fakePeers{up: map[string]bool{"a:1": true}}
-	v, kicks := newVoucher(t, peers, 50*time.Millisecond)
+	v, kicks := testVoucher(t, peers, 50*time.Millisecond)
 	v.keep("a", "a:1")
 	awaitKick(t, kicks)
 	if v.keep("a", "a:1") || v.kept("a") {
@@ -117,7 +115,7 @@ func TestVoucherHoldsAtMostMaxAndForgetsOnPrune(t *testing.T) {
 // Once closed, no member is held and no ping starts.
 func TestVoucherClosed(t *testing.T) {
 	peers := &fakePeers{up: map[string]bool{"a:1": true}}
-	v, _ := newVoucher(t, peers, time.Hour)
+	v, _ := testVoucher(t, peers, time.Hour)
 	v.close()
 	if v.keep("a", "a:1") {
 		t.Fatal("a closed voucher holds a member")

@@ -8,13 +8,20 @@ import (
 	"time"
 )
 
-func handshake(t *testing.T, clientKey, serverKey []byte) (clientErr, serverErr error) {
+// serverOnPipe runs Server with key on one end of a pipe until the test
+// ends; it returns the other end and the server's result.
+func serverOnPipe(t *testing.T, key []byte) (net.Conn, <-chan error) {
 	t.Helper()
 	a, b := net.Pipe()
-	defer a.Close()
-	defer b.Close()
+	t.Cleanup(func() { a.Close(); b.Close() })
 	done := make(chan error, 1)
-	go func() { done <- Server(b, serverKey) }()
+	go func() { done <- Server(b, key) }()
+	return a, done
+}
+
+func handshake(t *testing.T, clientKey, serverKey []byte) (clientErr, serverErr error) {
+	t.Helper()
+	a, done := serverOnPipe(t, serverKey)
 	clientErr = Client(a, clientKey)
 	if clientErr != nil {
 		a.Close() // the server is waiting for a proof that will not come
@@ -56,11 +63,7 @@ func TestDerive(t *testing.T) {
 // Something that does not open with the magic is refused as not a node,
 // before the server says anything.
 func TestWrongMagicRefused(t *testing.T) {
-	a, b := net.Pipe()
-	defer a.Close()
-	defer b.Close()
-	done := make(chan error, 1)
-	go func() { done <- Server(b, Derive([]byte("secret"), "raft")) }()
+	a, done := serverOnPipe(t, Derive([]byte("secret"), "raft"))
 	go a.Write(append([]byte("GET "), make([]byte, nonceLen)...))
 	if err := <-done; !errors.Is(err, ErrAuth) {
 		t.Fatalf("a stranger's opening: %v, want ErrAuth", err)
@@ -125,11 +128,7 @@ func TestDial(t *testing.T) {
 // A client that ignores the server's proof and answers with a made-up one
 // (as an attacker replaying half a handshake would) is refused by the server.
 func TestForgedClientProofRefused(t *testing.T) {
-	a, b := net.Pipe()
-	defer a.Close()
-	defer b.Close()
-	done := make(chan error, 1)
-	go func() { done <- Server(b, Derive([]byte("secret"), "raft")) }()
+	a, done := serverOnPipe(t, Derive([]byte("secret"), "raft"))
 	if _, err := a.Write(append([]byte(magic), make([]byte, nonceLen)...)); err != nil {
 		t.Fatal(err)
 	}

@@ -182,24 +182,26 @@ func detectionTimes(t *testing.T, nodes []*proc, gone string, d time.Duration) (
 	return ts[0], ts[len(ts)/2], ts[len(ts)-1]
 }
 
+// warmHosts starts a node on each of hosts test hosts with the default
+// timers, registers a dataset "ds" of items files of 8 KiB through the first
+// and warms it everywhere.
+func warmHosts(t *testing.T, hosts, items int) (nodes []*proc, dir string, files map[string][]byte) {
+	t.Helper()
+	tb := newTestbed(t, hosts, "10gbit")
+	dir, files = dataset(t, items, 8192)
+	nodes = startOnHosts(t, tb.hosts, hostOpts{defaultTimers: true})
+	awaitConverged(t, nodes, names(nodes), 60*time.Second)
+	register(t, nodes[0], "ds", dir)
+	warmAll(t, nodes, "ds", items)
+	return nodes, dir, files
+}
+
 // A host whose cable is pulled: the others route around it and fall back to
 // storage for what it held; put back, it rejoins and serves again.
 func TestHostsPartitionedNodeComesBack(t *testing.T) {
 	const items = 600
-	tb := newTestbed(t, 6, "10gbit")
-	dir, files := dataset(t, items, 8192)
-	nodes := startOnHosts(t, tb.hosts, hostOpts{defaultTimers: true})
-	awaitConverged(t, nodes, names(nodes), 60*time.Second)
-	register(t, nodes[0], "ds", dir)
-	warmAll(t, nodes, "ds", items)
-
-	cut := nodes[2]
-	var rest []*proc
-	for _, n := range nodes {
-		if n != cut {
-			rest = append(rest, n)
-		}
-	}
+	nodes, dir, files := warmHosts(t, 6, items)
+	cut, rest := nodes[2], slices.Concat(nodes[:2], nodes[3:])
 	cutAt := time.Now()
 	cut.host.cut()
 	awaitConverged(t, rest, names(rest), 60*time.Second)
@@ -236,13 +238,7 @@ func TestHostsPartitionedNodeComesBack(t *testing.T) {
 // the voucher's limit, and comes back when its gossip does.
 func TestHostsSilentGossipKeepsItsItems(t *testing.T) {
 	const items = 400
-	tb := newTestbed(t, 4, "10gbit")
-	dir, files := dataset(t, items, 8192)
-	nodes := startOnHosts(t, tb.hosts, hostOpts{defaultTimers: true})
-	awaitConverged(t, nodes, names(nodes), 60*time.Second)
-	register(t, nodes[0], "ds", dir)
-	warmAll(t, nodes, "ds", items)
-
+	nodes, _, files := warmHosts(t, 4, items)
 	mute, rest := nodes[2], slices.Concat(nodes[:2], nodes[3:])
 	vouched, rings := map[string]float64{}, map[string]float64{}
 	for _, n := range rest {

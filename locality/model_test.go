@@ -103,8 +103,8 @@ func TestExpectedRemoteUnequalSharesMatchesBinomial(t *testing.T) {
 // exactly (log-space terms, so large g does not overflow).
 func expectedShortfall(g int, p float64, d int) float64 {
 	sum := 0.0
+	lg, _ := math.Lgamma(float64(g + 1))
 	for x := 0; x < d && x <= g; x++ {
-		lg, _ := math.Lgamma(float64(g + 1))
 		lx, _ := math.Lgamma(float64(x + 1))
 		lr, _ := math.Lgamma(float64(g - x + 1))
 		logP := lg - lx - lr + float64(x)*math.Log(p) + float64(g-x)*math.Log1p(-p)

@@ -187,23 +187,31 @@ func (c *Client) Push(ctx context.Context, addr string, req *Request) (kept []bo
 // the peer to answer, which a pooled connection (or a listening socket, whose
 // backlog completes TCP's handshake even for a stopped process) does not.
 func (c *Client) Ping(ctx context.Context, addr string) error {
+	nc, err := connect(ctx, addr, c.key)
+	if err != nil {
+		return err
+	}
+	return nc.Close()
+}
+
+// connect dials addr and proves the key, both within ctx. The handshake sets
+// a deadline of its own, so closing the connection is what holds it to ctx.
+func connect(ctx context.Context, addr string, key []byte) (net.Conn, error) {
 	d := net.Dialer{Timeout: DialTimeout}
 	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return fmt.Errorf("transport: ping %s: %w", addr, err)
+		return nil, fmt.Errorf("transport: dial %s: %w", addr, err)
 	}
-	defer nc.Close()
-	// The handshake sets its own deadline; closing the connection is what
-	// holds it to ctx.
 	stop := context.AfterFunc(ctx, func() { nc.Close() })
-	defer stop()
-	if err := clientHandshake(nc, c.key); err != nil {
+	err = clientHandshake(nc, key)
+	if !stop() || err != nil {
+		nc.Close()
 		if ctx.Err() != nil {
-			err = ctx.Err()
+			err = ctx.Err() // the close above (or ctx's) is what ended the handshake
 		}
-		return fmt.Errorf("transport: ping %s: %w", addr, err)
+		return nil, fmt.Errorf("transport: %s: %w", addr, err)
 	}
-	return nil
+	return nc, nil
 }
 
 func (c *Client) conn(ctx context.Context, addr string) (*conn, error) {
@@ -262,21 +270,12 @@ type conn struct {
 }
 
 func dial(ctx context.Context, addr string, key []byte, bufs *bufpool.Pool) (*conn, error) {
-	d := net.Dialer{Timeout: DialTimeout}
 	dctx, cancel := context.WithTimeout(ctx, DialTimeout+handshakeTTL)
 	defer cancel()
-	nc, err := d.DialContext(dctx, "tcp", addr)
+	nc, err := connect(dctx, addr, key)
 	if err != nil {
-		return nil, fmt.Errorf("transport: dial %s: %w", addr, err)
+		return nil, err
 	}
-	if dl, ok := dctx.Deadline(); ok {
-		nc.SetDeadline(dl)
-	}
-	if err := clientHandshake(nc, key); err != nil {
-		nc.Close()
-		return nil, fmt.Errorf("transport: %s: %w", addr, err)
-	}
-	nc.SetDeadline(time.Time{})
 	cn := &conn{nc: nc, bw: bufio.NewWriterSize(nc, 64<<10), pending: map[uint64]chan response{}, bufs: bufs}
 	// A small read buffer: payload bytes beyond it go straight from the
 	// socket into the payload buffer instead of being copied through it.
