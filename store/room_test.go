@@ -144,3 +144,29 @@ func TestMakeRoomChargesLikePut(t *testing.T) {
 		t.Fatal("no room made for an item filling the store exactly")
 	}
 }
+
+// Two reservations made before either Put each count against the budget:
+// the second one evicts, and both Puts then fit without evicting more.
+func TestReservationsCountTogether(t *testing.T) {
+	const size = 4096
+	s := mustNew(t, uint64(2*(size+EntryOverhead)), NewLRU())
+	a, b, c := MakeKey(1, 0), MakeKey(1, 1), MakeKey(1, 2)
+	put(t, s, a, item(0, size))
+	if !s.MakeRoom(b, size) || s.Stats().Evicted != 0 {
+		t.Fatal("the first reservation in a half-empty store evicted or failed")
+	}
+	if !s.MakeRoom(c, size) {
+		t.Fatal("no room made for the second reservation")
+	}
+	if s.Contains(a) || s.Stats().Evicted != 1 {
+		t.Fatalf("the second reservation ignored the first: a held %v, %d evicted", s.Contains(a), s.Stats().Evicted)
+	}
+	for i, k := range []Key{b, c} {
+		if err := put(t, s, k, item(i+1, size)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !s.Contains(b) || !s.Contains(c) || s.Stats().Evicted != 1 {
+		t.Fatalf("the reserved Puts evicted again: %d evicted", s.Stats().Evicted)
+	}
+}
