@@ -24,10 +24,13 @@ const itemSize = 64
 // fakeHost is one node running one job of world size 1 over a dataset of
 // n items, filling items from memory.
 type fakeHost struct {
-	job   *catalog.Job
-	data  *catalog.Dataset
-	st    *store.Store
-	fills atomic.Int64
+	epoch  uint64              // the job's latest pinned epoch
+	pinned map[uint64][]string // epochs pinned to other members than "m"
+	gone   bool                // the job was deleted
+	job    *catalog.Job
+	data   *catalog.Dataset
+	st     *store.Store
+	fills  atomic.Int64
 }
 
 func newHost(t *testing.T, n, batch int) *fakeHost {
@@ -41,9 +44,19 @@ func newHost(t *testing.T, n, batch int) *fakeHost {
 	return &fakeHost{job: j, data: d}
 }
 
-func (h *fakeHost) Jobs() []*catalog.Job                         { return []*catalog.Job{h.job} }
-func (h *fakeHost) LatestEpoch(string) (uint64, bool)            { return 0, true }
-func (h *fakeHost) EpochMembers(string, uint64) ([]string, bool) { return []string{"m"}, true }
+func (h *fakeHost) Jobs() []*catalog.Job {
+	if h.gone {
+		return nil
+	}
+	return []*catalog.Job{h.job}
+}
+func (h *fakeHost) LatestEpoch(string) (uint64, bool) { return h.epoch, true }
+func (h *fakeHost) EpochMembers(_ string, e uint64) ([]string, bool) {
+	if m, ok := h.pinned[e]; ok {
+		return m, true
+	}
+	return []string{"m"}, true
+}
 func (h *fakeHost) Plan(_ string, e uint64) (*locality.EpochPlan, error) {
 	return locality.PlanEpoch(h.job, h.data, e, []string{"m"})
 }

@@ -163,6 +163,7 @@ func TestScheduleObserveMovesOnlyTheJobsConcerned(t *testing.T) {
 	if a.lastUse[1].Load() != 27 || b.lastUse[1].Load() != -1 || a.pos.Load() != 27 {
 		t.Fatalf("an anonymous request: last uses a %d, b %d; want 27 (due for a), -1 (not for b)", a.lastUse[1].Load(), b.lastUse[1].Load())
 	}
-	s.observe(1, 5, "") // past every job's items: nothing moves, nothing panics
+	s.observe(1, 2, "") // just past every job's items: nothing moves, nothing panics
+	s.observe(1, 5, "")
 	s.observe(7, 0, "")
 }
