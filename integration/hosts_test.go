@@ -420,6 +420,7 @@ func TestHostsEpochThroughput(t *testing.T) {
 			awaitConverged(t, nodes, names(nodes), 60*time.Second)
 			register(t, nodes[0], "ds", dir)
 			warmAll(t, nodes, "ds", items)
+			t.Logf("after the warm-up: %s", placement(t, nodes, "ds"))
 			job := api.Job{Name: "train", Dataset: "ds", Seed: 5, WorldSize: hosts, BatchSize: batch, Ranks: names(nodes)}
 			if _, err := nodes[0].c.PutJob(context.Background(), job); err != nil {
 				t.Fatal(err)
@@ -633,6 +634,47 @@ func warmAll(t *testing.T, nodes []*proc, ds string, items int) {
 		why += fmt.Sprintf("\n%s: cached %d, warm-up %+v %v", n.name, mustStats(t, n).ItemsCached, p, err)
 	}
 	t.Fatalf("timed out after 2m waiting for the warm-up of %s:%s", ds, why)
+}
+
+// placement describes where a dataset's items sit against where the
+// members think they belong: how many owner tables differ from the first
+// node's (the rings disagree), and per node the items it caches against the
+// items that table gives it. For failure messages and figures, not verdicts.
+func placement(t *testing.T, nodes []*proc, ds string) string {
+	t.Helper()
+	ctx := context.Background()
+	first, err := nodes[0].c.Owners(ctx, ds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	owned := map[string]int{}
+	for _, o := range first.Owners {
+		if int(o) < len(first.Members) {
+			owned[first.Members[o].Name]++
+		}
+	}
+	disagree, out := 0, ""
+	for _, n := range nodes {
+		own, err := n.c.Owners(ctx, ds)
+		if err != nil {
+			t.Fatal(err)
+		}
+		moved := 0
+		for i, o := range own.Owners {
+			if i < len(first.Owners) && (int(o) >= len(own.Members) || int(first.Owners[i]) >= len(first.Members) ||
+				own.Members[o].Name != first.Members[first.Owners[i]].Name) {
+				moved++
+			}
+		}
+		if moved > 0 || own.Ring != first.Ring {
+			disagree++
+			out += fmt.Sprintf("\n%s: ring %s with %d members, %d items owned elsewhere than by %s's table", n.name, own.Ring, len(own.Members), moved, nodes[0].name)
+		}
+		if c := mustStats(t, n).ItemsCached; c != owned[n.name] {
+			out += fmt.Sprintf("\n%s: caches %d items, owns %d", n.name, c, owned[n.name])
+		}
+	}
+	return fmt.Sprintf("%d of %d owner tables differ from %s's (ring %s, %d members)%s", disagree, len(nodes), nodes[0].name, first.Ring, len(first.Members), out)
 }
 
 // checkHeldOnceByOwner asks each item of its owner: a local hit with the
