@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"testing"
 	"time"
 
@@ -49,9 +50,12 @@ func entries(n int) []source.Entry {
 func TestRegisterRestartAndIdempotence(t *testing.T) {
 	dir, addr := t.TempDir(), freeAddr(t)
 	c := openLeader(t, dir, addr)
-	d, created, err := c.RegisterDataset("imgs", "dir:///data", entries(1000), 0)
+	d, created, err := c.RegisterDataset("imgs", "dir:///data", entries(1000), 3)
 	if err != nil || !created {
 		t.Fatalf("register: %v %v", created, err)
+	}
+	if d.Manifest.LeftOut != 3 {
+		t.Fatalf("%d left out, want the 3 the listing reported once", d.Manifest.LeftOut)
 	}
 	if d.Manifest.Len() != 1000 || d.Manifest.Key(7) != entries(1000)[7].Key {
 		t.Fatalf("manifest wrong")
@@ -89,6 +93,11 @@ func TestRegisterRestartAndIdempotence(t *testing.T) {
 	}
 	if _, ok := c2.Dataset("second"); !ok {
 		t.Fatal("log entries after the snapshot were lost")
+	}
+	// A lookup that misses on the leader asks again once the leader has
+	// applied everything before its term: that is settled here.
+	if !c2.settleAsLeader() || c2.settledTerm.Load() != c2.raft.CurrentTerm() {
+		t.Fatal("the leader did not settle its term")
 	}
 	if j, ok := c2.Job("j"); !ok || j.WorldSize != 2 {
 		t.Fatal("job lost")
@@ -148,8 +157,11 @@ func TestResizedJobKeepsItsPreviousGeneration(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.PinEpoch("j", 3, []string{"a", "b", "c", "d"}); err != nil {
-		t.Fatal(err)
+	if m, err := c.PinEpoch("j", 3, []string{"a", "b", "c", "d"}); err != nil || !slices.Equal(m, []string{"a", "b", "c", "d"}) {
+		t.Fatalf("pin: %v %v", m, err)
+	}
+	if m, err := c.PinEpoch("j", 3, []string{"a", "b"}); err != nil || len(m) != 4 {
+		t.Fatalf("a second pin of epoch 3: %v %v, want the first pin's 4 members", m, err)
 	}
 	same, err := c.PutJob(Job{Name: "j", Dataset: "imgs", Seed: 1, WorldSize: 4, BatchSize: 8, Ranks: []string{"a", "b", "c", "d"}})
 	if err != nil || same.Version != first.Version || same.Prev != nil {

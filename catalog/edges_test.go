@@ -1,0 +1,196 @@
+package catalog
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"slices"
+	"testing"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"stallfree/source"
+)
+
+// An empty manifest is a manifest: well formed, no items, nothing found.
+func TestEmptyManifest(t *testing.T) {
+	m := NewManifest(nil)
+	if !m.wellFormed() || m.Len() != 0 || m.Bytes() != 0 {
+		t.Fatalf("empty manifest: well formed %v, %d items, %d bytes", m.wellFormed(), m.Len(), m.Bytes())
+	}
+	if _, ok := m.Index("a"); ok {
+		t.Fatal("a key found in an empty manifest")
+	}
+}
+
+// Tags survive when the first entries have none, and the manifest's size
+// counts every part it holds.
+func TestTagsAndBytes(t *testing.T) {
+	es := frontCodingKeys(20)
+	for i := 3; i < len(es); i++ {
+		es[i].Tag = uint64(1000 + i)
+	}
+	m := NewManifest(es)
+	for i, want := range es {
+		if got := m.Entry(i); got != want {
+			t.Fatalf("entry %d: %+v, want %+v", i, got, want)
+		}
+	}
+	if want := len(m.Blocks) + len(m.Starts) + 4*len(es) + 8*len(es); m.Bytes() != int64(want) {
+		t.Fatalf("a tagged manifest: %d bytes, want %d", m.Bytes(), want)
+	}
+	tar := NewManifest(tarEntries())
+	tar.seal()
+	n := len(tarEntries())
+	if want := len(tar.Blocks) + len(tar.Starts) + 4*n + 4*n + 8*n + 4*(len(tar.tar.byKey)+len(tar.tar.samples)); tar.Bytes() != int64(want) {
+		t.Fatalf("a tar manifest: %d bytes, want %d", tar.Bytes(), want)
+	}
+}
+
+// Lookups of keys that are not there, past the last key of every block and
+// of the whole manifest, and in a tar manifest past its last key, find
+// nothing; every key that is there is found.
+func TestIndexMisses(t *testing.T) {
+	es := frontCodingKeys(3*manifestBlock + 5)
+	m := NewManifest(es)
+	for b := 0; b*manifestBlock < len(es); b++ {
+		last := es[min((b+1)*manifestBlock, len(es))-1].Key
+		if x, ok := m.Index(last + "\x00"); ok {
+			t.Fatalf("a key after block %d's last found at %d", b, x)
+		}
+	}
+	if _, ok := m.Index("zzz"); ok {
+		t.Fatal("a key after every key found")
+	}
+	tar := NewManifest(tarEntries())
+	tar.seal()
+	if _, ok := tar.Index("zzz"); ok {
+		t.Fatal("a key after every tar member found")
+	}
+}
+
+// A tar member whose name is a prefix of the member before it (archive
+// order is not sorted) is coded and found.
+func TestTarMemberPrefixOfTheOneBefore(t *testing.T) {
+	es := tarEntries()[:3]
+	es[1].Key = es[0].Key[:len(es[0].Key)-1]
+	m := NewManifest(es)
+	m.seal()
+	if !m.wellFormed() {
+		t.Fatal("not well formed")
+	}
+	for i, e := range es {
+		if m.Key(i) != e.Key {
+			t.Fatalf("key %d: %q, want %q", i, m.Key(i), e.Key)
+		}
+	}
+}
+
+// A chunk joined to a manifest that does not end on a block boundary (an
+// earlier version's chunking) is coded key by key, and comes out whole.
+func TestUnalignedChunkJoins(t *testing.T) {
+	es := frontCodingKeys(2*manifestBlock + 9)
+	for _, cut := range []int{5, manifestBlock + 3} {
+		m := NewManifest(es[:cut])
+		m.appendChunk(NewManifest(es[cut:]))
+		if !m.wellFormed() || m.Len() != len(es) {
+			t.Fatalf("cut at %d: well formed %v, %d items", cut, m.wellFormed(), m.Len())
+		}
+		for i, e := range es {
+			if m.Key(i) != e.Key || m.Size(i) != e.Size {
+				t.Fatalf("cut at %d, item %d: %q of %d bytes, want %q of %d", cut, i, m.Key(i), m.Size(i), e.Key, e.Size)
+			}
+		}
+		// Coded against the key before, as if it had never been cut.
+		if whole := NewManifest(es); !bytes.Equal(m.Blocks, whole.Blocks) {
+			t.Fatalf("cut at %d: %d bytes of blocks, %d uncut", cut, len(m.Blocks), len(whole.Blocks))
+		}
+	}
+}
+
+// wellFormed at each of its bounds: exactly at the limit passes, one past
+// it does not.
+func TestWellFormedBounds(t *testing.T) {
+	m := NewManifest(frontCodingKeys(3))
+	binary.LittleEndian.PutUint32(m.Sizes, source.MaxItemSize)
+	if !m.wellFormed() {
+		t.Fatal("an item of exactly MaxItemSize bytes is refused")
+	}
+	m = NewManifest(frontCodingKeys(3))
+	m.Tags = make([]uint64, 3)
+	if !m.wellFormed() {
+		t.Fatal("a tag per item is refused")
+	}
+	m.Tags = m.Tags[:2]
+	if m.wellFormed() {
+		t.Fatal("fewer tags than items is well formed")
+	}
+	c := NewManifest(tarEntries()[:12]) // two shards
+	c.ShardOf[0] = uint32(len(c.Shards) - 1)
+	if !c.wellFormed() {
+		t.Fatal("an item of the chunk's last shard is refused")
+	}
+	c.ShardOf[0] = uint32(len(c.Shards))
+	if c.wellFormed() {
+		t.Fatal("an item of the shard just past the chunk's list is well formed")
+	}
+
+	// Two keys in one block, "a" then "b" coded as (0, 1, "a"), (0, 1, "b").
+	raw := func(blocks ...byte) *Manifest {
+		return &Manifest{Blocks: blocks, Starts: make([]byte, 8), Sizes: make([]byte, 8), Count: 2}
+	}
+	if !raw(0, 1, 'a', 0, 1, 'b').wellFormed() {
+		t.Fatal("the hand-coded block is refused")
+	}
+	// The first key's rest claims one byte more than its block holds.
+	if raw(0, 5, 'a', 0, 1, 'b').wellFormed() {
+		t.Fatal("a key running one byte past its block is well formed")
+	}
+	// The last key ends after its shared-prefix count: no rest length.
+	if raw(0, 1, 'a', 1).wellFormed() {
+		t.Fatal("a key cut after its shared count is well formed")
+	}
+}
+
+// A pinned epoch keeps the newest keptEpochPins pins of a job, no fewer.
+func TestPinsKeptPerJob(t *testing.T) {
+	f := &fsm{st: newState()}
+	f.st.Jobs["j"] = &Job{Name: "j"}
+	for e := range uint64(keptEpochPins + 1) {
+		f.apply(e+1, &command{Op: opPinEpoch, Name: "j", Epoch: e, Members: []string{fmt.Sprint("m", e)}})
+	}
+	pins := f.st.Pins["j"]
+	if len(pins) != keptEpochPins {
+		t.Fatalf("%d pins kept, want %d", len(pins), keptEpochPins)
+	}
+	if _, ok := pins[0]; ok {
+		t.Fatal("the oldest pin was kept")
+	}
+	if m := pins[keptEpochPins]; !slices.Equal(m, []string{fmt.Sprint("m", keptEpochPins)}) {
+		t.Fatalf("the newest pin: %v", m)
+	}
+}
+
+// A snapshot without some of the state's maps (an older version's) restores
+// to a catalog that takes every command, and tells the node it changed.
+func TestRestoreFillsMissingMaps(t *testing.T) {
+	b, err := msgpack.Marshal(&state{NextID: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	changes := 0
+	f := &fsm{st: newState(), onChange: func() { changes++ }}
+	if err := f.Restore(io.NopCloser(bytes.NewReader(b))); err != nil {
+		t.Fatal(err)
+	}
+	if changes != 1 {
+		t.Fatalf("a restore told the node %d times, want once", changes)
+	}
+	f.apply(1, &command{Op: opBegin, Name: "d", Source: "/data", Token: "t", Count: 1})
+	f.st.Jobs["j"] = &Job{Name: "j"}
+	f.apply(2, &command{Op: opPinEpoch, Name: "j", Epoch: 0, Members: []string{"m"}})
+	if p := f.st.Pending["d"]; p == nil || p.ID != 4 || len(f.st.Pins["j"]) != 1 {
+		t.Fatalf("after restoring: pending %+v, pins %v", p, f.st.Pins)
+	}
+}
