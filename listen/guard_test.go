@@ -90,6 +90,9 @@ func TestUnboundedAndRefusalLogging(t *testing.T) {
 	if Active(ln) != 3 {
 		t.Fatalf("active %d with no bound, want 3", Active(ln))
 	}
+	if n := Active(&fdStarved{}); n != -1 {
+		t.Fatalf("Active of a listener it does not guard: %d, want -1", n)
+	}
 
 	var out logged
 	raw, err := net.Listen("tcp", "127.0.0.1:0")
