@@ -136,13 +136,20 @@ func TestRefreshFollowsEpochsAndVersions(t *testing.T) {
 	if wantUse != 2*cur.steps+4 {
 		t.Fatalf("used at epoch 2 step 4: last use %d", wantUse)
 	}
-	ahead := 3*cur.steps + 2 // a rank already reading epoch 3
-	cur.pos.Store(ahead)
+	// Epoch 3 pinned while the cursor is still in epoch 2: it jumps to 3's start.
 	h.epoch = 3
 	c.Refresh()
+	if moved := c.sched.byJob["j"]; moved.pos.Load() != 3*moved.steps {
+		t.Fatalf("epoch 3 pinned: position %d, want %d", moved.pos.Load(), 3*moved.steps)
+	}
+	cur = c.sched.byJob["j"]
+	ahead := 4*cur.steps + 2 // a rank already reading epoch 4
+	cur.pos.Store(ahead)
+	h.epoch = 4
+	c.Refresh()
 	next := c.sched.byJob["j"]
-	if next == cur || next.cur.Epoch != 3 || next.next.Epoch != 4 {
-		t.Fatal("the cursor did not move to epoch 3")
+	if next == cur || next.cur.Epoch != 4 || next.next.Epoch != 5 {
+		t.Fatal("the cursor did not move to epoch 4")
 	}
 	if next.lastUse[used].Load() != wantUse || next.pos.Load() != ahead {
 		t.Fatalf("a new epoch of the same job: last use %d, position %d; want %d, %d kept", next.lastUse[used].Load(), next.pos.Load(), wantUse, ahead)
@@ -153,8 +160,8 @@ func TestRefreshFollowsEpochsAndVersions(t *testing.T) {
 	h.job = &changed
 	c.Refresh()
 	fresh := c.sched.byJob["j"]
-	if fresh.lastUse[used].Load() != -1 || fresh.pos.Load() != 3*fresh.steps {
-		t.Fatalf("a changed job: last use %d, position %d; want -1, %d", fresh.lastUse[used].Load(), fresh.pos.Load(), 3*fresh.steps)
+	if fresh.lastUse[used].Load() != -1 || fresh.pos.Load() != 4*fresh.steps {
+		t.Fatalf("a changed job: last use %d, position %d; want -1, %d", fresh.lastUse[used].Load(), fresh.pos.Load(), 4*fresh.steps)
 	}
 }
 
