@@ -77,18 +77,27 @@ func (h *fakeHost) Fill(_ context.Context, d *catalog.Dataset, i int) error {
 
 func itemBytes(i int) []byte { return fmt.Appendf(nil, "%0*d", itemSize, i) }
 
-// start runs the policy over a store with room for capItems items.
-func start(t *testing.T, h *fakeHost, capItems int) (*Clairvoyant, *locality.EpochPlan) {
+// withStore gives h a store with room for capItems items under a new
+// policy, closed when the test ends (after any cleanup registered later).
+func withStore(t *testing.T, h *fakeHost, capItems int) *Clairvoyant {
 	t.Helper()
 	c := New()
 	st, err := store.New(uint64(capItems*(itemSize+store.EntryOverhead)), c.Policy())
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { st.Close() })
 	h.st = st
+	return c
+}
+
+// start runs the policy over a store with room for capItems items.
+func start(t *testing.T, h *fakeHost, capItems int) (*Clairvoyant, *locality.EpochPlan) {
+	t.Helper()
+	c := withStore(t, h, capItems)
 	ctx, cancel := context.WithCancel(context.Background())
-	c.Start(ctx, h, st)
-	t.Cleanup(func() { cancel(); c.Wait(); st.Close() })
+	c.Start(ctx, h, h.st)
+	t.Cleanup(func() { cancel(); c.Wait() })
 	ep, err := h.Plan("j", 0)
 	if err != nil {
 		t.Fatal(err)

@@ -18,13 +18,8 @@ import (
 // puts and evicts.
 func held(t *testing.T, h *fakeHost, capItems int) (*Clairvoyant, *locality.EpochPlan) {
 	t.Helper()
-	c := New()
-	st, err := store.New(uint64(capItems*(itemSize+store.EntryOverhead)), c.Policy())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	h.st, c.host, c.store = st, h, st
+	c := withStore(t, h, capItems)
+	c.host, c.store = h, h.st
 	c.Refresh()
 	ep, err := h.Plan("j", h.epoch)
 	if err != nil {
