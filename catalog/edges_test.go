@@ -194,3 +194,37 @@ func TestRestoreFillsMissingMaps(t *testing.T) {
 		t.Fatalf("after restoring: pending %+v, pins %v", p, f.st.Pins)
 	}
 }
+
+// A chunk fills up to maxBytes of keys (8 bytes of size each) in whole
+// blocks: bytes exactly at the bound still go in, one byte more waits for the
+// next chunk, and no entries still give one (empty) chunk.
+func TestChunksFillToTheBound(t *testing.T) {
+	es := make([]source.Entry, 100)
+	for i := range es {
+		es[i] = source.Entry{Key: fmt.Sprintf("k%07d", i), Size: 1} // 8 + 8 bytes
+	}
+	sizes := func(maxBytes int) []int {
+		var out []int
+		for _, c := range chunks(es, maxBytes) {
+			out = append(out, len(c))
+		}
+		return out
+	}
+	exact := 3 * manifestBlock * 16
+	for _, tc := range []struct {
+		maxBytes int
+		want     []int
+	}{
+		{exact, []int{48, 48, 4}},
+		{exact - 1, []int{32, 32, 36}},        // 47 fit, so two blocks; then the rest
+		{1, []int{16, 16, 16, 16, 16, 16, 4}}, // never less than a block
+		{1 << 20, []int{100}},
+	} {
+		if got := sizes(tc.maxBytes); !slices.Equal(got, tc.want) {
+			t.Errorf("chunks of %d bytes: %v entries, want %v", tc.maxBytes, got, tc.want)
+		}
+	}
+	if got := chunks(nil, exact); len(got) != 1 || len(got[0]) != 0 {
+		t.Fatalf("no entries: %d chunks, want one empty", len(got))
+	}
+}

@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -15,12 +16,21 @@ import (
 
 func (c *Cluster) peerAddr(name string) (string, bool) {
 	m, ok := c.ml.Get(name)
-	// A member gossip declared dead is still asked while the voucher keeps it.
-	usable := m.State == membership.Alive || (m.State == membership.Dead && c.vouch.kept(name))
+	// A member gossip declared dead is still asked while it is on the ring:
+	// the voucher keeps it there until it fails to answer, and until the
+	// ring is rebuilt its items are nowhere else. Refusing it meanwhile
+	// turned every fetch of its items into a storage read.
+	usable := m.State == membership.Alive || (m.State == membership.Dead && c.onRing(name))
 	if !ok || m.Meta.Peer == "" || !usable {
 		return "", false
 	}
 	return m.Meta.Peer, true
+}
+
+// onRing reports whether name is on the ring owners are computed on now.
+func (c *Cluster) onRing(name string) bool {
+	_, found := slices.BinarySearch(c.ring().Members(), name)
+	return found
 }
 
 // FromOwner fetches an item from its owner's memory (the owner fills it from

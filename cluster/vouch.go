@@ -2,9 +2,11 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -16,11 +18,16 @@ import (
 // the ring drops a member, it asks the member directly: a member whose peer
 // transport completes a handshake stays on the ring, and is asked again
 // every interval, until gossip sees it alive again or max has passed. A
-// crashed member refuses the connection and leaves the ring at once; one cut
-// off leaves it after timeout.
+// crashed member refuses the connection and leaves the ring at once. A ping
+// that merely times out is weaker evidence: the starved host that gossip
+// gave up on is slow to accept too (a 32-host testbed dropped live members
+// on one 300 ms dial timeout, and their items were read from storage). So
+// only patience timeouts in a row drop a member: one cut off leaves the
+// ring after patience pings.
 type voucher struct {
 	ping                   func(ctx context.Context, addr string) error
 	timeout, interval, max time.Duration
+	patience               int    // pings in a row that time out before a member is dropped
 	kick                   func() // a verdict came in: rebuild the ring
 	log                    *slog.Logger
 
@@ -39,16 +46,16 @@ type voucher struct {
 // interval, holding none longer than max; kick is called when a verdict
 // drops a member.
 func newVoucher(ping func(ctx context.Context, addr string) error, timeout, interval, max time.Duration, kick func(), log *slog.Logger) *voucher {
-	v := &voucher{ping: ping, timeout: timeout, interval: interval, max: max, kick: kick, log: log, held: map[string]*hold{}}
+	v := &voucher{ping: ping, timeout: timeout, interval: interval, max: max, patience: 3, kick: kick, log: log, held: map[string]*hold{}}
 	v.ctx, v.cancel = context.WithCancel(context.Background())
 	return v
 }
 
 type hold struct {
 	since time.Time
-	// answered: the last ping succeeded; gone: a ping failed or max passed.
-	// Neither yet: the first ping is under way, and the member stays.
-	answered, gone bool
+	// gone: the member refused a ping, timed out patience times in a row, or
+	// max passed. Until then it stays, while the first ping is under way too.
+	gone bool
 }
 
 // keep reports whether member name, which gossip has declared dead and which
@@ -79,15 +86,6 @@ func (v *voucher) close() {
 	v.wg.Wait()
 }
 
-// kept reports whether a member gossip declared dead is being kept on the
-// ring because it answered, so its peer address may still be used.
-func (v *voucher) kept(name string) bool {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	h, ok := v.held[name]
-	return ok && h.answered && !h.gone
-}
-
 // prune forgets the holds of members no longer dead on the ring (alive
 // again, left, or dropped), so a later death is asked about afresh.
 func (v *voucher) prune(deadOnRing map[string]bool) {
@@ -100,11 +98,12 @@ func (v *voucher) prune(deadOnRing map[string]bool) {
 	}
 }
 
-// ask pings a held member until it fails to answer, max passes, or the hold
-// is forgotten.
+// ask pings a held member until it refuses, times out patience times in a
+// row, max passes, or the hold is forgotten.
 func (v *voucher) ask(name, addr string, h *hold) {
 	defer v.wg.Done()
-	for first := true; ; first = false {
+	answered, misses := false, 0
+	for {
 		ctx, cancel := context.WithTimeout(v.ctx, v.timeout)
 		err := v.ping(ctx, addr)
 		cancel()
@@ -113,16 +112,24 @@ func (v *voucher) ask(name, addr string, h *hold) {
 			v.mu.Unlock()
 			return
 		}
+		if err != nil {
+			misses++
+		} else {
+			misses = 0
+		}
 		expired := time.Since(h.since) >= v.max
-		h.answered, h.gone = err == nil && !expired, err != nil || expired
+		h.gone = expired || (err != nil && (refused(err) || misses >= v.patience))
 		v.mu.Unlock()
 		switch {
-		case err != nil:
+		case err != nil && h.gone:
 			v.log.Info("member declared dead does not answer; dropping it from the ring", "member", name, "err", err)
+		case err != nil:
+			v.log.Info("member declared dead did not answer in time; asking again", "member", name, "err", err, "misses", misses)
 		case expired:
 			v.log.Warn("member declared dead still answers, but gossip has not seen it for too long; dropping it from the ring",
 				"member", name, "held", v.max)
-		case first:
+		case !answered:
+			answered = true
 			v.vouched.Add(1)
 			v.log.Info("member declared dead still answers; keeping it on the ring", "member", name)
 		}
@@ -136,4 +143,11 @@ func (v *voucher) ask(name, addr string, h *hold) {
 		case <-time.After(v.interval):
 		}
 	}
+}
+
+// refused reports whether a ping's failure says nobody listens at the
+// member's address (a crashed process on a live host), as opposed to an
+// answer that did not come in time.
+func refused(err error) bool {
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET)
 }

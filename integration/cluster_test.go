@@ -115,6 +115,8 @@ func sumStats(t *testing.T, nodes []*proc) client.Stats {
 		tot.Misses += s.Misses
 		tot.PeerBytesIn += s.PeerBytesIn
 		tot.PeerBytesOut += s.PeerBytesOut
+		tot.PeerFailures += s.PeerFailures
+		tot.Evictions += s.Evictions
 	}
 	return tot
 }

@@ -100,8 +100,51 @@ func newTestbed(t *testing.T, n int, rate string) *testbed {
 		tb.must("tc", "-n", h.ns, "filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "u32",
 			"match", "ip", "dst", tb.gw+"/32", "flowid", "1:10")
 	}
+	tb.staticNeighbours()
 	return tb
 }
+
+// staticNeighbours gives every host a permanent ARP entry for every other
+// host and the gateway. The kernel keeps one neighbour table for all
+// namespaces, and its garbage-collected entries are capped machine-wide
+// (gc_thresh3, 1024 by default): 32 hosts that all talk need ~1,056. Past
+// the cap, ARP entries are not created and packets to the hosts last in
+// line fail (ENOBUFS): SYNs never leave, and gossip probes go unanswered.
+// That is one machine standing in for 32, not a network's behaviour (each
+// real host has a table of its own), and it cost the 32-host epoch ~100
+// storage reads per run before this. Permanent entries are outside the cap.
+func (tb *testbed) staticNeighbours() {
+	mac := func(argv ...string) string {
+		out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
+		if err != nil {
+			tb.t.Fatalf("testbed: %s: %v\n%s", strings.Join(argv, " "), err, out)
+		}
+		m := linkAddress.FindSubmatch(out)
+		if m == nil {
+			tb.t.Fatalf("testbed: no link address in %s:\n%s", strings.Join(argv, " "), out)
+		}
+		return string(m[1])
+	}
+	ips, macs := []string{tb.gw}, []string{mac("ip", "link", "show", tb.bridge)}
+	for _, h := range tb.hosts {
+		ips, macs = append(ips, h.ip), append(macs, mac("ip", "-n", h.ns, "link", "show", "eth0"))
+	}
+	for _, h := range tb.hosts {
+		var batch strings.Builder
+		for i, ip := range ips {
+			if ip != h.ip {
+				fmt.Fprintf(&batch, "neigh replace %s lladdr %s dev eth0 nud permanent\n", ip, macs[i])
+			}
+		}
+		cmd := exec.Command("ip", "-n", h.ns, "-batch", "-")
+		cmd.Stdin = strings.NewReader(batch.String())
+		if out, err := cmd.CombinedOutput(); err != nil {
+			tb.t.Fatalf("testbed: ARP entries in %s: %v\n%s", h.ns, err, out)
+		}
+	}
+}
+
+var linkAddress = regexp.MustCompile(`link/ether ([0-9a-f:]{17})`)
 
 func (tb *testbed) must(argv ...string) {
 	tb.t.Helper()
@@ -179,4 +222,70 @@ func (h *testHost) crossHostBytes() uint64 {
 		h.tb.t.Fatal(err)
 	}
 	return n
+}
+
+var qdiscDropped = regexp.MustCompile(`dropped (\d+)`)
+
+// lossCounters are the host's counts of packets lost on the way and of the
+// kernel's symptoms of loss, by name: qdisc drops on its link, and every
+// counter of /proc/net/snmp and /proc/net/netstat (the namespace's own)
+// whose name speaks of a drop, an overflow, a resend, a failure or a timeout.
+// For failure messages: where a dial that timed out lost its packets.
+func (h *testHost) lossCounters() map[string]uint64 {
+	h.tb.t.Helper()
+	out := map[string]uint64{}
+	tc, err := exec.Command("tc", "-n", h.ns, "-s", "qdisc", "show", "dev", "eth0").CombinedOutput()
+	if err != nil {
+		h.tb.t.Fatalf("tc qdisc show in %s: %v\n%s", h.ns, err, tc)
+	}
+	for _, m := range qdiscDropped.FindAllSubmatch(tc, -1) {
+		n, _ := strconv.ParseUint(string(m[1]), 10, 64)
+		out["qdisc_dropped"] += n
+	}
+	for _, file := range []string{"/proc/net/snmp", "/proc/net/netstat"} {
+		b, err := exec.Command("ip", "netns", "exec", h.ns, "cat", file).CombinedOutput()
+		if err != nil {
+			h.tb.t.Fatalf("%s in %s: %v\n%s", file, h.ns, err, b)
+		}
+		// Pairs of lines: "TcpExt: Name Name ..." then "TcpExt: 1 2 ...".
+		lines := strings.Split(string(b), "\n")
+		for i := 0; i+1 < len(lines); i += 2 {
+			names, values := strings.Fields(lines[i]), strings.Fields(lines[i+1])
+			if len(names) == 0 || len(values) != len(names) {
+				continue
+			}
+			for j, name := range names[1:] {
+				if lossy.MatchString(name) {
+					n, _ := strconv.ParseUint(values[j+1], 10, 64)
+					out[strings.TrimSuffix(names[0], ":")+"."+name] = n
+				}
+			}
+		}
+	}
+	return out
+}
+
+var lossy = regexp.MustCompile(`Drop|Overflow|Retrans|Fail|Timeout|Prune|Collapse|Discard|Err`)
+
+// lossesSince sums over the hosts how much each loss counter grew since
+// before (from lossCounters per host, in host order); those that did not
+// grow are left out.
+func (tb *testbed) lossesSince(before []map[string]uint64) map[string]uint64 {
+	sum := map[string]uint64{}
+	for i, h := range tb.hosts {
+		for k, v := range h.lossCounters() {
+			if d := v - before[i][k]; d > 0 {
+				sum[k] += d
+			}
+		}
+	}
+	return sum
+}
+
+func (tb *testbed) lossCounters() []map[string]uint64 {
+	out := make([]map[string]uint64, len(tb.hosts))
+	for i, h := range tb.hosts {
+		out[i] = h.lossCounters()
+	}
+	return out
 }

@@ -21,8 +21,11 @@ var ErrClosed = errors.New("transport: connection closed")
 // connsPerPeer spreads load over a few TCP streams per peer.
 const connsPerPeer = 2
 
-// DialTimeout bounds connecting plus the handshake.
-const DialTimeout = time.Second
+// DialTimeout bounds connecting plus the handshake. The kernel sends a SYN
+// again after 1 s: a bound of 1 s failed every dial whose first SYN was lost
+// (22 SYNs resent during one 32-host epoch, each a fetch turned storage
+// read), so a dial outlasts one resend. A caller's context bounds it anyway.
+const DialTimeout = 3 * time.Second
 
 // Result is one fetched item.
 type Result struct {
@@ -46,16 +49,23 @@ func (r *Result) Recycle() {
 
 // Client fetches items from peers over pooled, multiplexed connections.
 type Client struct {
-	key    []byte
-	mu     sync.Mutex
-	peers  map[string][]*conn
-	next   atomic.Uint64
-	closed bool
-	bufs   bufpool.Pool
+	key   []byte
+	mu    sync.Mutex
+	peers map[string][]*conn
+	// dialing holds a channel per address with a dial under way, closed
+	// when it ends: one dial per peer at a time. A burst of requests to a
+	// peer without connections (every peer, when an epoch starts on 32
+	// nodes) would otherwise send a SYN and a handshake per request.
+	dialing map[string]chan struct{}
+	next    atomic.Uint64
+	closed  bool
+	bufs    bufpool.Pool
 }
 
 // NewClient returns a client that authenticates with key.
-func NewClient(key []byte) *Client { return &Client{key: key, peers: map[string][]*conn{}} }
+func NewClient(key []byte) *Client {
+	return &Client{key: key, peers: map[string][]*conn{}, dialing: map[string]chan struct{}{}}
+}
 
 // Close closes every pooled connection.
 func (c *Client) Close() {
@@ -215,38 +225,54 @@ func connect(ctx context.Context, addr string, key []byte) (net.Conn, error) {
 }
 
 func (c *Client) conn(ctx context.Context, addr string) (*conn, error) {
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		return nil, ErrClosed
-	}
-	cs := c.peers[addr]
-	live := cs[:0]
-	for _, cn := range cs {
-		if !cn.dead.Load() {
-			live = append(live, cn)
+	for {
+		c.mu.Lock()
+		if c.closed {
+			c.mu.Unlock()
+			return nil, ErrClosed
 		}
-	}
-	c.peers[addr] = live
-	if len(live) >= connsPerPeer {
-		cn := live[c.next.Add(1)%uint64(len(live))]
+		cs := c.peers[addr]
+		live := cs[:0]
+		for _, cn := range cs {
+			if !cn.dead.Load() {
+				live = append(live, cn)
+			}
+		}
+		c.peers[addr] = live
+		wait, dialing := c.dialing[addr]
+		if len(live) >= connsPerPeer || (dialing && len(live) > 0) {
+			cn := live[c.next.Add(1)%uint64(len(live))]
+			c.mu.Unlock()
+			return cn, nil
+		}
+		if dialing {
+			// Nothing to use yet: wait for the dial under way, then look again.
+			c.mu.Unlock()
+			select {
+			case <-wait:
+				continue
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		done := make(chan struct{})
+		c.dialing[addr] = done
 		c.mu.Unlock()
-		return cn, nil
-	}
-	c.mu.Unlock()
 
-	cn, err := dial(ctx, addr, c.key, &c.bufs)
-	if err != nil {
-		return nil, err
+		cn, err := dial(ctx, addr, c.key, &c.bufs)
+		c.mu.Lock()
+		delete(c.dialing, addr)
+		close(done)
+		if err == nil && c.closed {
+			cn.fail(ErrClosed)
+			err = ErrClosed
+		}
+		if err == nil {
+			c.peers[addr] = append(c.peers[addr], cn)
+		}
+		c.mu.Unlock()
+		return cn, err
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		cn.fail(ErrClosed)
-		return nil, ErrClosed
-	}
-	c.peers[addr] = append(c.peers[addr], cn)
-	return cn, nil
 }
 
 type response struct {

@@ -6,12 +6,16 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 // A push of exactly MaxItems items (one of them empty) and a push of exactly
@@ -145,5 +149,59 @@ func TestDroppedConnectionsLoggedAndServeEndsCleanly(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Serve did not return after Close")
+	}
+}
+
+// countingListener counts the connections a server accepts.
+type countingListener struct {
+	net.Listener
+	accepted atomic.Int64
+}
+
+func (l *countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.accepted.Add(1)
+	}
+	return c, err
+}
+
+// Many requests at once to a peer the client has no connection to yet open
+// at most connsPerPeer connections: one dial at a time, the rest wait for it
+// (a burst of dials is a burst of SYNs and handshakes on a loaded peer).
+func TestBurstToANewPeerDialsOnceAtATime(t *testing.T) {
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := &countingListener{Listener: raw}
+	s := NewServer(key, func(_ context.Context, req *Request) ([]Item, error) {
+		b := itemBytes(req.Indices[0])
+		return []Item{{Data: b, Sum: xxhash.Sum64(b), Found: true}}, nil
+	}, slog.New(slog.DiscardHandler))
+	go s.Serve(ln)
+	defer s.Close()
+	c := NewClient(key)
+	defer c.Close()
+	start := make(chan struct{})
+	errs := make(chan error, 32)
+	for g := range 32 {
+		go func() {
+			<-start
+			res, err := c.Get(context.Background(), raw.Addr().String(), &Request{Dataset: "d", Indices: []uint32{uint32(g)}})
+			if err == nil && !bytes.Equal(res[0].Data, itemBytes(uint32(g))) {
+				err = fmt.Errorf("item %d: wrong bytes", g)
+			}
+			errs <- err
+		}()
+	}
+	close(start)
+	for range 32 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := ln.accepted.Load(); n > connsPerPeer {
+		t.Fatalf("32 requests at once opened %d connections; at most %d", n, connsPerPeer)
 	}
 }
