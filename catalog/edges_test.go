@@ -228,3 +228,25 @@ func TestChunksFillToTheBound(t *testing.T) {
 		t.Fatalf("no entries: %d chunks, want one empty", len(got))
 	}
 }
+
+// A sample's key is cut at the first "." of the member's base name, never of
+// its directory, and a base name that starts with "." is a sample of its own
+// with an empty stem (WebDataset's rule).
+func TestSampleKeysOfDottedPaths(t *testing.T) {
+	var es []source.Entry
+	for j, member := range []string{"v1.0/x.jpg", "v1.0/x.cls", "v1.0/.jpg", "y.z/w.jpg", "a./b.jpg"} {
+		es = append(es, source.Entry{Key: "s.tar/" + member, Size: 1, Shard: "s.tar", ShardSize: 1 << 20, Offset: int64(512 + 1024*j)})
+	}
+	m := NewManifest(es)
+	m.seal()
+	var keys []string
+	for s := range m.Samples() {
+		keys = append(keys, m.SampleKey(s))
+	}
+	if want := []string{"s.tar/v1.0/x", "s.tar/v1.0/", "s.tar/y.z/w", "s.tar/a./b"}; !slices.Equal(keys, want) {
+		t.Fatalf("sample keys %q, want %q", keys, want)
+	}
+	if m.Ext(2) != "jpg" {
+		t.Fatalf("extension of v1.0/.jpg: %q, want jpg", m.Ext(2))
+	}
+}

@@ -166,6 +166,10 @@ func (tb *testbed) remove() {
 				}
 			}
 		}
+		// Deleting the outer end takes the pair down at once; a namespace's
+		// own teardown runs later in the kernel, and a veth it still held
+		// made the next testbed's "ip link add" fail with "File exists".
+		exec.Command("ip", "link", "del", h.outer).Run() // already gone is fine
 		if out, err := exec.Command("ip", "netns", "del", h.ns).CombinedOutput(); err != nil {
 			tb.t.Errorf("testbed cleanup: ip netns del %s: %v\n%s", h.ns, err, out)
 		}
