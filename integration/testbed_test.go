@@ -115,10 +115,7 @@ func newTestbed(t *testing.T, n int, rate string) *testbed {
 // storage reads per run before this. Permanent entries are outside the cap.
 func (tb *testbed) staticNeighbours() {
 	mac := func(argv ...string) string {
-		out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
-		if err != nil {
-			tb.t.Fatalf("testbed: %s: %v\n%s", strings.Join(argv, " "), err, out)
-		}
+		out := tb.output(argv...)
 		m := linkAddress.FindSubmatch(out)
 		if m == nil {
 			tb.t.Fatalf("testbed: no link address in %s:\n%s", strings.Join(argv, " "), out)
@@ -148,9 +145,18 @@ var linkAddress = regexp.MustCompile(`link/ether ([0-9a-f:]{17})`)
 
 func (tb *testbed) must(argv ...string) {
 	tb.t.Helper()
-	if out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput(); err != nil {
+	tb.output(argv...)
+}
+
+// output runs a command and returns what it printed, failing the test when
+// it fails.
+func (tb *testbed) output(argv ...string) []byte {
+	tb.t.Helper()
+	out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
+	if err != nil {
 		tb.t.Fatalf("testbed: %s: %v\n%s", strings.Join(argv, " "), err, out)
 	}
+	return out
 }
 
 // remove kills whatever still runs in the hosts and deletes the namespaces
@@ -213,10 +219,7 @@ var sentBytes = regexp.MustCompile(`class htb 1:20 [^\n]*\n\s*Sent (\d+) bytes`)
 // crossHostBytes is what the host has sent to other hosts so far.
 func (h *testHost) crossHostBytes() uint64 {
 	h.tb.t.Helper()
-	out, err := exec.Command("tc", "-n", h.ns, "-s", "class", "show", "dev", "eth0").CombinedOutput()
-	if err != nil {
-		h.tb.t.Fatalf("tc class show in %s: %v\n%s", h.ns, err, out)
-	}
+	out := h.tb.output("tc", "-n", h.ns, "-s", "class", "show", "dev", "eth0")
 	m := sentBytes.FindSubmatch(out)
 	if m == nil {
 		h.tb.t.Fatalf("tc class show in %s: no counter for class 1:20 in\n%s", h.ns, out)
@@ -238,19 +241,13 @@ var qdiscDropped = regexp.MustCompile(`dropped (\d+)`)
 func (h *testHost) lossCounters() map[string]uint64 {
 	h.tb.t.Helper()
 	out := map[string]uint64{}
-	tc, err := exec.Command("tc", "-n", h.ns, "-s", "qdisc", "show", "dev", "eth0").CombinedOutput()
-	if err != nil {
-		h.tb.t.Fatalf("tc qdisc show in %s: %v\n%s", h.ns, err, tc)
-	}
+	tc := h.tb.output("tc", "-n", h.ns, "-s", "qdisc", "show", "dev", "eth0")
 	for _, m := range qdiscDropped.FindAllSubmatch(tc, -1) {
 		n, _ := strconv.ParseUint(string(m[1]), 10, 64)
 		out["qdisc_dropped"] += n
 	}
 	for _, file := range []string{"/proc/net/snmp", "/proc/net/netstat"} {
-		b, err := exec.Command("ip", "netns", "exec", h.ns, "cat", file).CombinedOutput()
-		if err != nil {
-			h.tb.t.Fatalf("%s in %s: %v\n%s", file, h.ns, err, b)
-		}
+		b := h.tb.output("ip", "netns", "exec", h.ns, "cat", file)
 		// Pairs of lines: "TcpExt: Name Name ..." then "TcpExt: 1 2 ...".
 		lines := strings.Split(string(b), "\n")
 		for i := 0; i+1 < len(lines); i += 2 {

@@ -22,9 +22,9 @@ var ErrClosed = errors.New("transport: connection closed")
 const connsPerPeer = 2
 
 // DialTimeout bounds connecting plus the handshake. The kernel sends a SYN
-// again after 1 s: a bound of 1 s failed every dial whose first SYN was lost
-// (22 SYNs resent during one 32-host epoch, each a fetch turned storage
-// read), so a dial outlasts one resend. A caller's context bounds it anyway.
+// again after 1 s, so a bound of 1 s failed every dial whose first SYN was
+// lost, and the fetch behind it read storage; 3 s outlasts one resend. A
+// caller's context (a fetch's PeerTimeout) bounds it anyway.
 const DialTimeout = 3 * time.Second
 
 // Result is one fetched item.
