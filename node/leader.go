@@ -110,38 +110,48 @@ func (n *Node) forward(ctx context.Context, method, path string, body, out any, 
 		return 0, &api.Error{Status: fasthttp.StatusServiceUnavailable,
 			Message: "no raft leader (no quorum): catalog writes are unavailable"}
 	}
+	code, applied, err := n.leader.relay(addr, method, path, body, out, timeout)
+	if err == nil && applied > 0 {
+		n.awaitApplied(ctx, applied)
+	}
+	return code, err
+}
+
+// relay sends a request to the leader's HTTP API at addr, with body as JSON
+// when not nil, and decodes a 2xx answer into out (when not nil). applied is
+// the raft index the leader reported for the write (0: none). A non-2xx
+// answer is an *api.Error with the leader's status; no answer is a 503.
+func (l leaderLink) relay(addr, method, path string, body, out any, timeout time.Duration) (code int, applied uint64, err error) {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	n.leader.prepare(req, method, addr, path)
+	l.prepare(req, method, addr, path)
 	if body != nil {
 		b, err := json.Marshal(body)
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		req.Header.SetContentType("application/json")
 		req.SetBodyRaw(b)
 	}
-	if err := n.leader.http.DoTimeout(req, resp, timeout); err != nil {
-		return 0, &api.Error{Status: fasthttp.StatusServiceUnavailable, Message: "forward to raft leader: " + err.Error()}
+	if err := l.http.DoTimeout(req, resp, timeout); err != nil {
+		return 0, 0, &api.Error{Status: fasthttp.StatusServiceUnavailable, Message: "forward to raft leader: " + err.Error()}
 	}
-	code := resp.StatusCode()
+	code = resp.StatusCode()
 	if code >= 300 {
 		e := &api.Error{Status: code}
 		if json.Unmarshal(resp.Body(), e) != nil || e.Message == "" {
 			e.Message = string(resp.Body())
 		}
-		return code, e
+		return code, 0, e
 	}
 	if out != nil {
 		if err := json.Unmarshal(resp.Body(), out); err != nil {
-			return code, fmt.Errorf("leader's answer: %w", err)
+			return code, 0, fmt.Errorf("leader's answer: %w", err)
 		}
 	}
-	if idx, err := strconv.ParseUint(string(resp.Header.Peek(api.HeaderApplied)), 10, 64); err == nil {
-		n.awaitApplied(ctx, idx)
-	}
-	return code, nil
+	applied, _ = strconv.ParseUint(string(resp.Header.Peek(api.HeaderApplied)), 10, 64)
+	return code, applied, nil
 }
 
 // awaitApplied waits (briefly) until this node has applied index idx.
@@ -160,9 +170,14 @@ func (n *Node) leaderHas(ctx context.Context, path string) bool {
 	if addr == "" || n.cat.IsLeader() {
 		return false
 	}
+	return n.leader.has(addr, path)
+}
+
+// has reports whether the API at addr answers 200 to GET path.
+func (l leaderLink) has(addr, path string) bool {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	n.leader.prepare(req, fasthttp.MethodGet, addr, path)
-	return n.leader.http.DoTimeout(req, resp, 5*time.Second) == nil && resp.StatusCode() == fasthttp.StatusOK
+	l.prepare(req, fasthttp.MethodGet, addr, path)
+	return l.http.DoTimeout(req, resp, 5*time.Second) == nil && resp.StatusCode() == fasthttp.StatusOK
 }

@@ -1,0 +1,170 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"stallfree/api"
+)
+
+// leaderStub is the leader's HTTP API as a relaying follower sees it: it
+// records the last request and answers as told.
+type leaderStub struct {
+	srv                   *httptest.Server
+	method, path, body    string
+	forwarded, auth, ctyp string
+	status                int
+	answer, applied       string
+}
+
+func newLeaderStub(t *testing.T) *leaderStub {
+	s := &leaderStub{status: http.StatusOK}
+	s.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		s.method, s.path, s.body = r.Method, r.URL.Path, string(b)
+		s.forwarded, s.auth, s.ctyp = r.Header.Get(api.HeaderForwarded), r.Header.Get("Authorization"), r.Header.Get("Content-Type")
+		if s.applied != "" {
+			w.Header().Set(api.HeaderApplied, s.applied)
+		}
+		w.WriteHeader(s.status)
+		io.WriteString(w, s.answer)
+	}))
+	t.Cleanup(s.srv.Close)
+	return s
+}
+
+func (s *leaderStub) addr() string { return strings.TrimPrefix(s.srv.URL, "http://") }
+
+// A relayed write reaches the leader as this node's own request: its method,
+// path and JSON body, marked relayed and with the node's token; the answer
+// comes back decoded with the raft index the leader applied it at.
+func TestRelayCarriesTheRequestAndItsAnswer(t *testing.T) {
+	s := newLeaderStub(t)
+	s.status, s.answer, s.applied = http.StatusCreated, `{"name":"ds","items":7}`, "42"
+	l := newLeaderLink("n2", "sekrit")
+	var got api.Dataset
+	code, applied, err := l.relay(s.addr(), http.MethodPut, "/v1/datasets/ds", api.PutDataset{Source: "/data"}, &got, 5*time.Second)
+	if err != nil || code != http.StatusCreated || applied != 42 {
+		t.Fatalf("relay: code %d, applied %d, %v; want 201, 42, nil", code, applied, err)
+	}
+	if got.Name != "ds" || got.Items != 7 {
+		t.Fatalf("decoded %+v", got)
+	}
+	if s.method != http.MethodPut || s.path != "/v1/datasets/ds" || s.body != `{"source":"/data"}` || s.ctyp != "application/json" {
+		t.Fatalf("leader saw %s %s %q (%s)", s.method, s.path, s.body, s.ctyp)
+	}
+	if s.forwarded != "n2" || s.auth != "Bearer sekrit" {
+		t.Fatalf("leader saw forwarded %q, authorization %q", s.forwarded, s.auth)
+	}
+
+	// No body, no token, no index: nothing of them is sent or made up.
+	s.status, s.answer, s.applied = http.StatusOK, "", ""
+	code, applied, err = newLeaderLink("n3", "").relay(s.addr(), http.MethodDelete, "/v1/jobs/j", nil, nil, 5*time.Second)
+	if err != nil || code != http.StatusOK || applied != 0 {
+		t.Fatalf("relay without body: %d, %d, %v", code, applied, err)
+	}
+	if s.body != "" || s.auth != "" || s.ctyp != "" || s.forwarded != "n3" {
+		t.Fatalf("leader saw body %q, authorization %q, content type %q, forwarded %q", s.body, s.auth, s.ctyp, s.forwarded)
+	}
+}
+
+// The leader's refusal comes back with its status and message; an answer
+// that is not the API's error body comes back as text; a leader that does
+// not answer is a 503; an undecodable 2xx is an error.
+func TestRelayErrors(t *testing.T) {
+	s := newLeaderStub(t)
+	l := newLeaderLink("n2", "")
+	var e *api.Error
+
+	s.status, s.answer = http.StatusConflict, `{"error":"dataset ds is registered with source /x"}`
+	code, _, err := l.relay(s.addr(), http.MethodPut, "/v1/datasets/ds", nil, nil, 5*time.Second)
+	if !errors.As(err, &e) || code != http.StatusConflict || e.Status != http.StatusConflict || e.Message != "dataset ds is registered with source /x" {
+		t.Fatalf("refusal: code %d, %v", code, err)
+	}
+	s.status, s.answer = http.StatusBadGateway, "upstream broke"
+	if _, _, err := l.relay(s.addr(), http.MethodGet, "/", nil, nil, 5*time.Second); !errors.As(err, &e) || e.Status != http.StatusBadGateway || e.Message != "upstream broke" {
+		t.Fatalf("plain-text refusal: %v", err)
+	}
+	s.status, s.answer = http.StatusMultipleChoices, `{"error":""}`
+	if _, _, err := l.relay(s.addr(), http.MethodGet, "/", nil, nil, 5*time.Second); !errors.As(err, &e) || e.Status != http.StatusMultipleChoices || e.Message != `{"error":""}` {
+		t.Fatalf("3xx with an empty message: %v", err)
+	}
+	s.status, s.answer = http.StatusOK, "not json"
+	var out api.Job
+	if code, _, err := l.relay(s.addr(), http.MethodGet, "/", nil, &out, 5*time.Second); err == nil || errors.As(err, &e) || code != http.StatusOK {
+		t.Fatalf("undecodable answer: %d, %v", code, err)
+	}
+	if _, _, err := l.relay(freeAddr(t), http.MethodGet, "/", nil, nil, 5*time.Second); !errors.As(err, &e) || e.Status != http.StatusServiceUnavailable {
+		t.Fatalf("no leader listening: %v", err)
+	}
+	if _, _, err := l.relay(s.addr(), http.MethodPut, "/", func() {}, nil, 5*time.Second); err == nil {
+		t.Fatal("a body that is not JSON was relayed")
+	}
+}
+
+func TestLeaderHas(t *testing.T) {
+	s := newLeaderStub(t)
+	l := newLeaderLink("n2", "tok")
+	if !l.has(s.addr(), "/v1/datasets/ds") || s.method != http.MethodGet || s.path != "/v1/datasets/ds" || s.auth != "Bearer tok" {
+		t.Fatalf("has: saw %s %s %q", s.method, s.path, s.auth)
+	}
+	s.status = http.StatusNotFound
+	if l.has(s.addr(), "/v1/datasets/ds") {
+		t.Fatal("a 404 counted as having it")
+	}
+	if l.has(freeAddr(t), "/") {
+		t.Fatal("no answer counted as having it")
+	}
+}
+
+// A node that knows no leader refuses writes at once with a 503, and a
+// request relayed to it is never relayed again.
+func TestWritesWithoutALeader(t *testing.T) {
+	cfg := Config{Name: "f1", RaftBind: freeAddr(t), DataDir: t.TempDir(), Memory: 1 << 20, Policy: "lru", FastRaft: true,
+		Logger: discard()}
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	ctx := context.Background()
+	var e *api.Error
+	if n.IsLeader() || n.LeaderHTTP() != "" {
+		t.Fatal("a node never bootstrapped leads")
+	}
+	if _, err := n.PutJob(ctx, api.Job{Name: "j", Dataset: "ds", Seed: 1, WorldSize: 1, BatchSize: 1}); !errors.As(err, &e) ||
+		e.Status != http.StatusServiceUnavailable || !strings.Contains(e.Message, "no raft leader") {
+		t.Fatalf("PutJob: %v", err)
+	}
+	if err := n.DeleteJob(Relayed(ctx), "j"); !errors.As(err, &e) || !strings.Contains(e.Message, "leadership is moving") {
+		t.Fatalf("relayed DeleteJob: %v", err)
+	}
+	if err := n.DeleteDataset(ctx, "ds"); !errors.As(err, &e) || e.Status != http.StatusServiceUnavailable {
+		t.Fatalf("DeleteDataset: %v", err)
+	}
+	if _, _, err := n.PutDataset(ctx, "ds", t.TempDir()); !errors.As(err, &e) || e.Status != http.StatusServiceUnavailable {
+		t.Fatalf("PutDataset: %v", err)
+	}
+	if err := n.PinEpoch(ctx, "j", 0); !errors.As(err, &e) || e.Status != http.StatusServiceUnavailable {
+		t.Fatalf("PinEpoch: %v", err)
+	}
+	start := time.Now()
+	if addr := n.AwaitLeader(ctx); addr != "" {
+		t.Fatalf("AwaitLeader: %q", addr)
+	}
+	if waited := time.Since(start); waited < followerGrace {
+		t.Fatalf("AwaitLeader gave up after %v, before its grace", waited)
+	}
+	if ok, why := n.Ready(); ok || why == "" {
+		t.Fatalf("ready without a leader: %v %q", ok, why)
+	}
+}
+
+func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }

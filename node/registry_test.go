@@ -1,0 +1,360 @@
+package node
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"stallfree/api"
+	"stallfree/catalog"
+)
+
+// Registering again with the same source changes nothing; with another
+// source it is a conflict; a source that is not one is a bad request.
+func TestDatasetRegistration(t *testing.T) {
+	n, d, _ := startNode(t, 12, 10, 1<<20, false)
+	ctx := context.Background()
+	info, created, err := n.PutDataset(ctx, "ds", d.Source)
+	if err != nil || created || info.ID != d.ID || info.Items != 12 || info.Bytes != 120 || info.Source != d.Source {
+		t.Fatalf("again: %+v created %v, %v", info, created, err)
+	}
+	if _, _, err := n.PutDataset(ctx, "ds", t.TempDir()); !errors.Is(err, catalog.ErrConflict) {
+		t.Fatalf("another source: %v", err)
+	}
+	if _, _, err := n.PutDataset(ctx, "x", "ftp://host/x"); !errors.Is(err, ErrBadRequest) {
+		t.Fatalf("unsupported scheme: %v", err)
+	}
+	if _, _, err := n.PutDataset(ctx, "x", filepath.Join(t.TempDir(), "missing")); !errors.Is(err, ErrBadRequest) {
+		t.Fatalf("missing directory: %v", err)
+	}
+	r, ok := n.Registration("ds")
+	if !ok || r.Running || r.Listed != 12 || r.Error != "" || r.Seconds <= 0 {
+		t.Fatalf("registration of ds: %+v %v", r, ok)
+	}
+	if r, ok := n.Registration("x"); !ok || r.Running || r.Error == "" {
+		t.Fatalf("the failed registration of x: %+v %v", r, ok)
+	}
+	if _, ok := n.Registration("never"); ok {
+		t.Fatal("a registration never run")
+	}
+	second := t.TempDir()
+	for i := range 3 {
+		if err := os.WriteFile(filepath.Join(second, fmt.Sprintf("f%d", i)), []byte("abc"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	info, created, err = n.PutDataset(ctx, "two", second)
+	if err != nil || !created || info.Items != 3 || info.ID == d.ID {
+		t.Fatalf("a second dataset: %+v %v %v", info, created, err)
+	}
+	names := map[string]int{}
+	for _, ds := range n.Datasets() {
+		names[ds.Name] = ds.Items
+	}
+	if len(names) != 2 || names["ds"] != 12 || names["two"] != 3 || !n.HasDataset("two") {
+		t.Fatalf("datasets %v", names)
+	}
+	if _, err := n.Dataset(ctx, "nope"); !errors.Is(err, catalog.ErrNotFound) {
+		t.Fatalf("unknown dataset: %v", err)
+	}
+}
+
+// Deleting a dataset drops what this node cached of it and its source.
+func TestDeleteDatasetDropsItsItems(t *testing.T) {
+	n, d, _ := startNode(t, 12, 10, 1<<20, false)
+	ctx := context.Background()
+	for i := range 12 {
+		it, err := n.Get(ctx, d, i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		it.Release()
+	}
+	if err := n.DeleteDataset(ctx, "ds"); err != nil {
+		t.Fatal(err)
+	}
+	if n.HasDataset("ds") {
+		t.Fatal("deleted dataset still listed")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for n.Stats().ItemsCached != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d items of a deleted dataset still cached", n.Stats().ItemsCached)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	n.mu.Lock()
+	open := len(n.sources)
+	n.mu.Unlock()
+	if open != 0 {
+		t.Fatalf("%d sources still open", open)
+	}
+}
+
+// --allow-source is applied to where a source really is: inside a prefix is
+// allowed, outside is forbidden, and a symlink from inside to outside is
+// forbidden under its real name.
+func TestAllowSource(t *testing.T) {
+	allowed, outside := t.TempDir(), t.TempDir()
+	inside := filepath.Join(allowed, "data")
+	if err := os.Mkdir(inside, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(allowed, "link")
+	if err := os.Symlink(outside, link); err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Name: "t1", RaftBind: freeAddr(t), DataDir: t.TempDir(), Bootstrap: true, Memory: 1 << 20,
+		Policy: "lru", FastRaft: true, Logger: discard(), AllowSources: []string{allowed}}
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	if _, err := n.CheckSource(inside); err != nil {
+		t.Fatalf("inside: %v", err)
+	}
+	if _, err := n.CheckSource(outside); !errors.Is(err, ErrForbiddenSource) || strings.Contains(err.Error(), "really") {
+		t.Fatalf("outside: %v", err)
+	}
+	if _, err := n.CheckSource(link); !errors.Is(err, ErrForbiddenSource) || !strings.Contains(err.Error(), "really") {
+		t.Fatalf("a symlink out: %v", err)
+	}
+	if _, err := n.CheckSource(filepath.Join(allowed, "missing")); !errors.Is(err, ErrBadRequest) {
+		t.Fatalf("a path that does not exist: %v", err)
+	}
+	if _, _, err := n.PutDataset(context.Background(), "x", outside); !errors.Is(err, ErrForbiddenSource) {
+		t.Fatalf("PutDataset outside: %v", err)
+	}
+	if _, err := New(Config{Name: "t2", RaftBind: freeAddr(t), DataDir: t.TempDir(), Memory: 1 << 20, Policy: "lru",
+		Logger: discard(), AllowSources: []string{filepath.Join(allowed, "missing")}}); err == nil {
+		t.Fatal("an --allow-source that does not exist was accepted")
+	}
+	if _, err := New(Config{Name: "t2", RaftBind: freeAddr(t), DataDir: t.TempDir(), Memory: 1 << 20, Policy: "fifo", Logger: discard()}); err == nil {
+		t.Fatal("an unknown policy was accepted")
+	}
+}
+
+// --dataset flags must be NAME=SOURCE, and the node is ready only once each
+// is registered.
+func TestRegisterAtStartAndReady(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "a"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Name: "t1", RaftBind: freeAddr(t), DataDir: t.TempDir(), Bootstrap: true, Memory: 1 << 20,
+		Policy: "lru", FastRaft: true, Logger: discard(), Datasets: []string{"a=" + dir}}
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for _, bad := range []string{"a", "=" + dir, "a="} {
+		if err := n.RegisterAtStart(ctx, []string{bad}); err == nil || !strings.Contains(err.Error(), "NAME=SOURCE") {
+			t.Fatalf("%q: %v", bad, err)
+		}
+	}
+	if err := n.cat.WaitLeader(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ok, why := n.Ready(); ok || !strings.Contains(why, "--dataset a") {
+		t.Fatalf("ready before its dataset: %v %q", ok, why)
+	}
+	if err := n.RegisterAtStart(ctx, []string{"b=ftp://x"}); err == nil || !strings.Contains(err.Error(), "--dataset b") {
+		t.Fatalf("a bad source: %v", err)
+	}
+	if err := n.RegisterAtStart(ctx, cfg.Datasets); err != nil {
+		t.Fatal(err)
+	}
+	if ok, why := n.Ready(); !ok {
+		t.Fatalf("not ready: %s", why)
+	}
+}
+
+// tarShards writes shards of samples (each a .jpg and a .cls member) and
+// returns each member's bytes by key.
+func tarShards(t *testing.T, shards, samples int) (string, map[string][]byte) {
+	t.Helper()
+	dir := t.TempDir()
+	files := map[string][]byte{}
+	for s := range shards {
+		var b bytes.Buffer
+		w := tar.NewWriter(&b)
+		for x := range samples {
+			for _, ext := range []string{"jpg", "cls"} {
+				name := fmt.Sprintf("s%02d_%03d.%s", s, x, ext)
+				data := bytes.Repeat([]byte(name), 20+x)
+				if err := w.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(data)), Typeflag: tar.TypeReg}); err != nil {
+					t.Fatal(err)
+				}
+				w.Write(data)
+				files[fmt.Sprintf("shard-%02d.tar/%s", s, name)] = data
+			}
+		}
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("shard-%02d.tar", s)), b.Bytes(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir, files
+}
+
+// tarDataset registers shards of samples on n as dataset "wds".
+func tarDataset(t *testing.T, n *Node, shards, samples int) (*catalog.Dataset, map[string][]byte) {
+	t.Helper()
+	dir, files := tarShards(t, shards, samples)
+	ctx := context.Background()
+	if _, _, err := n.PutDataset(ctx, "wds", "tar+dir://"+dir); err != nil {
+		t.Fatal(err)
+	}
+	d, err := n.Dataset(ctx, "wds")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, files
+}
+
+// A tar warm-up reads each shard whose first sample this node owns once,
+// front to back, keeps its own samples and pushes the others to their
+// owner with their bytes; a shard another member reads is not touched.
+func TestTarWarmupReadsItsShardsOnceAndPushes(t *testing.T) {
+	n, _, _, p := withTwoMembers(t, 10, 8)
+	d, files := tarDataset(t, n, 8, 12)
+	ctx := context.Background()
+	shards, items := n.shardsToRead(d)
+	if len(shards) == 0 || len(shards) == len(d.Manifest.Shards) {
+		t.Fatalf("t1 reads %d of %d shards: pick another shard count", len(shards), len(d.Manifest.Shards))
+	}
+	if pr := n.WarmupProgress(d); pr.Total != int64(items) {
+		t.Fatalf("progress before: %+v, want a total of %d", pr, items)
+	}
+	reads := n.Stats().SourceReads
+	n.StartWarmup(d)
+	awaitWarmup(t, n, d)
+	pr := n.WarmupProgress(d)
+	if pr.Done != int64(items) || pr.Total != int64(items) || pr.Full || pr.Error != "" {
+		t.Fatalf("progress %+v: want %d done", pr, items)
+	}
+	if got := n.Stats().SourceReads - reads; got != uint64(len(shards)) {
+		t.Fatalf("%d storage reads for %d shards", got, len(shards))
+	}
+	var wantBytes int64
+	for _, s := range shards {
+		first, end := d.Manifest.ShardItems(s)
+		for i := first; i < end; i++ {
+			key := d.Manifest.Key(i)
+			owner, self := p.Owner(d, i)
+			wantBytes += d.Manifest.Size(i)
+			switch {
+			case self && !n.Holds(d, i):
+				t.Fatalf("own member %s not kept", key)
+			case !self && !bytes.Equal(p.pushed[i], files[key]):
+				t.Fatalf("member %s of %s: pushed %d bytes, want its %d", key, owner, len(p.pushed[i]), len(files[key]))
+			}
+		}
+	}
+	if pr.Bytes != wantBytes {
+		t.Fatalf("%d bytes warmed, the shards hold %d", pr.Bytes, wantBytes)
+	}
+	for i := range p.pushed {
+		if s := shardOf(d, i); !containsInt(shards, s) {
+			t.Fatalf("member %d of shard %d, which t1 does not read, was pushed", i, s)
+		}
+	}
+
+	// A sample batch: members sample after sample, with the files' bytes.
+	items2, spans, err := n.GetSamplesFor(ctx, d, []int{3, 0}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(spans) != 2 || spans[0].Key != d.Manifest.SampleKey(3) || spans[0].End != 2 || spans[1].End != 4 || len(items2) != 4 {
+		t.Fatalf("spans %+v, %d items", spans, len(items2))
+	}
+	for _, it := range items2 {
+		if !bytes.Equal(it.Data, files[it.Key]) {
+			t.Fatalf("member %s differs from the shard's", it.Key)
+		}
+		it.Release()
+	}
+	for _, bad := range [][]int{{-1}, {d.Manifest.Samples()}} {
+		if _, _, err := n.GetSamplesFor(ctx, d, bad, ""); !errors.Is(err, ErrBadRequest) {
+			t.Fatalf("samples %v: %v", bad, err)
+		}
+	}
+	if _, _, err := n.GetSamplesFor(ctx, d, make([]int, MaxBatch+1), ""); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("too many samples: %v", err)
+	}
+	plain, err := n.Dataset(ctx, "ds")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := n.GetSamplesFor(ctx, plain, []int{0}, ""); !errors.Is(err, ErrBadRequest) {
+		t.Fatalf("samples of a plain dataset: %v", err)
+	}
+}
+
+// A job on a tar dataset reads batches of samples.
+func TestJobBatchesOfSamples(t *testing.T) {
+	n, _, _ := startNode(t, 4, 8, 1<<20, false)
+	_, files := tarDataset(t, n, 2, 5)
+	ctx := context.Background()
+	putJob(t, n, api.Job{Name: "tj", Dataset: "wds", Seed: 1, WorldSize: 1, BatchSize: 3})
+	o, err := n.RankOrder(ctx, "tj", 0, 0)
+	if err != nil || len(o.Indices) != 10 || o.Batches != 4 {
+		t.Fatalf("order %+v, %v: want 10 samples in 4 batches", o, err)
+	}
+	items, spans, err := n.JobBatch(ctx, "tj", 0, 0, 3)
+	if err != nil || len(spans) != 1 || len(items) != 2 || spans[0].End != 2 {
+		t.Fatalf("last batch: %d items, spans %+v, %v", len(items), spans, err)
+	}
+	for _, it := range items {
+		if !bytes.Equal(it.Data, files[it.Key]) {
+			t.Fatalf("member %s differs", it.Key)
+		}
+		it.Release()
+	}
+}
+
+// When the owner keeps nothing pushed, the warm-up ends full.
+func TestTarWarmupStopsForAFullOwner(t *testing.T) {
+	n, _, _, p := withTwoMembers(t, 10, 8)
+	p.full = true
+	d, _ := tarDataset(t, n, 8, 12)
+	n.StartWarmup(d)
+	awaitWarmup(t, n, d)
+	if pr := n.WarmupProgress(d); !pr.Full || pr.Error != "" {
+		t.Fatalf("progress %+v: want full", pr)
+	}
+	if len(p.pushed) != 0 || len(p.pushes) == 0 {
+		t.Fatalf("%d pushes, %d kept", len(p.pushes), len(p.pushed))
+	}
+}
+
+func shardOf(d *catalog.Dataset, i int) int {
+	for s := range d.Manifest.Shards {
+		if first, end := d.Manifest.ShardItems(s); i >= first && i < end {
+			return s
+		}
+	}
+	return -1
+}
+
+func containsInt(xs []int, x int) bool {
+	for _, y := range xs {
+		if y == x {
+			return true
+		}
+	}
+	return false
+}

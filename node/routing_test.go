@@ -1,0 +1,470 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/cespare/xxhash/v2"
+
+	"stallfree/api"
+	"stallfree/catalog"
+	"stallfree/cluster"
+	"stallfree/partition"
+)
+
+// twoMembers is node t1's view of a cluster whose other member, t2, the test
+// plays: the ring is real, t2 answers from what it holds, and every request
+// to it is counted.
+type twoMembers struct {
+	self string
+	ring *partition.Ring
+
+	mu      sync.Mutex
+	held    map[itemRef][]byte // what t2 answers with
+	pushed  map[int][]byte     // what was pushed to t2
+	pushes  []int              // bytes per push
+	down    bool               // t2 answers nothing
+	full    bool               // t2 keeps nothing pushed
+	pushErr error
+
+	single, batches, handoffs atomic.Int64
+}
+
+func newTwoMembers(t *testing.T) *twoMembers {
+	t.Helper()
+	r, err := partition.New([]string{"t1", "t2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &twoMembers{self: "t1", ring: r, held: map[itemRef][]byte{}, pushed: map[int][]byte{}}
+}
+
+func (p *twoMembers) Owner(d *catalog.Dataset, i int) (string, bool) {
+	o := p.ring.Owner(d.Name, d.Manifest.OwnerKey(i))
+	return o, o == p.self
+}
+
+// itemRef names an item of any dataset.
+type itemRef struct {
+	dataset string
+	index   int
+}
+
+func (p *twoMembers) answer(owner string, d *catalog.Dataset, i int) (cluster.Fill, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	b, ok := p.held[itemRef{d.Name, i}]
+	if p.down || owner != "t2" || !ok {
+		return cluster.Fill{}, false
+	}
+	return cluster.Fill{Data: bytes.Clone(b), Sum: xxhash.Sum64(b)}, true
+}
+
+func (p *twoMembers) FromOwner(_ context.Context, owner string, d *catalog.Dataset, i int) (cluster.Fill, bool) {
+	p.single.Add(1)
+	return p.answer(owner, d, i)
+}
+
+func (p *twoMembers) Handoff(context.Context, *catalog.Dataset, int) (cluster.Fill, bool) {
+	p.handoffs.Add(1)
+	return cluster.Fill{}, false
+}
+
+func (p *twoMembers) PushToOwner(_ context.Context, owner string, d *catalog.Dataset, indices []int, data [][]byte) ([]bool, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if owner != "t2" {
+		return nil, fmt.Errorf("pushed to %s", owner)
+	}
+	if p.pushErr != nil {
+		return nil, p.pushErr
+	}
+	kept, size := make([]bool, len(indices)), 0
+	for j, i := range indices {
+		size += len(data[j])
+		if !p.full {
+			p.pushed[i], kept[j] = bytes.Clone(data[j]), true
+			p.held[itemRef{d.Name, i}] = p.pushed[i]
+		}
+	}
+	p.pushes = append(p.pushes, size)
+	return kept, nil
+}
+
+func (p *twoMembers) FromOwners(_ context.Context, d *catalog.Dataset, indices []int) ([]cluster.Fill, []bool) {
+	p.batches.Add(1)
+	got, found := make([]cluster.Fill, len(indices)), make([]bool, len(indices))
+	for x, i := range indices {
+		owner, _ := p.Owner(d, i)
+		got[x], found[x] = p.answer(owner, d, i)
+	}
+	return got, found
+}
+
+func (p *twoMembers) Joined() bool                     { return true }
+func (p *twoMembers) Members() []string                { return p.ring.Members() }
+func (p *twoMembers) Ring() *partition.Ring            { return p.ring }
+func (p *twoMembers) HTTPAddr(m string) (string, bool) { return m + ".example:7070", m == "t2" }
+func (p *twoMembers) Describe(self api.Member) []api.Member {
+	return []api.Member{self, {Name: "t2", State: "alive"}}
+}
+func (p *twoMembers) Stats() cluster.Stats { return cluster.Stats{} }
+func (p *twoMembers) Close()               {}
+
+// split names the items of d each member owns.
+func (p *twoMembers) split(d *catalog.Dataset) (mine, theirs []int) {
+	for i := range d.Manifest.Len() {
+		if _, self := p.Owner(d, i); self {
+			mine = append(mine, i)
+		} else {
+			theirs = append(theirs, i)
+		}
+	}
+	return mine, theirs
+}
+
+// withTwoMembers is a node t1 in a two-member cluster whose t2 holds its
+// share of the dataset.
+func withTwoMembers(t *testing.T, items, size int) (*Node, *catalog.Dataset, map[string][]byte, *twoMembers) {
+	t.Helper()
+	n, d, files := startNode(t, items, size, 64<<20, false)
+	p := newTwoMembers(t)
+	mine, theirs := p.split(d)
+	if len(mine) == 0 || len(theirs) == 0 {
+		t.Fatalf("ring gives t1 %d and t2 %d items: pick another item count", len(mine), len(theirs))
+	}
+	for _, i := range theirs {
+		p.held[itemRef{d.Name, i}] = files[d.Manifest.Key(i)]
+	}
+	n.peers = p
+	return n, d, files, p
+}
+
+// Get serves an item t2 owns from t2 and keeps no copy; an item t1 owns is
+// read from storage once, kept, and served from memory after.
+func TestGetRoutesByOwner(t *testing.T) {
+	n, d, files, p := withTwoMembers(t, 40, 256)
+	mine, theirs := p.split(d)
+	ctx := context.Background()
+	for round, want := range []Cache{Miss, Hit} {
+		for i := range d.Manifest.Len() {
+			it, err := n.Get(ctx, d, i)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantCache := want
+			if _, self := p.Owner(d, i); !self {
+				wantCache = Peer
+			}
+			if it.Cache != wantCache || !bytes.Equal(it.Data, files[d.Manifest.Key(i)]) || it.Sum != xxhash.Sum64(it.Data) || it.Key != d.Manifest.Key(i) {
+				t.Fatalf("round %d item %d: %s, %d bytes; want %s and the file's bytes", round, i, it.Cache, len(it.Data), wantCache)
+			}
+			it.Release()
+		}
+	}
+	st := n.Stats()
+	if st.SourceReads != uint64(len(mine)) || st.Misses != uint64(len(mine)) || st.HitsLocal != uint64(len(mine)) ||
+		st.HitsPeer != uint64(2*len(theirs)) || st.ItemsCached != len(mine) || p.single.Load() != int64(2*len(theirs)) {
+		t.Fatalf("stats %+v, %d peer requests; want %d items read and kept, %d peer hits", st, p.single.Load(), len(mine), 2*len(theirs))
+	}
+	for _, i := range theirs {
+		if n.Holds(d, i) {
+			t.Fatalf("item %d of t2 kept on t1", i)
+		}
+	}
+	if p.handoffs.Load() != int64(len(mine)) {
+		t.Fatalf("%d handoffs asked for %d first reads of owned items", p.handoffs.Load(), len(mine))
+	}
+	if _, err := n.Get(ctx, d, d.Manifest.Len()); !errors.Is(err, ErrBadRequest) {
+		t.Fatalf("index past the end: %v", err)
+	}
+	if _, err := n.Get(ctx, d, -1); !errors.Is(err, ErrBadRequest) {
+		t.Fatalf("negative index: %v", err)
+	}
+}
+
+// When the owner does not answer, the item is read from storage and not
+// kept: it is not this node's to hold.
+func TestOwnerGoneReadsStorageWithoutKeeping(t *testing.T) {
+	n, d, files, p := withTwoMembers(t, 40, 256)
+	p.down = true
+	_, theirs := p.split(d)
+	for _, i := range theirs {
+		it, err := n.Get(context.Background(), d, i)
+		if err != nil || it.Cache != Miss || !bytes.Equal(it.Data, files[d.Manifest.Key(i)]) {
+			t.Fatalf("item %d: %v, %s", i, err, it.Cache)
+		}
+		it.Release()
+		if n.Holds(d, i) {
+			t.Fatalf("item %d of t2 kept after a storage read", i)
+		}
+	}
+	if st := n.Stats(); st.SourceReads != uint64(len(theirs)) || st.ItemsCached != 0 {
+		t.Fatalf("stats %+v: want %d storage reads and nothing kept", st, len(theirs))
+	}
+}
+
+// A peer's request is filled here and never sent on to another member: an
+// item this node owns is kept, one it does not is read and not kept.
+func TestFillForPeerNeverAsksAnotherOwner(t *testing.T) {
+	n, d, files, p := withTwoMembers(t, 40, 256)
+	mine, theirs := p.split(d)
+	for _, i := range []int{mine[0], theirs[0]} {
+		f, err := forPeers{n}.FillForPeer(context.Background(), d, i)
+		if err != nil || !bytes.Equal(f.Data, files[d.Manifest.Key(i)]) || f.Sum != xxhash.Sum64(f.Data) {
+			t.Fatalf("item %d: %v", i, err)
+		}
+	}
+	if p.single.Load()+p.batches.Load() != 0 {
+		t.Fatalf("%d requests to t2 while filling for a peer", p.single.Load()+p.batches.Load())
+	}
+	if !n.Holds(d, mine[0]) || n.Holds(d, theirs[0]) {
+		t.Fatalf("kept: own item %v, t2's item %v; want only its own", n.Holds(d, mine[0]), n.Holds(d, theirs[0]))
+	}
+	if p.handoffs.Load() != 1 {
+		t.Fatalf("%d handoffs: want one, for the item it owns", p.handoffs.Load())
+	}
+}
+
+// GetMany asks t2 once for all it owns, reads t1's own items, and answers in
+// the order asked; the in-flight budget is held until every item is
+// released.
+func TestGetManyAsksEachOwnerOnce(t *testing.T) {
+	n, d, files, p := withTwoMembers(t, 40, 256)
+	mine, theirs := p.split(d)
+	idx := make([]int, d.Manifest.Len())
+	for x := range idx {
+		idx[x] = len(idx) - 1 - x
+	}
+	for round := range 2 {
+		items, err := n.GetManyFor(context.Background(), d, idx, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n.inflight.used != uint64(len(idx)*256) {
+			t.Fatalf("round %d: %d bytes in flight while %d are held", round, n.inflight.used, len(idx)*256)
+		}
+		for x, it := range items {
+			i := idx[x]
+			want := Peer
+			if _, self := p.Owner(d, i); self {
+				want = map[int]Cache{0: Miss, 1: Hit}[round]
+			}
+			if it.Cache != want || it.Key != d.Manifest.Key(i) || !bytes.Equal(it.Data, files[it.Key]) {
+				t.Fatalf("round %d position %d (item %d): %s %q; want %s and the file's bytes", round, x, i, it.Cache, it.Key, want)
+			}
+			it.Release()
+		}
+		if n.inflight.used != 0 {
+			t.Fatalf("round %d: %d bytes still in flight after every release", round, n.inflight.used)
+		}
+	}
+	if p.batches.Load() != 2 || p.single.Load() != 0 {
+		t.Fatalf("%d batch and %d single requests to t2: want one batch per GetMany", p.batches.Load(), p.single.Load())
+	}
+	st := n.Stats()
+	if st.SourceReads != uint64(len(mine)) || st.HitsPeer != uint64(2*len(theirs)) || st.HitsLocal != uint64(len(mine)) || st.Misses != uint64(len(mine)) {
+		t.Fatalf("stats %+v", st)
+	}
+
+	// t2 gone: its items are read here, one by one after the batch failed.
+	p.down = true
+	items, err := n.GetMany(context.Background(), d, theirs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for x, it := range items {
+		if it.Cache != Miss || !bytes.Equal(it.Data, files[d.Manifest.Key(theirs[x])]) {
+			t.Fatalf("item %d with t2 gone: %s", theirs[x], it.Cache)
+		}
+		it.Release()
+	}
+	if p.single.Load() != int64(len(theirs)) {
+		t.Fatalf("%d single requests after the batch failed, want %d", p.single.Load(), len(theirs))
+	}
+}
+
+// A batch is refused whole, before anything is read, when it is too long,
+// names an item that does not exist, or needs more than the in-flight
+// budget; while other batches hold the budget it is busy, and once they are
+// released it is served.
+func TestGetManyBounds(t *testing.T) {
+	n, d, _ := startNode(t, 8, 1000, 1<<20, false)
+	ctx := context.Background()
+	if _, err := n.GetMany(ctx, d, make([]int, MaxBatch+1)); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("%d items: %v", MaxBatch+1, err)
+	}
+	most, err := n.GetMany(ctx, d, make([]int, MaxBatch))
+	if err != nil {
+		t.Fatalf("%d items (the limit): %v", MaxBatch, err)
+	}
+	for _, it := range most {
+		it.Release()
+	}
+	for _, bad := range [][]int{{0, 8}, {-1}, {3, 2, 100}} {
+		if _, err := n.GetMany(ctx, d, bad); !errors.Is(err, ErrBadRequest) {
+			t.Fatalf("%v: %v", bad, err)
+		}
+	}
+	n.inflight.limit = 3000
+	if _, err := n.GetMany(ctx, d, []int{0, 1, 2, 3}); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("4000 bytes under a 3000-byte budget: %v", err)
+	}
+	held, err := n.GetMany(ctx, d, []int{0, 1, 2})
+	if err != nil {
+		t.Fatalf("exactly the budget: %v", err)
+	}
+	if _, err := n.GetMany(ctx, d, []int{4}); !errors.Is(err, ErrBusy) {
+		t.Fatalf("past a held budget: %v", err)
+	}
+	held[0].Release()
+	again, err := n.GetMany(ctx, d, []int{4})
+	if err != nil {
+		t.Fatalf("after a release: %v", err)
+	}
+	for _, it := range append(held[1:], again...) {
+		it.Release()
+	}
+	if n.Stats().SourceReads != 4 { // items 0 (the MaxBatch batch), 1, 2 and 4
+		t.Fatalf("%d storage reads: a refused batch read something", n.Stats().SourceReads)
+	}
+}
+
+// rehome moves each copy t1 holds of an item t2 owns to t2, in pushes
+// bounded like a warm-up's, and drops it only once t2 keeps it.
+func TestRehomeMovesCopiesToTheirOwner(t *testing.T) {
+	const items, size = 160, 64 << 10
+	n, d, files := startNode(t, items, size, 64<<20, false)
+	ctx := context.Background()
+	for i := range items { // alone, t1 owns and keeps everything
+		it, err := n.Get(ctx, d, i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		it.Release()
+	}
+	p := newTwoMembers(t)
+	n.peers = p
+	mine, theirs := p.split(d)
+
+	p.pushErr = errors.New("t2 is busy")
+	if n.rehome(ctx) {
+		t.Fatal("rehome reported complete after a failed push")
+	}
+	p.pushErr, p.full = nil, true
+	if !n.rehome(ctx) {
+		t.Fatal("rehome incomplete when every push was answered")
+	}
+	if st := n.Stats(); st.ItemsCached != items {
+		t.Fatalf("%d items left after pushes t2 did not keep: want all %d", st.ItemsCached, items)
+	}
+	p.full, p.pushes = false, nil
+	if !n.rehome(ctx) {
+		t.Fatal("rehome incomplete")
+	}
+	for _, i := range theirs {
+		if n.Holds(d, i) || !bytes.Equal(p.pushed[i], files[d.Manifest.Key(i)]) {
+			t.Fatalf("item %d: still on t1 %v, pushed bytes equal %v", i, n.Holds(d, i), bytes.Equal(p.pushed[i], files[d.Manifest.Key(i)]))
+		}
+	}
+	for _, i := range mine {
+		if !n.Holds(d, i) || p.pushed[i] != nil {
+			t.Fatalf("t1's own item %d moved", i)
+		}
+	}
+	if len(p.pushed) != len(theirs) {
+		t.Fatalf("%d items pushed, t2 owns %d", len(p.pushed), len(theirs))
+	}
+	total := 0
+	for _, b := range p.pushes {
+		if b > pushBytes {
+			t.Fatalf("a push of %d bytes, over %d", b, pushBytes)
+		}
+		total += b
+	}
+	if want := (len(theirs)*size + pushBytes - 1) / pushBytes; len(p.pushes) != want || total != len(theirs)*size {
+		t.Fatalf("%d pushes of %d bytes in all; want %d of %d", len(p.pushes), total, want, len(theirs)*size)
+	}
+	p.pushes = nil
+	if !n.rehome(ctx) || len(p.pushes) != 0 {
+		t.Fatalf("a second sweep pushed %d times with nothing left to move", len(p.pushes))
+	}
+}
+
+// The owner table names, for every item, the member Owner names, with the
+// members' HTTP addresses; it is rebuilt when the ring changes.
+func TestOwnersTableMatchesOwner(t *testing.T) {
+	n, d, _, p := withTwoMembers(t, 300, 8)
+	n.cfg.HTTPAdvert = "t1.example:7070"
+	check := func() {
+		t.Helper()
+		o := n.Owners(d)
+		if o.Ring != ringID(p.ring.Version()) || n.RingVersion() != p.ring.Version() || len(o.Owners) != d.Manifest.Len() {
+			t.Fatalf("table of ring %s with %d owners; want ring %x, %d", o.Ring, len(o.Owners), p.ring.Version(), d.Manifest.Len())
+		}
+		for x, m := range o.Members {
+			if want := m.Name + ".example:7070"; m.Name != p.ring.Members()[x] || m.HTTP != want {
+				t.Fatalf("member %d: %+v", x, m)
+			}
+		}
+		for i, x := range o.Owners {
+			if owner, _ := p.Owner(d, i); o.Members[x].Name != owner {
+				t.Fatalf("item %d: table says %s, Owner says %s", i, o.Members[x].Name, owner)
+			}
+		}
+	}
+	check()
+	r, err := partition.New([]string{"t1", "t2", "t3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.ring = r
+	check()
+	if slices.Index(p.ring.Members(), "t3") < 0 {
+		t.Fatal("ring lost t3")
+	}
+}
+
+// A lone node's table names itself for every item.
+func TestOwnersTableAlone(t *testing.T) {
+	n, d, _ := startNode(t, 10, 8, 1<<20, false)
+	o := n.Owners(d)
+	if len(o.Members) != 1 || o.Members[0].Name != "t1" || len(o.Owners) != 10 || slices.ContainsFunc(o.Owners, func(b byte) bool { return b != 0 }) {
+		t.Fatalf("table %+v", o)
+	}
+}
+
+// A warm-up in a cluster reads only the items this node owns.
+func TestWarmupReadsOnlyItsShare(t *testing.T) {
+	n, d, _, p := withTwoMembers(t, 60, 512)
+	mine, _ := p.split(d)
+	if pr := n.WarmupProgress(d); pr.Total != int64(len(mine)) || pr.Running || pr.Done != 0 {
+		t.Fatalf("progress before: %+v, want a total of %d", pr, len(mine))
+	}
+	n.StartWarmup(d)
+	awaitWarmup(t, n, d)
+	pr, st := n.WarmupProgress(d), n.Stats()
+	if pr.Done != int64(len(mine)) || pr.Total != int64(len(mine)) || pr.Bytes != int64(len(mine)*512) || pr.Full || pr.Error != "" {
+		t.Fatalf("progress %+v: want %d items of 512 bytes", pr, len(mine))
+	}
+	if st.SourceReads != uint64(len(mine)) || st.ItemsCached != len(mine) || p.single.Load() != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	for _, i := range mine {
+		if !n.Holds(d, i) {
+			t.Fatalf("own item %d not warmed", i)
+		}
+	}
+	// Warming again reads nothing: everything is held.
+	n.StartWarmup(d)
+	awaitWarmup(t, n, d)
+	if pr := n.WarmupProgress(d); n.Stats().SourceReads != uint64(len(mine)) || pr.Done != pr.Total || pr.Bytes != int64(len(mine)*512) {
+		t.Fatalf("a second warm-up: %+v, %d storage reads", pr, n.Stats().SourceReads)
+	}
+}
