@@ -2,11 +2,14 @@ package catalog
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
 
@@ -203,7 +206,7 @@ func TestChunksFillToTheBound(t *testing.T) {
 	for i := range es {
 		es[i] = source.Entry{Key: fmt.Sprintf("k%07d", i), Size: 1} // 8 + 8 bytes
 	}
-	sizes := func(maxBytes int) []int {
+	sizes := func(es []source.Entry, maxBytes int) []int {
 		var out []int
 		for _, c := range chunks(es, maxBytes) {
 			out = append(out, len(c))
@@ -220,9 +223,13 @@ func TestChunksFillToTheBound(t *testing.T) {
 		{1, []int{16, 16, 16, 16, 16, 16, 4}}, // never less than a block
 		{1 << 20, []int{100}},
 	} {
-		if got := sizes(tc.maxBytes); !slices.Equal(got, tc.want) {
+		if got := sizes(es, tc.maxBytes); !slices.Equal(got, tc.want) {
 			t.Errorf("chunks of %d bytes: %v entries, want %v", tc.maxBytes, got, tc.want)
 		}
+	}
+	// A rest of one block and one key is two chunks, not one over the bound.
+	if got := sizes(es[:97], 1); !slices.Equal(got, []int{16, 16, 16, 16, 16, 16, 1}) {
+		t.Errorf("97 entries in chunks of 1 byte: %v", got)
 	}
 	if got := chunks(nil, exact); len(got) != 1 || len(got[0]) != 0 {
 		t.Fatalf("no entries: %d chunks, want one empty", len(got))
@@ -248,5 +255,80 @@ func TestSampleKeysOfDottedPaths(t *testing.T) {
 	}
 	if m.Ext(2) != "jpg" {
 		t.Fatalf("extension of v1.0/.jpg: %q, want jpg", m.Ext(2))
+	}
+}
+
+// A second catalog joins through the leader's AddServer: as a non-voter,
+// then a voter; it catches up with what the leader wrote, refuses writes
+// itself, and is gone from the configuration once removed. A catalog never
+// bootstrapped and never added knows no leader.
+func TestServersJoinCatchUpAndLeave(t *testing.T) {
+	lead := openLeader(t, t.TempDir(), freeAddr(t))
+	defer lead.Close()
+	if _, _, err := lead.RegisterDataset("ds", "dir:///data", entries(10), 0); err != nil {
+		t.Fatal(err)
+	}
+	addr := freeAddr(t)
+	f, err := Open(Config{NodeID: "n2", Bind: addr, Dir: t.TempDir(), Fast: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if ok, why := f.CaughtUp(); ok || why != "no raft leader known yet" {
+		t.Fatalf("CaughtUp before joining: %v %q", ok, why)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	err = f.WaitLeader(ctx)
+	cancel()
+	if !errors.Is(err, ErrNoLeader) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("WaitLeader alone: %v", err)
+	}
+	if _, _, err := f.RegisterDataset("x", "dir:///x", entries(1), 0); !errors.Is(err, ErrNoLeader) {
+		t.Fatalf("a write with no leader: %v", err)
+	}
+	roles := func() map[string]bool {
+		t.Helper()
+		servers, err := lead.Servers()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]bool{}
+		for _, s := range servers {
+			out[s.ID] = s.Voter
+		}
+		return out
+	}
+	if err := lead.AddServer("n2", addr, false); err != nil {
+		t.Fatal(err)
+	}
+	if r := roles(); len(r) != 2 || !r["n1"] || r["n2"] {
+		t.Fatalf("after adding a non-voter: %v", r)
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := f.WaitLeader(ctx); err != nil || f.Leader() != "n1" {
+		t.Fatalf("the follower's leader: %q %v", f.Leader(), err)
+	}
+	f.WaitFor(ctx, func() bool { ok, _ := f.CaughtUp(); return ok && f.AppliedIndex() >= lead.AppliedIndex() })
+	if ok, why := f.CaughtUp(); !ok {
+		t.Fatalf("never caught up: %s", why)
+	}
+	if d, ok := f.Dataset("ds"); !ok || d.Manifest.Len() != 10 {
+		t.Fatal("the follower lacks the leader's dataset")
+	}
+	if _, _, err := f.RegisterDataset("x", "dir:///x", entries(1), 0); !errors.Is(err, ErrNotLeader) {
+		t.Fatalf("a write on a follower: %v", err)
+	}
+	if err := lead.AddServer("n2", addr, true); err != nil {
+		t.Fatal(err)
+	}
+	if r := roles(); len(r) != 2 || !r["n2"] {
+		t.Fatalf("after promoting n2: %v", r)
+	}
+	if err := lead.RemoveServer("n2"); err != nil {
+		t.Fatal(err)
+	}
+	if r := roles(); len(r) != 1 || !r["n1"] {
+		t.Fatalf("after removing n2: %v", r)
 	}
 }
