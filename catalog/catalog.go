@@ -161,6 +161,9 @@ func Open(cfg Config) (*Catalog, error) {
 // Close stops raft and closes its stores.
 func (c *Catalog) Close() error {
 	err := c.raft.Shutdown().Error()
+	// Close does not close the pooled connections to other members, whose
+	// handlers would wait on them for as long as those members run.
+	c.trans.CloseStreams()
 	c.trans.Close()
 	if cerr := c.store.Close(); err == nil {
 		err = cerr

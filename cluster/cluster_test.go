@@ -18,7 +18,14 @@ import (
 	"stallfree/transport"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// fasthttp's client (Describe's) has no Close: its cleaners end on their
+// own once its idle connections expire, after the tests.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*Client).mCleaner"),
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*HostClient).connsCleaner"),
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*TCPDialer).tcpAddrsClean"))
+}
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
@@ -50,6 +57,12 @@ func (*fakeLocal) Observe(uint32, int) {}
 // oneMember starts a one-member cluster over a real catalog (raft on disk)
 // holding a dataset of n items of size bytes.
 func oneMember(t *testing.T, n, size int) (*Cluster, *catalog.Dataset, *store.Store, *fakeLocal) {
+	t.Helper()
+	return oneMemberWith(t, n, size, Config{})
+}
+
+// oneMemberWith is oneMember with cfg's HTTPAdvert and DeadGrace.
+func oneMemberWith(t *testing.T, n, size int, cfg Config) (*Cluster, *catalog.Dataset, *store.Store, *fakeLocal) {
 	t.Helper()
 	log := slog.New(slog.DiscardHandler)
 	cat, err := catalog.Open(catalog.Config{NodeID: "c1", Bind: freeAddr(t), Dir: t.TempDir(), Bootstrap: true, Fast: true, Logger: log})
@@ -86,7 +99,7 @@ func oneMember(t *testing.T, n, size int) (*Cluster, *catalog.Dataset, *store.St
 	t.Cleanup(func() { st.Close() })
 	peer := freeAddr(t)
 	c := New(Config{Name: "c1", GossipBind: freeAddr(t), Advertise: "127.0.0.1", PeerBind: peer, PeerAdvert: peer,
-		Fast: true, Logger: log}, local, cat, st)
+		HTTPAdvert: cfg.HTTPAdvert, DeadGrace: cfg.DeadGrace, Fast: true, Logger: log}, local, cat, st)
 	if err := c.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,244 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+
+	"stallfree/api"
+	"stallfree/catalog"
+	"stallfree/store"
+)
+
+// pairMember is one member of a two-member cluster started in this process:
+// its own catalog (raft on disk), store, fake node and peer transport, all
+// real and on loopback.
+type pairMember struct {
+	c     *Cluster
+	cat   *catalog.Catalog
+	st    *store.Store
+	local *fakeLocal
+}
+
+func await(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("still waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// startPair starts c1 (which bootstraps raft and registers a dataset of n
+// items) and returns it with a second member, c2, started by join once the
+// test has set c1 up: c2 joins c1's gossip and c1's reconciler adds it to raft.
+func startPair(t *testing.T, n, size int, httpAdvert string) (*pairMember, func() *pairMember, *catalog.Dataset) {
+	t.Helper()
+	c1, d, st, local := oneMemberWith(t, n, size, Config{HTTPAdvert: httpAdvert, DeadGrace: 300 * time.Millisecond})
+	first := &pairMember{c: c1, cat: c1.cat, st: st, local: local}
+	gossip := c1.cfg.GossipBind
+	join := func() *pairMember {
+		t.Helper()
+		log := slog.New(slog.DiscardHandler)
+		raftAddr := freeAddr(t)
+		cat, err := catalog.Open(catalog.Config{NodeID: "c2", Bind: raftAddr, Dir: t.TempDir(), Fast: true, Logger: log})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cat.Close() })
+		st2, err := store.New(1<<20, store.MinIO{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st2.Close() })
+		local2 := &fakeLocal{items: local.items}
+		peer := freeAddr(t)
+		c2 := New(Config{Name: "c2", GossipBind: freeAddr(t), Advertise: "127.0.0.1", PeerBind: peer, PeerAdvert: peer,
+			RaftAdvert: raftAddr, Join: []string{gossip}, Fast: true, Logger: log}, local2, cat, st2)
+		if err := c2.Start(); err != nil {
+			t.Fatal(err)
+		}
+		second := &pairMember{c: c2, cat: cat, st: st2, local: local2}
+		t.Cleanup(func() { second.close() })
+		await(t, "both rings to hold both members", func() bool {
+			return len(c1.Members()) == 2 && len(c2.Members()) == 2 && c2.Joined()
+		})
+		await(t, "c2's catalog to hold the dataset", func() bool { _, ok := cat.Dataset("ds"); return ok })
+		return second
+	}
+	return first, join, d
+}
+
+func (m *pairMember) close() {
+	if m.c != nil {
+		m.c.Close()
+		m.c = nil
+	}
+}
+
+// ownedBy lists the items of d the ring gives to name.
+func ownedBy(c *Cluster, d *catalog.Dataset, name string) []int {
+	var out []int
+	for i := range d.Manifest.Len() {
+		if owner, _ := c.Owner(d, i); owner == name {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// Two members: each asks the other for what it owns, alone and in batches,
+// pushes reach their owner and are kept only there, a new owner takes over
+// what the previous one held without a fill, the cluster view reads the
+// other's figures, and a member that leaves is dropped from the ring and,
+// after its grace, from raft.
+func TestTwoMembers(t *testing.T) {
+	metrics := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/metrics" {
+			http.NotFound(w, r)
+			return
+		}
+		fmt.Fprint(w, "# HELP stallfree_items_cached_total x\nstallfree_items_cached_total 9\nstallfree_items_cached 42\nstallfree_bytes_cached 4200\n")
+	}))
+	defer metrics.Close()
+	a, join, d := startPair(t, 64, 100, strings.TrimPrefix(metrics.URL, "http://"))
+	ctx := context.Background()
+	// a alone holds everything, as it would after a warm-up.
+	for i := range 64 {
+		if err := a.st.Put(store.MakeKey(d.ID, uint32(i)), a.local.items[i], xxhash.Sum64(a.local.items[i])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := join()
+	for i := range 64 {
+		oa, _ := a.c.Owner(d, i)
+		ob, _ := b.c.Owner(d, i)
+		if oa != ob {
+			t.Fatalf("item %d: a says %s, b says %s", i, oa, ob)
+		}
+	}
+	ofA, ofB := ownedBy(b.c, d, "c1"), ownedBy(b.c, d, "c2")
+	if len(ofA) == 0 || len(ofB) == 0 {
+		t.Fatalf("a owns %d, b %d: pick another item count", len(ofA), len(ofB))
+	}
+
+	// The previous owner's copy moves to the new one without a fill.
+	for _, i := range ofB {
+		f, ok := b.c.Handoff(ctx, d, i)
+		if !ok || string(f.Data) != string(a.local.items[i]) || !b.st.Contains(store.MakeKey(d.ID, uint32(i))) {
+			t.Fatalf("handoff of item %d: %v", i, ok)
+		}
+	}
+	if a.local.fills != 0 || b.local.fills != 0 {
+		t.Fatalf("handoffs made %d + %d fills", a.local.fills, b.local.fills)
+	}
+
+	// One at a time and in a batch, from the owner's memory.
+	for _, i := range ofA[:3] {
+		f, ok := b.c.FromOwner(ctx, "c1", d, i)
+		if !ok || string(f.Data) != string(a.local.items[i]) || f.Sum != xxhash.Sum64(f.Data) {
+			t.Fatalf("item %d from its owner: %v", i, ok)
+		}
+	}
+	all := make([]int, 64)
+	for i := range all {
+		all[i] = i
+	}
+	got, found := b.c.FromOwners(ctx, d, all)
+	for i := range 64 {
+		owner, _ := b.c.Owner(d, i)
+		if found[i] != (owner == "c1") || found[i] && string(got[i].Data) != string(a.local.items[i]) {
+			t.Fatalf("item %d (owner %s) in the batch: found %v", i, owner, found[i])
+		}
+	}
+	if a.local.fills != 0 {
+		t.Fatalf("%d fills for items a holds", a.local.fills)
+	}
+	wantIn := uint64(100 * (len(ofB) + 3 + len(ofA)))
+	if st := b.c.Stats(); st.PeerBytesIn != wantIn || st.PeerFailures != 0 {
+		t.Fatalf("b's stats %+v; want %d bytes in, no failure", st, wantIn)
+	}
+
+	// A push is kept by the owner, refused for what it does not own.
+	a.st.Delete(store.MakeKey(d.ID, uint32(ofA[0])))
+	kept, err := b.c.PushToOwner(ctx, "c1", d, []int{ofA[0], ofB[0]}, [][]byte{a.local.items[ofA[0]], a.local.items[ofB[0]]})
+	if err != nil || len(kept) != 2 || !kept[0] || kept[1] {
+		t.Fatalf("push: %v %v; want the first kept, the second not", kept, err)
+	}
+	if !a.st.Contains(store.MakeKey(d.ID, uint32(ofA[0]))) {
+		t.Fatal("a does not hold what it kept")
+	}
+	if st := b.c.Stats(); st.PeerBytesOut != 200 {
+		t.Fatalf("b's bytes out %d, want 200", st.PeerBytesOut)
+	}
+
+	// Asking a member that does not exist is a failure, not a wait.
+	if _, ok := b.c.FromOwner(ctx, "nobody", d, 0); ok {
+		t.Fatal("a fetch from no member succeeded")
+	}
+	if _, err := b.c.PushToOwner(ctx, "nobody", d, []int{0}, [][]byte{a.local.items[0]}); err == nil {
+		t.Fatal("a push to no member succeeded")
+	}
+	if st := b.c.Stats(); st.PeerFailures != 1 {
+		t.Fatalf("%d peer failures, want 1", st.PeerFailures)
+	}
+
+	// b's view of the cluster reads a's figures from a's /metrics.
+	view := b.c.Describe(api.Member{Name: "c2", State: "alive"})
+	if len(view) != 2 {
+		t.Fatalf("view %+v", view)
+	}
+	var share float64
+	for _, m := range view {
+		share += m.Share
+		if m.Name == "c1" && (m.Items != 42 || m.Bytes != 4200 || m.State != "alive" || m.HTTP != strings.TrimPrefix(metrics.URL, "http://")) {
+			t.Fatalf("a as b sees it: %+v", m)
+		}
+	}
+	if share < 0.999 || share > 1.001 {
+		t.Fatalf("shares sum to %v", share)
+	}
+	if addr, ok := b.c.HTTPAddr("c1"); !ok || addr != strings.TrimPrefix(metrics.URL, "http://") {
+		t.Fatalf("a's HTTP address: %q %v", addr, ok)
+	}
+	if _, ok := b.c.HTTPAddr("c2"); ok {
+		t.Fatal("b advertised an HTTP address it was not given")
+	}
+
+	// Raft: a's reconciler made b a voter; once b leaves it is dropped from
+	// the ring and, after the grace, from raft.
+	voter := func(id string) (in, isVoter bool) {
+		servers, err := a.cat.Servers()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range servers {
+			if s.ID == id {
+				return true, s.Voter
+			}
+		}
+		return false, false
+	}
+	await(t, "b to become a raft voter", func() bool { _, v := voter("c2"); return v })
+	b.close()
+	await(t, "a's ring to drop b", func() bool { return len(a.c.Members()) == 1 })
+	await(t, "raft to drop b", func() bool { in, _ := voter("c2"); return !in })
+}
+
+func TestMetricValue(t *testing.T) {
+	text := []byte("# HELP x\nstallfree_items_cached_total 9\nstallfree_items_cached 42\nother 1.5\n")
+	for name, want := range map[string]float64{"stallfree_items_cached": 42, "other": 1.5, "stallfree_items_cached_total": 9, "missing": 0} {
+		if got := metricValue(text, name); got != want {
+			t.Fatalf("%s = %v, want %v", name, got, want)
+		}
+	}
+}
