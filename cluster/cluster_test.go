@@ -237,3 +237,30 @@ func TestAwaitRingGivesUpOncePerVersion(t *testing.T) {
 		t.Fatalf("%d waits after a second unreachable version, want 2", n)
 	}
 }
+
+// Unset timers take their documented defaults, shorter under Fast (loopback
+// tests); set ones are kept.
+func TestConfigDefaults(t *testing.T) {
+	for _, tc := range []struct {
+		cfg               Config
+		peer, grace, ping time.Duration
+	}{
+		{Config{}, 2 * time.Second, time.Minute, time.Second},
+		{Config{Fast: true}, 2 * time.Second, 5 * time.Second, 300 * time.Millisecond},
+		{Config{PeerTimeout: time.Millisecond, DeadGrace: time.Hour}, time.Millisecond, time.Hour, time.Second},
+	} {
+		c := New(tc.cfg, &fakeLocal{}, nil, nil)
+		if c.cfg.PeerTimeout != tc.peer || c.cfg.DeadGrace != tc.grace || c.vouch.timeout != tc.ping || c.vouch.interval != tc.ping {
+			t.Errorf("%+v: peer timeout %v, grace %v, ping %v/%v", tc.cfg, c.cfg.PeerTimeout, c.cfg.DeadGrace, c.vouch.timeout, c.vouch.interval)
+		}
+		wantMax := 10 * time.Second
+		if tc.cfg.Fast {
+			wantMax = 3 * time.Second
+		}
+		if c.vouch.max != wantMax {
+			t.Errorf("%+v: a dead member held at most %v, want %v", tc.cfg, c.vouch.max, wantMax)
+		}
+		c.vouch.close()
+		c.client.Close()
+	}
+}

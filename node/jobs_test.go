@@ -125,11 +125,15 @@ func TestRankOrdersAndEpochs(t *testing.T) {
 	if _, err := n.RankOrder(ctx, "k", 6, 0); !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), "is over") {
 		t.Fatalf("an epoch before the first: %v", err)
 	}
-	if _, err := n.RankOrder(ctx, "k", 9, 0); !errors.Is(err, ErrBadRequest) {
+	if _, err := n.RankOrder(ctx, "k", 9, 0); !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), "the next to start is 8") {
 		t.Fatalf("epoch 9 while at 7: %v", err)
 	}
 	if _, err := n.RankOrder(ctx, "k", 8, 0); err != nil {
 		t.Fatalf("epoch 8 after 7: %v", err)
+	}
+	putJob(t, n, api.Job{Name: "last", Dataset: "ds", Seed: 5, WorldSize: 1, BatchSize: 4})
+	if _, err := n.RankOrder(ctx, "last", maxEpoch, 0); err != nil {
+		t.Fatalf("the last epoch there may be: %v", err)
 	}
 }
 
@@ -469,5 +473,44 @@ func TestStorageFault(t *testing.T) {
 	}
 	if storageFault(errors.New("no such scheme")) || storageFault(context.Canceled) {
 		t.Fatal("a request's own fault counted as storage's")
+	}
+}
+
+// An order's remote count is the number of its items another member owns,
+// for a whole epoch and for the rest of one resumed part-way.
+func TestOrdersCountTheirRemoteItems(t *testing.T) {
+	n, d, _, p := withTwoMembers(t, 80, 8)
+	ctx := context.Background()
+	j := putJob(t, n, api.Job{Name: "j", Dataset: "ds", Seed: 3, WorldSize: 2, BatchSize: 4, Ranks: []string{"t1", "t2"}})
+	remote := func(indices []int) int {
+		r := 0
+		for _, i := range indices {
+			if _, self := p.Owner(d, i); !self {
+				r++
+			}
+		}
+		return r
+	}
+	full, err := n.RankOrder(ctx, "j", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if full.Remote != remote(full.Indices) {
+		t.Fatalf("rank 0 (on t1): remote %d, its order has %d items t2 owns", full.Remote, remote(full.Indices))
+	}
+	differs := false
+	for _, pos := range []int{1, 13, 39} {
+		o, err := n.ResumedOrder(ctx, "j", 0, 0, j.Version, pos)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := remote(full.Indices[pos:])
+		if o.Remote != want {
+			t.Fatalf("from %d: remote %d, want %d", pos, o.Remote, want)
+		}
+		differs = differs || want != full.Remote
+	}
+	if !differs {
+		t.Fatal("every resumed order had the whole order's remote count: the test shows nothing")
 	}
 }

@@ -358,3 +358,32 @@ func containsInt(xs []int, x int) bool {
 	}
 	return false
 }
+
+// Unset limits take their documented defaults (docs/operations.md); set
+// ones are kept.
+func TestConfigDefaults(t *testing.T) {
+	open := func(cfg Config) Config {
+		t.Helper()
+		cfg.Name, cfg.RaftBind, cfg.DataDir, cfg.Policy, cfg.Logger = "t1", freeAddr(t), t.TempDir(), "lru", discard()
+		n, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer n.Close()
+		if n.inflight.limit != n.cfg.MaxInflightBytes {
+			t.Fatalf("in-flight budget %d, config %d", n.inflight.limit, n.cfg.MaxInflightBytes)
+		}
+		return n.cfg
+	}
+	got := open(Config{Memory: 1 << 20})
+	if got.StorageTimeout != 30*time.Second || got.StorageReaders != 64 || got.MaxInflightBytes != 256<<20 || got.RaftAdvert != got.RaftBind {
+		t.Fatalf("defaults: timeout %v, readers %d, in flight %d, raft advert %q", got.StorageTimeout, got.StorageReaders, got.MaxInflightBytes, got.RaftAdvert)
+	}
+	if got := open(Config{Memory: 2 << 30}); got.MaxInflightBytes != 512<<20 {
+		t.Fatalf("in-flight default for 2 GiB: %d, want a quarter", got.MaxInflightBytes)
+	}
+	got = open(Config{Memory: 1 << 20, StorageTimeout: time.Second, StorageReaders: 3, MaxInflightBytes: 5, RaftAdvert: "10.0.0.1:7000"})
+	if got.StorageTimeout != time.Second || got.StorageReaders != 3 || got.MaxInflightBytes != 5 || got.RaftAdvert != "10.0.0.1:7000" {
+		t.Fatalf("set values replaced: %+v", got)
+	}
+}
