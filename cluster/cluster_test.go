@@ -264,3 +264,19 @@ func TestConfigDefaults(t *testing.T) {
 		c.client.Close()
 	}
 }
+
+// Before it has seen any member (an empty ring), a node owns every item.
+func TestEmptyRingOwnsEverything(t *testing.T) {
+	c := New(Config{Name: "c1"}, &fakeLocal{}, nil, nil)
+	defer c.client.Close()
+	defer c.vouch.close()
+	d := &catalog.Dataset{Name: "ds", Manifest: catalog.NewManifest([]source.Entry{{Key: "a", Size: 1}, {Key: "b", Size: 1}})}
+	for i := range 2 {
+		if owner, self := c.Owner(d, i); owner != "" || !self {
+			t.Fatalf("item %d on an empty ring: owner %q, self %v", i, owner, self)
+		}
+	}
+	if !c.Ring().Empty() || len(c.Members()) != 0 {
+		t.Fatal("a ring before any member is not empty")
+	}
+}

@@ -281,6 +281,21 @@ func TestResumedOrderUnderTheSameGeneration(t *testing.T) {
 	if err != nil || !slicesEqual(a.Indices, b.Indices) {
 		t.Fatalf("asked again: %v", err)
 	}
+	// The re-split plans kept are bounded: maxPlans, then they start over.
+	for pos := range maxPlans {
+		if _, err := n.ResumedOrder(ctx, "j", 0, 0, j.Version, pos); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(n.resumed) != maxPlans {
+		t.Fatalf("%d re-split plans kept after %d resumes, want %d", len(n.resumed), maxPlans, maxPlans)
+	}
+	if _, err := n.ResumedOrder(ctx, "j", 0, 0, j.Version, maxPlans); err != nil {
+		t.Fatal(err)
+	}
+	if len(n.resumed) != 1 {
+		t.Fatalf("%d re-split plans kept past the bound, want 1", len(n.resumed))
+	}
 	// Epoch 1 never started under it and cannot be resumed.
 	if _, err := n.ResumedOrder(ctx, "j", 1, 0, j.Version, 4); !errors.Is(err, catalog.ErrConflict) {
 		t.Fatalf("epoch 1 never started under generation %d: %v", j.Version, err)
@@ -512,5 +527,24 @@ func TestOrdersCountTheirRemoteItems(t *testing.T) {
 	}
 	if !differs {
 		t.Fatal("every resumed order had the whole order's remote count: the test shows nothing")
+	}
+}
+
+// The read-ahead's fill of an item that is already resident (another
+// flight filled it first) succeeds and reads nothing.
+func TestFillOfAResidentItem(t *testing.T) {
+	n, d, _ := startNode(t, 3, 64, 1<<20, false)
+	host := clairvoyantHost{n}
+	if err := host.Fill(context.Background(), d, 1); err != nil || !n.Holds(d, 1) {
+		t.Fatalf("first fill: %v", err)
+	}
+	if err := host.Fill(context.Background(), d, 1); err != nil {
+		t.Fatalf("fill of a resident item: %v", err)
+	}
+	if st := n.Stats(); st.SourceReads != 1 {
+		t.Fatalf("%d storage reads for one item filled twice", st.SourceReads)
+	}
+	if !host.Owns(d, 2) {
+		t.Fatal("a lone node does not own its items")
 	}
 }

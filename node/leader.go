@@ -111,8 +111,9 @@ func (n *Node) forward(ctx context.Context, method, path string, body, out any, 
 			Message: "no raft leader (no quorum): catalog writes are unavailable"}
 	}
 	code, applied, err := n.leader.relay(addr, method, path, body, out, timeout)
-	if err == nil && applied > 0 {
-		n.awaitApplied(ctx, applied)
+	if err == nil && applied > 0 && !n.awaitApplied(ctx, applied) {
+		// The write is done; only this node's next read may not show it yet.
+		n.log.Warn("a relayed write has not reached this node's catalog yet", "path", path, "index", applied, "applied", n.cat.AppliedIndex())
 	}
 	return code, err
 }
@@ -154,11 +155,12 @@ func (l leaderLink) relay(addr, method, path string, body, out any, timeout time
 	return code, applied, nil
 }
 
-// awaitApplied waits (briefly) until this node has applied index idx.
-func (n *Node) awaitApplied(ctx context.Context, idx uint64) {
+// awaitApplied waits (briefly) until this node has applied index idx, and
+// reports whether it has.
+func (n *Node) awaitApplied(ctx context.Context, idx uint64) bool {
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	n.cat.WaitFor(wctx, func() bool { return n.cat.AppliedIndex() >= idx })
+	return n.cat.WaitFor(wctx, func() bool { return n.cat.AppliedIndex() >= idx })
 }
 
 // CountRelayedRead counts a read the leader answered for this follower.

@@ -168,3 +168,18 @@ func TestWritesWithoutALeader(t *testing.T) {
 }
 
 func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// A relayed write's index counts as applied once this node is at it, not
+// only past it; waiting for one ahead gives up at the caller's deadline.
+func TestAwaitApplied(t *testing.T) {
+	n, _, _ := startNode(t, 1, 1, 1<<20, false)
+	done, cancel := context.WithCancel(context.Background())
+	cancel() // nothing to wait for: the answer must not need a wait
+	at := n.AppliedIndex()
+	if !n.awaitApplied(done, at) || !n.awaitApplied(done, at-1) {
+		t.Fatalf("index %d (applied) not counted as applied", at)
+	}
+	if n.awaitApplied(done, at+1) {
+		t.Fatalf("index %d counted as applied at %d", at+1, at)
+	}
+}

@@ -382,6 +382,15 @@ func TestConfigDefaults(t *testing.T) {
 	if got := open(Config{Memory: 2 << 30}); got.MaxInflightBytes != 512<<20 {
 		t.Fatalf("in-flight default for 2 GiB: %d, want a quarter", got.MaxInflightBytes)
 	}
+	// No logger: the default one, not a nil one every log call would crash on.
+	quiet, err := New(Config{Name: "t1", RaftBind: freeAddr(t), DataDir: t.TempDir(), Policy: "lru", Memory: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if quiet.log == nil || quiet.cfg.Logger == nil {
+		t.Fatal("a node without a logger has none")
+	}
+	quiet.Close()
 	got = open(Config{Memory: 1 << 20, StorageTimeout: time.Second, StorageReaders: 3, MaxInflightBytes: 5, RaftAdvert: "10.0.0.1:7000"})
 	if got.StorageTimeout != time.Second || got.StorageReaders != 3 || got.MaxInflightBytes != 5 || got.RaftAdvert != "10.0.0.1:7000" {
 		t.Fatalf("set values replaced: %+v", got)

@@ -468,3 +468,38 @@ func TestWarmupReadsOnlyItsShare(t *testing.T) {
 		t.Fatalf("a second warm-up: %+v, %d storage reads", pr, n.Stats().SourceReads)
 	}
 }
+
+// An owner table names members in one byte each up to 255 members and in
+// two (little-endian) from 256 on, as clients decode it.
+func TestOwnersTableWidth(t *testing.T) {
+	n, d, _, p := withTwoMembers(t, 300, 8)
+	for _, count := range []int{255, 256} {
+		names := make([]string, count)
+		for x := range names {
+			names[x] = fmt.Sprintf("m%03d", x)
+		}
+		names[0] = "t1"
+		r, err := partition.New(names)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.ring = r
+		o := n.Owners(d)
+		width := 1
+		if count > 255 {
+			width = 2
+		}
+		if len(o.Members) != count || len(o.Owners) != width*d.Manifest.Len() {
+			t.Fatalf("%d members: %d named, %d bytes for %d items", count, len(o.Members), len(o.Owners), d.Manifest.Len())
+		}
+		for i := range d.Manifest.Len() {
+			x := int(o.Owners[i])
+			if width == 2 {
+				x = int(o.Owners[2*i]) | int(o.Owners[2*i+1])<<8
+			}
+			if owner, _ := p.Owner(d, i); o.Members[x].Name != owner {
+				t.Fatalf("%d members, item %d: table says %s, Owner says %s", count, i, o.Members[x].Name, owner)
+			}
+		}
+	}
+}
