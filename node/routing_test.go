@@ -16,6 +16,7 @@ import (
 	"stallfree/catalog"
 	"stallfree/cluster"
 	"stallfree/partition"
+	"stallfree/store"
 )
 
 // twoMembers is node t1's view of a cluster whose other member, t2, the test
@@ -501,5 +502,34 @@ func TestOwnersTableWidth(t *testing.T) {
 				t.Fatalf("%d members, item %d: table says %s, Owner says %s", count, i, o.Members[x].Name, owner)
 			}
 		}
+	}
+}
+
+// rewarm warms again what a finished warm-up left missing, and leaves alone
+// datasets never warmed or whose warm-up stopped full.
+func TestRewarmRefillsWhatIsMissing(t *testing.T) {
+	n, d, _ := startNode(t, 20, 64, 1<<20, false)
+	n.rewarm()
+	if _, ok := n.warmups[d.Name]; ok {
+		t.Fatal("rewarm warmed a dataset never warmed")
+	}
+	n.StartWarmup(d)
+	awaitWarmup(t, n, d)
+	for _, i := range []int{3, 7} {
+		if !n.store.Delete(store.MakeKey(d.ID, uint32(i))) {
+			t.Fatalf("item %d was not warmed", i)
+		}
+	}
+	n.rewarm()
+	awaitWarmup(t, n, d)
+	if !n.Holds(d, 3) || !n.Holds(d, 7) || n.Stats().SourceReads != 22 {
+		t.Fatalf("after rewarm: item 3 %v, item 7 %v, %d storage reads (want 20 + 2)", n.Holds(d, 3), n.Holds(d, 7), n.Stats().SourceReads)
+	}
+	n.warmups[d.Name].full.Store(true)
+	n.store.Delete(store.MakeKey(d.ID, 5))
+	n.rewarm()
+	awaitWarmup(t, n, d)
+	if n.Holds(d, 5) {
+		t.Fatal("rewarm restarted a warm-up that had stopped full")
 	}
 }
