@@ -533,3 +533,34 @@ func TestRewarmRefillsWhatIsMissing(t *testing.T) {
 		t.Fatal("rewarm restarted a warm-up that had stopped full")
 	}
 }
+
+// An item larger than a push's byte bound still moves, alone in its push.
+func TestRehomeMovesAnItemLargerThanAPush(t *testing.T) {
+	const items, size = 6, pushBytes + 1
+	n, d, files := startNode(t, items, size, 64<<20, false)
+	ctx := context.Background()
+	for i := range items {
+		it, err := n.Get(ctx, d, i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		it.Release()
+	}
+	p := newTwoMembers(t)
+	n.peers = p
+	_, theirs := p.split(d)
+	if len(theirs) == 0 {
+		t.Fatal("t2 owns none of the items: pick another count")
+	}
+	if !n.rehome(ctx) {
+		t.Fatal("rehome incomplete")
+	}
+	if len(p.pushes) != len(theirs) || len(p.pushed) != len(theirs) {
+		t.Fatalf("%d pushes of %d items for %d items over the bound: want one each", len(p.pushes), len(p.pushed), len(theirs))
+	}
+	for _, i := range theirs {
+		if !bytes.Equal(p.pushed[i], files[d.Manifest.Key(i)]) || n.Holds(d, i) {
+			t.Fatalf("item %d not moved", i)
+		}
+	}
+}
