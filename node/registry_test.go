@@ -396,3 +396,25 @@ func TestConfigDefaults(t *testing.T) {
 		t.Fatalf("set values replaced: %+v", got)
 	}
 }
+
+// A warm-up push holds at most pushItems samples, and fills to exactly that
+// many when they are small.
+func TestTarWarmupPushesAreBounded(t *testing.T) {
+	n, _, _, p := withTwoMembers(t, 10, 8)
+	d, _ := tarDataset(t, n, 6, 700)
+	if shards, _ := n.shardsToRead(d); len(shards) == 0 {
+		t.Fatal("t1 reads no shard: pick another count")
+	}
+	n.StartWarmup(d)
+	awaitWarmup(t, n, d)
+	if pr := n.WarmupProgress(d); pr.Done != pr.Total || pr.Error != "" {
+		t.Fatalf("progress %+v", pr)
+	}
+	most := 0
+	for _, c := range p.counts {
+		most = max(most, c)
+	}
+	if most != pushItems {
+		t.Fatalf("the largest push held %d samples, want exactly %d", most, pushItems)
+	}
+}

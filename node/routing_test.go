@@ -30,6 +30,7 @@ type twoMembers struct {
 	held    map[itemRef][]byte // what t2 answers with
 	pushed  map[int][]byte     // what was pushed to t2
 	pushes  []int              // bytes per push
+	counts  []int              // items per push
 	down    bool               // t2 answers nothing
 	full    bool               // t2 keeps nothing pushed
 	pushErr error
@@ -94,7 +95,7 @@ func (p *twoMembers) PushToOwner(_ context.Context, owner string, d *catalog.Dat
 			p.held[itemRef{d.Name, i}] = p.pushed[i]
 		}
 	}
-	p.pushes = append(p.pushes, size)
+	p.pushes, p.counts = append(p.pushes, size), append(p.counts, len(indices))
 	return kept, nil
 }
 
