@@ -180,9 +180,10 @@ func TestRegisterAtStartAndReady(t *testing.T) {
 	}
 }
 
-// tarShards writes shards of samples (each a .jpg and a .cls member) and
-// returns each member's bytes by key.
-func tarShards(t *testing.T, shards, samples int) (string, map[string][]byte) {
+// tarShards writes shards of samples (each a .jpg and a .cls member, of size
+// bytes, or of varied sizes when size is 0) and returns each member's bytes
+// by key.
+func tarShards(t *testing.T, shards, samples, size int) (string, map[string][]byte) {
 	t.Helper()
 	dir := t.TempDir()
 	files := map[string][]byte{}
@@ -193,6 +194,9 @@ func tarShards(t *testing.T, shards, samples int) (string, map[string][]byte) {
 			for _, ext := range []string{"jpg", "cls"} {
 				name := fmt.Sprintf("s%02d_%03d.%s", s, x, ext)
 				data := bytes.Repeat([]byte(name), 20+x)
+				if size > 0 {
+					data = bytes.Repeat([]byte{byte(x)}, size)
+				}
 				if err := w.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(data)), Typeflag: tar.TypeReg}); err != nil {
 					t.Fatal(err)
 				}
@@ -211,9 +215,9 @@ func tarShards(t *testing.T, shards, samples int) (string, map[string][]byte) {
 }
 
 // tarDataset registers shards of samples on n as dataset "wds".
-func tarDataset(t *testing.T, n *Node, shards, samples int) (*catalog.Dataset, map[string][]byte) {
+func tarDataset(t *testing.T, n *Node, shards, samples, size int) (*catalog.Dataset, map[string][]byte) {
 	t.Helper()
-	dir, files := tarShards(t, shards, samples)
+	dir, files := tarShards(t, shards, samples, size)
 	ctx := context.Background()
 	if _, _, err := n.PutDataset(ctx, "wds", "tar+dir://"+dir); err != nil {
 		t.Fatal(err)
@@ -230,7 +234,7 @@ func tarDataset(t *testing.T, n *Node, shards, samples int) (*catalog.Dataset, m
 // owner with their bytes; a shard another member reads is not touched.
 func TestTarWarmupReadsItsShardsOnceAndPushes(t *testing.T) {
 	n, _, _, p := withTwoMembers(t, 10, 8)
-	d, files := tarDataset(t, n, 8, 12)
+	d, files := tarDataset(t, n, 8, 12, 0)
 	ctx := context.Background()
 	shards, items := n.shardsToRead(d)
 	if len(shards) == 0 || len(shards) == len(d.Manifest.Shards) {
@@ -307,7 +311,7 @@ func TestTarWarmupReadsItsShardsOnceAndPushes(t *testing.T) {
 // A job on a tar dataset reads batches of samples.
 func TestJobBatchesOfSamples(t *testing.T) {
 	n, _, _ := startNode(t, 4, 8, 1<<20, false)
-	_, files := tarDataset(t, n, 2, 5)
+	_, files := tarDataset(t, n, 2, 5, 0)
 	ctx := context.Background()
 	putJob(t, n, api.Job{Name: "tj", Dataset: "wds", Seed: 1, WorldSize: 1, BatchSize: 3})
 	o, err := n.RankOrder(ctx, "tj", 0, 0)
@@ -330,7 +334,7 @@ func TestJobBatchesOfSamples(t *testing.T) {
 func TestTarWarmupStopsForAFullOwner(t *testing.T) {
 	n, _, _, p := withTwoMembers(t, 10, 8)
 	p.full = true
-	d, _ := tarDataset(t, n, 8, 12)
+	d, _ := tarDataset(t, n, 8, 12, 0)
 	n.StartWarmup(d)
 	awaitWarmup(t, n, d)
 	if pr := n.WarmupProgress(d); !pr.Full || pr.Error != "" {
@@ -401,7 +405,7 @@ func TestConfigDefaults(t *testing.T) {
 // many when they are small.
 func TestTarWarmupPushesAreBounded(t *testing.T) {
 	n, _, _, p := withTwoMembers(t, 10, 8)
-	d, _ := tarDataset(t, n, 6, 700)
+	d, _ := tarDataset(t, n, 6, 700, 0)
 	if shards, _ := n.shardsToRead(d); len(shards) == 0 {
 		t.Fatal("t1 reads no shard: pick another count")
 	}
@@ -416,5 +420,24 @@ func TestTarWarmupPushesAreBounded(t *testing.T) {
 	}
 	if most != pushItems {
 		t.Fatalf("the largest push held %d samples, want exactly %d", most, pushItems)
+	}
+}
+
+// A warm-up push holds at most the push byte bound, and fills to exactly it
+// when the samples divide it.
+func TestTarWarmupPushBytesAreBounded(t *testing.T) {
+	n, _, _, p := withTwoMembers(t, 10, 8)
+	d, _ := tarDataset(t, n, 8, 24, pushBytes/16)
+	if shards, _ := n.shardsToRead(d); len(shards) == 0 {
+		t.Fatal("t1 reads no shard: pick another count")
+	}
+	n.StartWarmup(d)
+	awaitWarmup(t, n, d)
+	most := 0
+	for _, b := range p.pushes {
+		most = max(most, b)
+	}
+	if most != pushBytes {
+		t.Fatalf("the largest push held %d bytes, want exactly %d", most, pushBytes)
 	}
 }
