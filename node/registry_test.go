@@ -14,6 +14,7 @@ import (
 
 	"stallfree/api"
 	"stallfree/catalog"
+	"stallfree/partition"
 )
 
 // Registering again with the same source changes nothing; with another
@@ -439,5 +440,32 @@ func TestTarWarmupPushBytesAreBounded(t *testing.T) {
 	}
 	if most != pushBytes {
 		t.Fatalf("the largest push held %d bytes, want exactly %d", most, pushBytes)
+	}
+}
+
+// With more members each owner's push is smaller, so that what one shard's
+// reader holds for all of them stays bounded: 16 MiB over 8 members.
+func TestTarWarmupPushesShrinkWithTheCluster(t *testing.T) {
+	n, _, _, p := withTwoMembers(t, 10, 8)
+	names := []string{"t1", "t2"}
+	for x := range 6 {
+		names = append(names, fmt.Sprintf("o%d", x))
+	}
+	r, err := partition.New(names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.ring = r
+	p.owner = func(i int) string { return names[i%2] } // t1 reads every shard and pushes half to t2
+	const limit = pendingBytes / 8
+	d, _ := tarDataset(t, n, 1, 64, limit/32)
+	n.StartWarmup(d)
+	awaitWarmup(t, n, d)
+	most := 0
+	for _, b := range p.pushes {
+		most = max(most, b)
+	}
+	if most != limit {
+		t.Fatalf("the largest push to t2 held %d bytes, want exactly %d", most, limit)
 	}
 }

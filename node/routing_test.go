@@ -34,6 +34,7 @@ type twoMembers struct {
 	down    bool               // t2 answers nothing
 	full    bool               // t2 keeps nothing pushed
 	pushErr error
+	owner   func(i int) string // when set, who owns what, whatever the ring says
 
 	single, batches, handoffs atomic.Int64
 }
@@ -49,6 +50,9 @@ func newTwoMembers(t *testing.T) *twoMembers {
 
 func (p *twoMembers) Owner(d *catalog.Dataset, i int) (string, bool) {
 	o := p.ring.Owner(d.Name, d.Manifest.OwnerKey(i))
+	if p.owner != nil {
+		o = p.owner(i)
+	}
 	return o, o == p.self
 }
 
