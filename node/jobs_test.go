@@ -333,14 +333,22 @@ func TestRankPositions(t *testing.T) {
 	if len(n.RankPositions("other")) != 0 {
 		t.Fatal("positions for a job nobody reported")
 	}
-	// With world size 1 the table holds at most 4+64 ranks, then starts over.
-	for r := range 4 + 64 + 5 {
-		if err := n.ReportPosition("j", api.RankPosition{Rank: 100 + r}); err != nil {
+	// The table holds 4×world_size+64 ranks and one more, then starts over.
+	putJob(t, n, api.Job{Name: "w2", Dataset: "ds", Seed: 1, WorldSize: 2, BatchSize: 2})
+	const bound = 4*2 + 64
+	for r := range bound + 1 {
+		if err := n.ReportPosition("w2", api.RankPosition{Rank: r}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if got := len(n.RankPositions("j")); got > 4+64+1 || got == 0 {
-		t.Fatalf("%d positions kept: the bound did not hold", got)
+	if got := len(n.RankPositions("w2")); got != bound+1 {
+		t.Fatalf("%d positions after %d reports, want all kept", got, bound+1)
+	}
+	if err := n.ReportPosition("w2", api.RankPosition{Rank: bound + 1}); err != nil {
+		t.Fatal(err)
+	}
+	if ps := n.RankPositions("w2"); len(ps) != 1 || ps[0].Rank != bound+1 {
+		t.Fatalf("%d positions past the bound, want the table started over with the last", len(ps))
 	}
 }
 

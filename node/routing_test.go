@@ -397,6 +397,9 @@ func TestRehomeMovesCopiesToTheirOwner(t *testing.T) {
 	if want := (len(theirs)*size + pushBytes - 1) / pushBytes; len(p.pushes) != want || total != len(theirs)*size {
 		t.Fatalf("%d pushes of %d bytes in all; want %d of %d", len(p.pushes), total, want, len(theirs)*size)
 	}
+	if len(theirs)*size > pushBytes && slices.Max(p.pushes) != pushBytes {
+		t.Fatalf("pushes of %v bytes: the first should fill exactly %d", p.pushes, pushBytes)
+	}
 	p.pushes = nil
 	if !n.rehome(ctx) || len(p.pushes) != 0 {
 		t.Fatalf("a second sweep pushed %d times with nothing left to move", len(p.pushes))
