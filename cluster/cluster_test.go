@@ -172,6 +172,34 @@ func TestAloneOwnsEverything(t *testing.T) {
 	if m := c.Members(); len(m) != 1 || m[0] != "c1" {
 		t.Fatalf("members %v", m)
 	}
+	if !c.Joined() {
+		t.Fatal("a member told to join no one is not joined")
+	}
+}
+
+// A member told to join a seed that does not answer has not joined: alone,
+// it must not serve as if it held its share of a cluster.
+func TestUnansweredSeedIsNotJoined(t *testing.T) {
+	st, err := store.New(1<<20, store.MinIO{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	cat, err := catalog.Open(catalog.Config{NodeID: "lone", Bind: freeAddr(t), Dir: t.TempDir(), Fast: true, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cat.Close()
+	peer := freeAddr(t)
+	c := New(Config{Name: "lone", GossipBind: freeAddr(t), Advertise: "127.0.0.1", PeerBind: peer, PeerAdvert: peer,
+		Join: []string{freeAddr(t)}, Fast: true, Logger: slog.New(slog.DiscardHandler)}, &fakeLocal{}, cat, st)
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if c.Joined() {
+		t.Fatal("joined with no seed answering")
+	}
 }
 
 // A pushed item is kept when it is the manifest's size and this node owns
