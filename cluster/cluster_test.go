@@ -278,6 +278,9 @@ func TestConfigDefaults(t *testing.T) {
 		{Config{PeerTimeout: time.Millisecond, DeadGrace: time.Hour}, time.Millisecond, time.Hour, time.Second},
 	} {
 		c := New(tc.cfg, &fakeLocal{}, nil, nil)
+		if c.log == nil {
+			t.Errorf("%+v: no logger", tc.cfg)
+		}
 		if c.cfg.PeerTimeout != tc.peer || c.cfg.DeadGrace != tc.grace || c.vouch.timeout != tc.ping || c.vouch.interval != tc.ping {
 			t.Errorf("%+v: peer timeout %v, grace %v, ping %v/%v", tc.cfg, c.cfg.PeerTimeout, c.cfg.DeadGrace, c.vouch.timeout, c.vouch.interval)
 		}
