@@ -48,6 +48,9 @@ func startPair(t *testing.T, n, size int, httpAdvert string) (*pairMember, func(
 	gossip := c1.cfg.GossipBind
 	join := func() *pairMember {
 		t.Helper()
+		// c1's raft may be named leader a moment before it acts as one; the
+		// join must find it leading, so that adding c2 is its reconciler's doing.
+		await(t, "c1 to lead", c1.cat.IsLeader)
 		log := slog.New(slog.DiscardHandler)
 		raftAddr := freeAddr(t)
 		cat, err := catalog.Open(catalog.Config{NodeID: "c2", Bind: raftAddr, Dir: t.TempDir(), Fast: true, Logger: log})
