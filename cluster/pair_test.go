@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -41,19 +42,19 @@ func await(t *testing.T, what string, cond func() bool) {
 // startPair starts c1 (which bootstraps raft and registers a dataset of n
 // items) and returns it with a second member, c2, started by join once the
 // test has set c1 up: c2 joins c1's gossip and c1's reconciler adds it to raft.
-func startPair(t *testing.T, n, size int, httpAdvert string) (*pairMember, func() *pairMember, *catalog.Dataset) {
+func startPair(t *testing.T, n, size int, httpAdvert string) (*pairMember, func(name string) *pairMember, *catalog.Dataset) {
 	t.Helper()
 	c1, d, st, local := oneMemberWith(t, n, size, Config{HTTPAdvert: httpAdvert, DeadGrace: 300 * time.Millisecond})
 	first := &pairMember{c: c1, cat: c1.cat, st: st, local: local}
 	gossip := c1.cfg.GossipBind
-	join := func() *pairMember {
+	join := func(name string) *pairMember {
 		t.Helper()
 		// c1's raft may be named leader a moment before it acts as one; the
 		// join must find it leading, so that adding c2 is its reconciler's doing.
 		await(t, "c1 to lead", c1.cat.IsLeader)
 		log := slog.New(slog.DiscardHandler)
 		raftAddr := freeAddr(t)
-		cat, err := catalog.Open(catalog.Config{NodeID: "c2", Bind: raftAddr, Dir: t.TempDir(), Fast: true, Logger: log})
+		cat, err := catalog.Open(catalog.Config{NodeID: name, Bind: raftAddr, Dir: t.TempDir(), Fast: true, Logger: log})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -65,15 +66,15 @@ func startPair(t *testing.T, n, size int, httpAdvert string) (*pairMember, func(
 		t.Cleanup(func() { st2.Close() })
 		local2 := &fakeLocal{items: local.items}
 		peer := freeAddr(t)
-		c2 := New(Config{Name: "c2", GossipBind: freeAddr(t), Advertise: "127.0.0.1", PeerBind: peer, PeerAdvert: peer,
+		c2 := New(Config{Name: name, GossipBind: freeAddr(t), Advertise: "127.0.0.1", PeerBind: peer, PeerAdvert: peer,
 			RaftAdvert: raftAddr, Join: []string{gossip}, Fast: true, Logger: log}, local2, cat, st2)
 		if err := c2.Start(); err != nil {
 			t.Fatal(err)
 		}
 		second := &pairMember{c: c2, cat: cat, st: st2, local: local2}
 		t.Cleanup(func() { second.close() })
-		await(t, "both rings to hold both members", func() bool {
-			return len(c1.Members()) == 2 && len(c2.Members()) == 2 && c2.Joined()
+		await(t, name+" on both rings", func() bool {
+			return slices.Contains(c1.Members(), name) && len(c2.Members()) == len(c1.Members()) && c2.Joined()
 		})
 		await(t, "c2's catalog to hold the dataset", func() bool { _, ok := cat.Dataset("ds"); return ok })
 		return second
@@ -121,7 +122,7 @@ func TestTwoMembers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	b := join()
+	b := join("c2")
 	for i := range 64 {
 		oa, _ := a.c.Owner(d, i)
 		ob, _ := b.c.Owner(d, i)
@@ -243,5 +244,33 @@ func TestMetricValue(t *testing.T) {
 		if got := metricValue(text, name); got != want {
 			t.Fatalf("%s = %v, want %v", name, got, want)
 		}
+	}
+}
+
+// The reconciler keeps raft's voters at maxVoters however many members
+// join: the rest replicate the catalog as non-voters, so a quorum stays
+// small and quick.
+func TestRaftKeepsAtMostFiveVoters(t *testing.T) {
+	a, join, _ := startPair(t, 4, 10, "")
+	for x := range maxVoters {
+		join(fmt.Sprintf("c%d", x+2))
+	}
+	roles := func() (voters, others int) {
+		servers, err := a.cat.Servers()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range servers {
+			if s.Voter {
+				voters++
+			} else {
+				others++
+			}
+		}
+		return voters, others
+	}
+	await(t, "every member in raft", func() bool { v, o := roles(); return v+o == maxVoters+1 })
+	if v, o := roles(); v != maxVoters || o != 1 {
+		t.Fatalf("%d voters and %d non-voters among %d members, want %d and 1", v, o, maxVoters+1, maxVoters)
 	}
 }
