@@ -44,7 +44,13 @@ func await(t *testing.T, what string, cond func() bool) {
 // test has set c1 up: c2 joins c1's gossip and c1's reconciler adds it to raft.
 func startPair(t *testing.T, n, size int, httpAdvert string) (*pairMember, func(name string) *pairMember, *catalog.Dataset) {
 	t.Helper()
-	c1, d, st, local := oneMemberWith(t, n, size, Config{HTTPAdvert: httpAdvert, DeadGrace: 300 * time.Millisecond})
+	return startPairWith(t, n, size, Config{HTTPAdvert: httpAdvert, DeadGrace: 300 * time.Millisecond})
+}
+
+// startPairWith is startPair with c1's HTTPAdvert and DeadGrace from cfg.
+func startPairWith(t *testing.T, n, size int, cfg Config) (*pairMember, func(name string) *pairMember, *catalog.Dataset) {
+	t.Helper()
+	c1, d, st, local := oneMemberWith(t, n, size, cfg)
 	first := &pairMember{c: c1, cat: c1.cat, st: st, local: local}
 	gossip := c1.cfg.GossipBind
 	join := func(name string) *pairMember {
@@ -273,4 +279,30 @@ func TestRaftKeepsAtMostFiveVoters(t *testing.T) {
 	if v, o := roles(); v != maxVoters || o != 1 {
 		t.Fatalf("%d voters and %d non-voters among %d members, want %d and 1", v, o, maxVoters+1, maxVoters)
 	}
+}
+
+// A member that comes back under its name with a new raft address (a
+// container restarted) is re-added at the new address while its old entry
+// would still be kept for the dead-member grace.
+func TestRestartedMemberIsReAddedAtItsNewAddress(t *testing.T) {
+	a, join, _ := startPairWith(t, 4, 10, Config{DeadGrace: time.Hour})
+	raftAddr := func(id string) string {
+		servers, err := a.cat.Servers()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range servers {
+			if s.ID == id {
+				return s.Address
+			}
+		}
+		return ""
+	}
+	b := join("c2")
+	await(t, "c2 in raft", func() bool { return raftAddr("c2") != "" })
+	first := raftAddr("c2")
+	b.close()
+	await(t, "c1's ring to drop c2", func() bool { return len(a.c.Members()) == 1 })
+	join("c2")
+	await(t, "c2 at its new address", func() bool { a := raftAddr("c2"); return a != "" && a != first })
 }
