@@ -402,11 +402,10 @@ func TestConfigDefaults(t *testing.T) {
 	}
 }
 
-// A warm-up push holds at most pushItems samples, and fills to exactly that
-// many when they are small.
-func TestTarWarmupPushesAreBounded(t *testing.T) {
-	n, _, _, p := withTwoMembers(t, 10, 8)
-	d, _ := tarDataset(t, n, 6, 700, 0)
+// largestPush warms d on n to the end and returns the most samples and the
+// most bytes one push to t2 held.
+func largestPush(t *testing.T, n *Node, d *catalog.Dataset, p *twoMembers) (items, bytes int) {
+	t.Helper()
 	if shards, _ := n.shardsToRead(d); len(shards) == 0 {
 		t.Fatal("t1 reads no shard: pick another count")
 	}
@@ -415,31 +414,28 @@ func TestTarWarmupPushesAreBounded(t *testing.T) {
 	if pr := n.WarmupProgress(d); pr.Done != pr.Total || pr.Error != "" {
 		t.Fatalf("progress %+v", pr)
 	}
-	most := 0
-	for _, c := range p.counts {
-		most = max(most, c)
+	for x := range p.pushes {
+		items, bytes = max(items, p.counts[x]), max(bytes, p.pushes[x])
 	}
-	if most != pushItems {
-		t.Fatalf("the largest push held %d samples, want exactly %d", most, pushItems)
-	}
+	return items, bytes
 }
 
-// A warm-up push holds at most the push byte bound, and fills to exactly it
-// when the samples divide it.
-func TestTarWarmupPushBytesAreBounded(t *testing.T) {
-	n, _, _, p := withTwoMembers(t, 10, 8)
-	d, _ := tarDataset(t, n, 8, 24, pushBytes/16)
-	if shards, _ := n.shardsToRead(d); len(shards) == 0 {
-		t.Fatal("t1 reads no shard: pick another count")
-	}
-	n.StartWarmup(d)
-	awaitWarmup(t, n, d)
-	most := 0
-	for _, b := range p.pushes {
-		most = max(most, b)
-	}
-	if most != pushBytes {
-		t.Fatalf("the largest push held %d bytes, want exactly %d", most, pushBytes)
+// A warm-up push holds at most pushItems samples and at most its byte bound,
+// and fills to exactly either when the samples are small or divide it.
+func TestTarWarmupPushesAreBounded(t *testing.T) {
+	for _, tc := range []struct {
+		shards, samples, size int
+		items, bytes          int // the largest push's, 0: not checked
+	}{
+		{shards: 6, samples: 700, items: pushItems},
+		{shards: 8, samples: 24, size: pushBytes / 16, bytes: pushBytes},
+	} {
+		n, _, _, p := withTwoMembers(t, 10, 8)
+		d, _ := tarDataset(t, n, tc.shards, tc.samples, tc.size)
+		items, bytes := largestPush(t, n, d, p)
+		if tc.items != 0 && items != tc.items || tc.bytes != 0 && bytes != tc.bytes {
+			t.Fatalf("%+v: the largest push held %d samples, %d bytes", tc, items, bytes)
+		}
 	}
 }
 
@@ -459,13 +455,7 @@ func TestTarWarmupPushesShrinkWithTheCluster(t *testing.T) {
 	p.owner = func(i int) string { return names[i%2] } // t1 reads every shard and pushes half to t2
 	const limit = pendingBytes / 8
 	d, _ := tarDataset(t, n, 1, 64, limit/32)
-	n.StartWarmup(d)
-	awaitWarmup(t, n, d)
-	most := 0
-	for _, b := range p.pushes {
-		most = max(most, b)
-	}
-	if most != limit {
+	if _, most := largestPush(t, n, d, p); most != limit {
 		t.Fatalf("the largest push to t2 held %d bytes, want exactly %d", most, limit)
 	}
 }

@@ -342,19 +342,26 @@ func TestGetManyBounds(t *testing.T) {
 	}
 }
 
-// rehome moves each copy t1 holds of an item t2 owns to t2, in pushes
-// bounded like a warm-up's, and drops it only once t2 keeps it.
-func TestRehomeMovesCopiesToTheirOwner(t *testing.T) {
-	const items, size = 160, 64 << 10
+// holdingAll is a lone node t1 that has read, and holds, every item.
+func holdingAll(t *testing.T, items, size int) (*Node, *catalog.Dataset, map[string][]byte) {
+	t.Helper()
 	n, d, files := startNode(t, items, size, 64<<20, false)
-	ctx := context.Background()
-	for i := range items { // alone, t1 owns and keeps everything
-		it, err := n.Get(ctx, d, i)
+	for i := range items {
+		it, err := n.Get(context.Background(), d, i)
 		if err != nil {
 			t.Fatal(err)
 		}
 		it.Release()
 	}
+	return n, d, files
+}
+
+// rehome moves each copy t1 holds of an item t2 owns to t2, in pushes
+// bounded like a warm-up's, and drops it only once t2 keeps it.
+func TestRehomeMovesCopiesToTheirOwner(t *testing.T) {
+	const items, size = 160, 64 << 10
+	n, d, files := holdingAll(t, items, size)
+	ctx := context.Background()
 	p := newTwoMembers(t)
 	n.peers = p
 	mine, theirs := p.split(d)
@@ -545,15 +552,8 @@ func TestRewarmRefillsWhatIsMissing(t *testing.T) {
 // An item larger than a push's byte bound still moves, alone in its push.
 func TestRehomeMovesAnItemLargerThanAPush(t *testing.T) {
 	const items, size = 6, pushBytes + 1
-	n, d, files := startNode(t, items, size, 64<<20, false)
+	n, d, files := holdingAll(t, items, size)
 	ctx := context.Background()
-	for i := range items {
-		it, err := n.Get(ctx, d, i)
-		if err != nil {
-			t.Fatal(err)
-		}
-		it.Release()
-	}
 	p := newTwoMembers(t)
 	n.peers = p
 	_, theirs := p.split(d)
