@@ -97,6 +97,9 @@ func (s *trickleStream) Read(p []byte) (int, error) {
 		return 0, s.ctx.Err()
 	}
 	time.Sleep(s.tr.delay)
+	if err := s.ctx.Err(); err != nil { // like a body read after its request was cancelled
+		return 0, err
+	}
 	p[0] = 'x'
 	s.read, s.left = s.read+1, s.left-1
 	return 1, nil
@@ -143,5 +146,24 @@ func TestBoundedStreamNeedsShards(t *testing.T) {
 	h := &hung{release: make(chan struct{})}
 	if _, err := NewBounded(h, 1, time.Second).Stream(context.Background(), Entry{Key: "a.tar"}); err == nil {
 		t.Fatal("a source without shards was streamed")
+	}
+}
+
+// A timeout of 0 bounds nothing but the caller's context: reads and
+// streams go through.
+func TestBoundedWithoutATimeout(t *testing.T) {
+	tr := &trickle{hung: hung{release: make(chan struct{})}, delay: 10 * time.Millisecond, stall: -1}
+	close(tr.release)
+	b := NewBounded(tr, 1, 0)
+	if got, err := b.Read(context.Background(), Entry{Key: "k", Size: 1}, make([]byte, 1)); err != nil || len(got) != 1 {
+		t.Fatalf("read: %d bytes, %v", len(got), err)
+	}
+	r, err := b.Stream(context.Background(), Entry{Key: "a.tar", Size: 12})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if got, err := io.ReadAll(r); err != nil || len(got) != 12 {
+		t.Fatalf("stream: %d bytes, %v", len(got), err)
 	}
 }
