@@ -270,18 +270,23 @@ func (d *Dir) stream(ctx context.Context, shard Entry) (io.ReadCloser, error) {
 	if d.limiter == nil {
 		return f, nil
 	}
-	return &throttledFile{File: f, d: d, ctx: ctx, key: shard.Key}, nil
+	return &throttledFile{f: f, d: d, ctx: ctx, key: shard.Key}, nil
 }
 
+// throttledFile is a shard read at the source's rate. It offers Read and
+// Close only: an embedded *os.File would also offer WriteTo, which io.Copy
+// prefers and which reads the whole file unthrottled.
 type throttledFile struct {
-	*os.File
+	f   *os.File
 	d   *Dir
 	ctx context.Context
 	key string
 }
 
+func (t *throttledFile) Close() error { return t.f.Close() }
+
 func (t *throttledFile) Read(p []byte) (int, error) {
-	n, err := t.File.Read(p)
+	n, err := t.f.Read(p)
 	if n > 0 {
 		if werr := t.d.throttle(t.ctx, t.key, int64(n)); werr != nil {
 			return n, werr

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -128,6 +129,45 @@ func TestRateLimit(t *testing.T) {
 	}
 	if err := read(Options{}); err != nil {
 		t.Fatalf("the same read unthrottled: %v", err)
+	}
+	// A shard streamed through a throttled source obeys the same rate.
+	stream := func(opt Options) error {
+		d, err := OpenDir(root, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		defer cancel()
+		r, err := d.stream(ctx, Entry{Key: "x", Size: size})
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		_, err = io.Copy(io.Discard, r)
+		return err
+	}
+	if err := stream(Options{BytesPerSecond: 500_000}); err == nil {
+		t.Fatal("a throttled stream that needs 2 s ended within a 200 ms deadline: limiter not applied")
+	}
+	if err := stream(Options{}); err != nil {
+		t.Fatalf("the same stream unthrottled: %v", err)
+	}
+	// What the rate can deliver in time is delivered, an empty file too.
+	write(t, root, "small", bytes.Repeat([]byte{2}, 10<<10))
+	write(t, root, "empty", nil)
+	d, err := OpenDir(root, Options{BytesPerSecond: 500_000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if b, err := d.Read(ctx, Entry{Key: "small", Size: 10 << 10}, nil); err != nil || len(b) != 10<<10 || b[0] != 2 {
+		t.Fatalf("10 KiB at 500 kB/s: %d bytes, %v", len(b), err)
+	}
+	if b, err := d.Read(ctx, Entry{Key: "empty", Size: 0}, nil); err != nil || len(b) != 0 {
+		t.Fatalf("an empty file, throttled: %d bytes, %v", len(b), err)
 	}
 }
 
