@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -151,12 +152,27 @@ func TestNormalizeS3(t *testing.T) {
 	for spec, want := range map[string]string{
 		"s3://bucket": "s3://bucket", "s3://bucket/": "s3://bucket", "s3://my.bucket-1/a/b/": "s3://my.bucket-1/a/b",
 		"s3://Bucket/x": "", "s3://b/x": "", "s3://bucket/a/../b": "", "s3://bucket//a": "", "s3://-bucket/x": "",
-		"s3://bucket/a\x01b": "", "s3://": "",
+		"s3://bucket/a\x01b": "", "s3://": "", "s3://abc": "s3://abc", "s3://ab": "",
+		"s3://" + strings.Repeat("a", 63): "s3://" + strings.Repeat("a", 63), "s3://" + strings.Repeat("a", 64): "",
 	} {
 		got, err := Normalize(spec)
 		if (want == "") != (err != nil) || got != want {
 			t.Errorf("Normalize(%q) = %q, %v; want %q", spec, got, err, want)
 		}
+	}
+	// An endpoint is an http or https URL with a host, nothing else.
+	for _, endpoint := range []string{"ftp://minio:9000", "minio:9000", "http://", "https//x"} {
+		if _, err := Open("s3://bucket", Options{S3: S3Config{Endpoint: endpoint}}); err == nil || !strings.Contains(err.Error(), "--s3-endpoint") {
+			t.Errorf("endpoint %q: %v", endpoint, err)
+		}
+	}
+	for _, endpoint := range []string{"http://minio:9000", "https://minio.example"} {
+		src, err := Open("s3://bucket", Options{S3: S3Config{Endpoint: endpoint}})
+		if err != nil {
+			t.Errorf("endpoint %q: %v", endpoint, err)
+			continue
+		}
+		src.Close()
 	}
 	if !Within("s3://bucket/a/b", "s3://bucket/a") || Within("s3://bucket/ab", "s3://bucket/a") || Within("s3://bucketx", "s3://bucket") {
 		t.Error("Within on s3 specs")
