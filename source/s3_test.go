@@ -91,6 +91,11 @@ func TestS3ListsAndReadsAPrefix(t *testing.T) {
 	if _, err := src.Read(ctx, Entry{Key: "../elsewhere/outside.bin", Size: 20, Tag: 1}, nil); !errors.Is(err, ErrBadKey) {
 		t.Fatalf("read outside the prefix: %v", err)
 	}
+	// An empty object is an item of no bytes, not a bad size.
+	srv.Put("train", map[string][]byte{"imagenet/train/empty": {}})
+	if b, err := src.Read(ctx, Entry{Key: "empty", Size: 0}, nil); err != nil || len(b) != 0 {
+		t.Fatalf("read of an empty object: %d bytes, %v", len(b), err)
+	}
 }
 
 func TestS3ErrorsSayWhatStorageSaid(t *testing.T) {
