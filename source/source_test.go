@@ -176,6 +176,7 @@ func TestValidKey(t *testing.T) {
 		"a": true, "a/b.jpg": true, "n01440764/x.JPEG": true, "..a": true,
 		"": false, "/etc/passwd": false, "a/../b": false, "..": false, "./a": false,
 		"a//b": false, "a/": false, "a\x00b": false, "\xff": false, "a\nb": false, "a\rX-Evil: 1": false, "tab\there": false,
+		"\x00a": false, strings.Repeat("k", 4096): true, strings.Repeat("k", 4097): false,
 	} {
 		if err := ValidKey(key); (err == nil) != ok {
 			t.Errorf("ValidKey(%q) = %v", key, err)
