@@ -296,3 +296,31 @@ func TestTarS3ListsAndReadsMembers(t *testing.T) {
 		t.Fatalf("stream of a rewritten shard: %v, want ErrChanged", err)
 	}
 }
+
+// A read is held to its shard: a range that ends exactly at the shard's end
+// is read, one that runs past it is refused before storage is asked.
+func TestTarReadStaysInItsShard(t *testing.T) {
+	root, _ := shardsDir(t)
+	src, err := Open("tar+dir://"+root, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	entries, err := src.List(context.Background())
+	if err != nil || len(entries) == 0 {
+		t.Fatalf("list: %d entries, %v", len(entries), err)
+	}
+	e := entries[0]
+	last := e
+	last.Offset, last.Size = e.ShardSize-16, 16 // the archive's end blocks
+	if b, err := src.Read(context.Background(), last, nil); err != nil || len(b) != 16 {
+		t.Fatalf("the shard's last 16 bytes: %d, %v", len(b), err)
+	}
+	for _, bad := range []struct{ off, size int64 }{{e.ShardSize - 15, 16}, {e.ShardSize, 1}, {-1, 4}} {
+		past := e
+		past.Offset, past.Size = bad.off, bad.size
+		if _, err := src.Read(context.Background(), past, nil); err == nil || !strings.Contains(err.Error(), "out of range") {
+			t.Fatalf("%d bytes at %d of a %d-byte shard: %v", bad.size, bad.off, e.ShardSize, err)
+		}
+	}
+}
