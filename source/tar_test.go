@@ -316,6 +316,14 @@ func TestTarReadStaysInItsShard(t *testing.T) {
 	if b, err := src.Read(context.Background(), last, nil); err != nil || len(b) != 16 {
 		t.Fatalf("the shard's last 16 bytes: %d, %v", len(b), err)
 	}
+	first, empty := e, e
+	first.Offset, first.Size = 0, 16 // the first header's bytes
+	empty.Size = 0                   // an empty member
+	for _, ok := range []Entry{first, empty} {
+		if b, err := src.Read(context.Background(), ok, nil); err != nil || int64(len(b)) != ok.Size {
+			t.Fatalf("%d bytes at %d: %d, %v", ok.Size, ok.Offset, len(b), err)
+		}
+	}
 	for _, bad := range []struct{ off, size int64 }{{e.ShardSize - 15, 16}, {e.ShardSize, 1}, {-1, 4}} {
 		past := e
 		past.Offset, past.Size = bad.off, bad.size
