@@ -479,6 +479,9 @@ func TestReadUncached(t *testing.T) {
 	if st := n.Stats(); n.Holds(d, 2) || st.SourceReads != 1 || st.Misses != 0 {
 		t.Fatalf("held %v, stats %+v", n.Holds(d, 2), st)
 	}
+	if b, _, err := n.ReadUncached(context.Background(), d, 0); err != nil || !bytes.Equal(b, files[d.Manifest.Key(0)]) {
+		t.Fatalf("the first item: %v", err)
+	}
 	for _, i := range []int{-1, 4} {
 		if _, _, err := n.ReadUncached(context.Background(), d, i); !errors.Is(err, ErrBadRequest) {
 			t.Fatalf("index %d: %v", i, err)
