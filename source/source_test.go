@@ -112,33 +112,24 @@ func TestRateLimit(t *testing.T) {
 	const size = 1 << 20
 	root := t.TempDir()
 	write(t, root, "x", bytes.Repeat([]byte{1}, size))
-	read := func(opt Options) error {
+	// within runs get on a source opened with opt, under a 200 ms deadline:
+	// 1 MiB at 500 kB/s needs 2 s, far more than that.
+	within := func(opt Options, get func(context.Context, *Dir) error) error {
 		d, err := OpenDir(root, opt)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer d.Close()
-		// 1 MiB at 500 kB/s needs 2 s: far more than the deadline allows.
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 		defer cancel()
-		_, err = d.Read(ctx, Entry{Key: "x", Size: size}, nil)
+		return get(ctx, d)
+	}
+	read := func(ctx context.Context, d *Dir) error {
+		_, err := d.Read(ctx, Entry{Key: "x", Size: size}, nil)
 		return err
 	}
-	if err := read(Options{BytesPerSecond: 500_000}); err == nil {
-		t.Fatal("a throttled read that needs 2 s succeeded within a 200 ms deadline: limiter not applied")
-	}
-	if err := read(Options{}); err != nil {
-		t.Fatalf("the same read unthrottled: %v", err)
-	}
 	// A shard streamed through a throttled source obeys the same rate.
-	stream := func(opt Options) error {
-		d, err := OpenDir(root, opt)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer d.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		defer cancel()
+	stream := func(ctx context.Context, d *Dir) error {
 		r, err := d.stream(ctx, Entry{Key: "x", Size: size})
 		if err != nil {
 			return err
@@ -147,11 +138,13 @@ func TestRateLimit(t *testing.T) {
 		_, err = io.Copy(io.Discard, r)
 		return err
 	}
-	if err := stream(Options{BytesPerSecond: 500_000}); err == nil {
-		t.Fatal("a throttled stream that needs 2 s ended within a 200 ms deadline: limiter not applied")
-	}
-	if err := stream(Options{}); err != nil {
-		t.Fatalf("the same stream unthrottled: %v", err)
+	for what, get := range map[string]func(context.Context, *Dir) error{"read": read, "stream": stream} {
+		if err := within(Options{BytesPerSecond: 500_000}, get); err == nil {
+			t.Fatalf("a throttled %s that needs 2 s ended within a 200 ms deadline: limiter not applied", what)
+		}
+		if err := within(Options{}, get); err != nil {
+			t.Fatalf("the same %s unthrottled: %v", what, err)
+		}
 	}
 	// What the rate can deliver in time is delivered, an empty file too.
 	write(t, root, "small", bytes.Repeat([]byte{2}, 10<<10))
