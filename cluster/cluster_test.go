@@ -37,6 +37,16 @@ func freeAddr(t *testing.T) string {
 	return l.Addr().String()
 }
 
+// await polls cond until it holds, failing the test after 30 s.
+func await(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("still waiting for %s", what)
+		}
+	}
+}
+
 // fakeLocal fills items from memory and counts the fills.
 type fakeLocal struct {
 	items map[int][]byte

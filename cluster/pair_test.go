@@ -28,17 +28,6 @@ type pairMember struct {
 	local *fakeLocal
 }
 
-func await(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("still waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // startPair starts c1 (which bootstraps raft and registers a dataset of n
 // items) and returns it with a second member, c2, started by join once the
 // test has set c1 up: c2 joins c1's gossip and c1's reconciler adds it to raft.

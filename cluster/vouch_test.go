@@ -60,15 +60,6 @@ func awaitKick(t *testing.T, kicks chan struct{}) {
 	}
 }
 
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met in 10 s")
-		}
-	}
-}
-
 // A member declared dead that answers stays on the ring; one that refuses
 // leaves it; both are asked, not assumed.
 func TestVoucherKeepsOnlyMembersThatAnswer(t *testing.T) {
@@ -81,14 +72,14 @@ func TestVoucherKeepsOnlyMembersThatAnswer(t *testing.T) {
 	if v.keep("b", "b:1") {
 		t.Fatal("a member that refused the ping is kept")
 	}
-	waitFor(t, func() bool { return v.vouched.Load() == 1 })
+	await(t, "a vouch", func() bool { return v.vouched.Load() == 1 })
 	if !v.keep("a", "a:1") {
 		t.Fatal("a member that answered is dropped")
 	}
 	if got := v.vouched.Load(); got != 1 {
 		t.Fatalf("vouched %d, want 1 (a, once however often it is asked)", got)
 	}
-	waitFor(t, func() bool { return peers.pings.Load() >= 4 }) // a is asked again and again
+	await(t, "four pings", func() bool { return peers.pings.Load() >= 4 }) // a is asked again and again
 	if v.keep("c", "") {
 		t.Fatal("a member without a peer address is kept")
 	}

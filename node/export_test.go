@@ -1,6 +1,8 @@
 package node
 
-// FreeAddr lends the external tests (follower_test.go, which serves nodes
-// through httpapi and so cannot be in this package) the loopback address
-// helper.
-var FreeAddr = freeAddr
+// The external tests (follower_test.go, which serves nodes through httpapi
+// and so cannot be in this package) share this package's helpers.
+var (
+	FreeAddr = freeAddr
+	Await    = await
+)

@@ -53,18 +53,6 @@ func member(t *testing.T, name, join string) (*node.Node, string) {
 	return n, cfg.GossipBind
 }
 
-// await polls cond until it holds or 30 s pass.
-func await(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("still waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func files(t *testing.T, count, size int) (string, map[string][]byte) {
 	t.Helper()
 	dir := t.TempDir()
@@ -84,7 +72,7 @@ func TestFollowerRelaysToTheLeader(t *testing.T) {
 	ctx := context.Background()
 	dir, data := files(t, 200, 300)
 	a, gossip := member(t, "a", "")
-	await(t, "a to lead", a.IsLeader)
+	node.Await(t, "a to lead", a.IsLeader)
 	if _, _, err := a.PutDataset(ctx, "ds", dir); err != nil {
 		t.Fatal(err)
 	}
@@ -94,10 +82,10 @@ func TestFollowerRelaysToTheLeader(t *testing.T) {
 	}
 	// a alone owns and warms everything.
 	a.StartWarmup(d)
-	await(t, "a's warm-up", func() bool { p := a.WarmupProgress(d); return !p.Running && p.Done == 200 })
+	node.Await(t, "a's warm-up", func() bool { p := a.WarmupProgress(d); return !p.Running && p.Done == 200 })
 
 	b, _ := member(t, "b", gossip)
-	await(t, "b to be ready", func() bool { ok, _ := b.Ready(); return ok && b.LeaderHTTP() != "" })
+	node.Await(t, "b to be ready", func() bool { ok, _ := b.Ready(); return ok && b.LeaderHTTP() != "" })
 	if b.IsLeader() {
 		t.Fatal("the joining member leads")
 	}
@@ -161,7 +149,7 @@ func TestFollowerRelaysToTheLeader(t *testing.T) {
 		}
 		return true
 	}
-	await(t, "each item held once, at its owner", atOwners)
+	node.Await(t, "each item held once, at its owner", atOwners)
 	for i := range 200 {
 		owner := ownerOf(i)
 		it, err := b.Get(ctx, d, i)

@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/cespare/xxhash/v2"
 
@@ -158,25 +157,13 @@ func TestPredictPlanPinsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	for r := range ep.Ranks {
-		if !slicesEqual(pred.Ranks[r], ep.Ranks[r]) || !slicesEqual(pinned.Ranks[r], ep.Ranks[r]) {
+		if !slices.Equal(pred.Ranks[r], ep.Ranks[r]) || !slices.Equal(pinned.Ranks[r], ep.Ranks[r]) {
 			t.Fatalf("rank %d: predicted and pinned plans differ", r)
 		}
 	}
 	if _, _, err := n.PredictPlan("nope", 0); !errors.Is(err, catalog.ErrNotFound) {
 		t.Fatalf("unknown job: %v", err)
 	}
-}
-
-func slicesEqual[T comparable](a, b []T) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // Batches of a job's rank are its order cut in batch_size pieces, with the
@@ -204,7 +191,7 @@ func TestJobBatchesFollowTheOrder(t *testing.T) {
 			it.Release()
 		}
 	}
-	if !slicesEqual(got, o.Indices) {
+	if !slices.Equal(got, o.Indices) {
 		t.Fatalf("batches gave %v, the order is %v", got, o.Indices)
 	}
 	for _, c := range []struct{ rank, batch int }{{2, 0}, {-1, 0}, {0, o.Batches}, {0, -1}} {
@@ -255,7 +242,7 @@ func TestResumedOrderUnderTheSameGeneration(t *testing.T) {
 	}
 	for _, pos := range []int{0, 7, 20} {
 		o, err := n.ResumedOrder(ctx, "j", 0, 1, j.Version, pos)
-		if err != nil || !slicesEqual(o.Indices, full.Indices[pos:]) || o.Batches != (20-pos+3)/4 {
+		if err != nil || !slices.Equal(o.Indices, full.Indices[pos:]) || o.Batches != (20-pos+3)/4 {
 			t.Fatalf("from %d: %+v, %v", pos, o, err)
 		}
 	}
@@ -278,7 +265,7 @@ func TestResumedOrderUnderTheSameGeneration(t *testing.T) {
 		t.Fatalf("re-split: %d samples, %v; want 2 x 16", len(a.Indices), err)
 	}
 	b, err := n.ResumedOrder(ctx, "j", 0, 0, j.Version, 4)
-	if err != nil || !slicesEqual(a.Indices, b.Indices) {
+	if err != nil || !slices.Equal(a.Indices, b.Indices) {
 		t.Fatalf("asked again: %v", err)
 	}
 	// The re-split plans kept are bounded: maxPlans, then they start over.
@@ -446,13 +433,9 @@ func TestClairvoyantReadsTheJobAhead(t *testing.T) {
 		t.Fatal(err)
 	}
 	first := o.Indices[:8]
-	deadline := time.Now().Add(20 * time.Second)
-	for slices.ContainsFunc(first, func(i int) bool { return !n.Holds(d, i) }) {
-		if time.Now().After(deadline) {
-			t.Fatal("the first batch was never read ahead")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	await(t, "the first batch to be read ahead", func() bool {
+		return !slices.ContainsFunc(first, func(i int) bool { return !n.Holds(d, i) })
+	})
 	items, _, err := n.JobBatch(ctx, "j", 0, 0, 0)
 	if err != nil {
 		t.Fatal(err)

@@ -140,12 +140,16 @@ func TestWarmupStopsWhenFull(t *testing.T) {
 // awaitWarmup waits until the node's warm-up of d has ended.
 func awaitWarmup(t *testing.T, n *Node, d *catalog.Dataset) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for n.WarmupProgress(d).Running {
+	await(t, "the warm-up to end", func() bool { return !n.WarmupProgress(d).Running })
+}
+
+// await polls cond until it holds, failing the test after 30 s.
+func await(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatal("warm-up still running")
+			t.Fatalf("still waiting for %s", what)
 		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -84,13 +85,7 @@ func TestDeleteDatasetDropsItsItems(t *testing.T) {
 	if n.HasDataset("ds") {
 		t.Fatal("deleted dataset still listed")
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for n.Stats().ItemsCached != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d items of a deleted dataset still cached", n.Stats().ItemsCached)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	await(t, "the deleted dataset's items to be dropped", func() bool { return n.Stats().ItemsCached == 0 })
 	n.mu.Lock()
 	open := len(n.sources)
 	n.mu.Unlock()
@@ -273,7 +268,7 @@ func TestTarWarmupReadsItsShardsOnceAndPushes(t *testing.T) {
 		t.Fatalf("%d bytes warmed, the shards hold %d", pr.Bytes, wantBytes)
 	}
 	for i := range p.pushed {
-		if s := shardOf(d, i); !containsInt(shards, s) {
+		if s := int(d.Manifest.ShardOf[i]); !slices.Contains(shards, s) {
 			t.Fatalf("member %d of shard %d, which t1 does not read, was pushed", i, s)
 		}
 	}
@@ -344,24 +339,6 @@ func TestTarWarmupStopsForAFullOwner(t *testing.T) {
 	if len(p.pushed) != 0 || len(p.pushes) == 0 {
 		t.Fatalf("%d pushes, %d kept", len(p.pushes), len(p.pushed))
 	}
-}
-
-func shardOf(d *catalog.Dataset, i int) int {
-	for s := range d.Manifest.Shards {
-		if first, end := d.Manifest.ShardItems(s); i >= first && i < end {
-			return s
-		}
-	}
-	return -1
-}
-
-func containsInt(xs []int, x int) bool {
-	for _, y := range xs {
-		if y == x {
-			return true
-		}
-	}
-	return false
 }
 
 // Unset limits take their documented defaults (docs/operations.md); set

@@ -171,11 +171,7 @@ func streamed(t *testing.T, src *Tar, entries []Entry) {
 // "..", absolute and repeated names left out and counted.
 func TestTarDirListsAndReadsMembers(t *testing.T) {
 	root, want := shardsDir(t)
-	src, err := Open("tar+dir://"+root, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
+	src := openTarDir(t, root)
 	// Go shard: dir, symlink, ../evil, /abs, x/../y, the repeated s1.jpg.
 	// GNU shard: the "./" and "./sub/" directory entries.
 	listed(t, src, want, 6+2)
@@ -200,12 +196,7 @@ func TestTarRefusesTruncatedAndCorruptShards(t *testing.T) {
 			if err := os.WriteFile(filepath.Join(root, "x.tar"), shard, 0o644); err != nil {
 				t.Fatal(err)
 			}
-			src, err := Open("tar+dir://"+root, Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer src.Close()
-			_, err = src.List(context.Background())
+			_, err := openTarDir(t, root).List(context.Background())
 			if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "x.tar at byte") {
 				t.Fatalf("err %v, want ErrCorrupt naming x.tar and an offset", err)
 			}
@@ -219,11 +210,7 @@ func TestTarReadOfARewrittenShardFails(t *testing.T) {
 	root := t.TempDir()
 	path := filepath.Join(root, "x.tar")
 	writeTar(t, path, []member{{name: "a.jpg", data: []byte("first"), typ: tar.TypeReg}})
-	src, err := Open("tar+dir://"+root, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
+	src := openTarDir(t, root)
 	entries, err := src.List(context.Background())
 	if err != nil || len(entries) != 1 {
 		t.Fatalf("%v %v", entries, err)
@@ -297,15 +284,22 @@ func TestTarS3ListsAndReadsMembers(t *testing.T) {
 	}
 }
 
-// A read is held to its shard: a range that ends exactly at the shard's end
-// is read, one that runs past it is refused before storage is asked.
-func TestTarReadStaysInItsShard(t *testing.T) {
-	root, _ := shardsDir(t)
+// openTarDir opens the shards under root, closed when the test ends.
+func openTarDir(t *testing.T, root string) Source {
+	t.Helper()
 	src, err := Open("tar+dir://"+root, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer src.Close()
+	t.Cleanup(func() { src.Close() })
+	return src
+}
+
+// A read is held to its shard: a range that ends exactly at the shard's end
+// is read, one that runs past it is refused before storage is asked.
+func TestTarReadStaysInItsShard(t *testing.T) {
+	root, _ := shardsDir(t)
+	src := openTarDir(t, root)
 	entries, err := src.List(context.Background())
 	if err != nil || len(entries) == 0 {
 		t.Fatalf("list: %d entries, %v", len(entries), err)
