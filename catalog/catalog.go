@@ -186,8 +186,18 @@ func (c *Catalog) Updated() <-chan struct{} {
 	return c.updated
 }
 
-// AppliedIndex is the raft index of the last change applied here.
-func (c *Catalog) AppliedIndex() uint64 { return c.raft.AppliedIndex() }
+// AppliedIndex is the raft index of the last change applied here. Raft
+// counts an entry applied once it hands it to the FSM, a moment before the
+// FSM has applied it: a follower waiting for a relayed write by raft's count
+// could read the catalog without it. So the FSM's own count comes first;
+// raft's serves until the FSM has applied a command since a start or a
+// snapshot restore.
+func (c *Catalog) AppliedIndex() uint64 {
+	if a := c.fsm.applied.Load(); a > 0 {
+		return a
+	}
+	return c.raft.AppliedIndex()
+}
 
 // WaitFor blocks until cond holds (checked after every applied change) or ctx
 // ends; it reports whether cond held. A follower uses it to read its own

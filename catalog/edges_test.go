@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/raft"
 	"github.com/vmihailenco/msgpack/v5"
 
 	"stallfree/source"
@@ -330,5 +331,33 @@ func TestServersJoinCatchUpAndLeave(t *testing.T) {
 	}
 	if r := roles(); len(r) != 1 || !r["n1"] {
 		t.Fatalf("after removing n2: %v", r)
+	}
+}
+
+// The FSM counts what it has applied itself: a follower waiting for a
+// relayed write waits for the write, not for raft handing it over. A
+// restore leaves the count to raft until the next command.
+func TestFSMCountsWhatItApplied(t *testing.T) {
+	cmd, err := msgpack.Marshal(&command{Op: opDeleteDataset, Name: "nothing"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fsm{st: newState()}
+	if f.applied.Load() != 0 {
+		t.Fatal("applied before any command")
+	}
+	f.Apply(&raft.Log{Index: 7, Data: cmd})
+	if got := f.applied.Load(); got != 7 {
+		t.Fatalf("applied %d after the command at 7", got)
+	}
+	snap, err := msgpack.Marshal(newState())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Restore(io.NopCloser(bytes.NewReader(snap))); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.applied.Load(); got != 0 {
+		t.Fatalf("applied %d after a restore, want raft's count (0 here)", got)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/hashicorp/raft"
 	"github.com/vmihailenco/msgpack/v5"
@@ -118,6 +119,9 @@ type fsm struct {
 	mu       sync.RWMutex
 	st       *state
 	onChange func()
+	// applied is the index of the last command this FSM has applied, 0
+	// before the first since a start or a restore (see Catalog.AppliedIndex).
+	applied atomic.Uint64
 }
 
 // beginResult tells the registering node whether to upload a manifest.
@@ -132,6 +136,7 @@ func (f *fsm) Apply(l *raft.Log) any {
 	}
 	f.mu.Lock()
 	res := f.apply(l.Index, &c)
+	f.applied.Store(l.Index)
 	f.mu.Unlock()
 	if f.onChange != nil {
 		f.onChange()
@@ -298,6 +303,7 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	}
 	f.mu.Lock()
 	f.st = st
+	f.applied.Store(0) // the snapshot's index is raft's to tell
 	f.mu.Unlock()
 	if f.onChange != nil {
 		f.onChange()

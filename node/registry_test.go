@@ -171,9 +171,9 @@ func TestRegisterAtStartAndReady(t *testing.T) {
 	if err := n.RegisterAtStart(ctx, cfg.Datasets); err != nil {
 		t.Fatal(err)
 	}
-	if ok, why := n.Ready(); !ok {
-		t.Fatalf("not ready: %s", why)
-	}
+	// Ready also wants raft's applied index at its commit index, which it
+	// reaches a moment after the write returns.
+	await(t, "readiness", func() bool { ok, _ := n.Ready(); return ok })
 }
 
 // tarShards writes shards of samples (each a .jpg and a .cls member, of size
