@@ -53,16 +53,11 @@ func PlanEpoch(j *catalog.Job, d *catalog.Dataset, epoch uint64, members []strin
 
 // assignEpoch assigns the units of perm, in that order, to j's ranks.
 func assignEpoch(j *catalog.Job, d *catalog.Dataset, epoch uint64, members []string, perm []int32) (*EpochPlan, error) {
-	ring, err := partition.New(members)
+	owner, err := unitOwner(d, members)
 	if err != nil {
 		return nil, err
 	}
 	m := d.Manifest
-	ownerKey := m.Key
-	if m.IsTar() {
-		ownerKey = m.SampleKey
-	}
-	owner := func(i int32) string { return ring.Owner(d.Name, ownerKey(int(i))) }
 	p, err := Assign(perm, j.WorldSize, j.BatchSize, j.Ranks, owner)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidJob, err)
@@ -110,10 +105,18 @@ func (ep *EpochPlan) BatchItems(r, b int) []int32 {
 
 // ResumeEpoch re-splits what remained of an epoch interrupted under an
 // earlier layout of the job: every rank of prev had consumed position units
-// of its order, and the rest of all of them, taken global step by global
-// step, is assigned to j's ranks over members like a fresh epoch's order
-// (locality-aware, equal lengths; a tail of fewer than j.WorldSize units is
-// dropped). A pure function of its arguments, like PlanEpoch.
+// of its order, and the rest of all of them is assigned to j's ranks over
+// members (locality-aware, equal lengths; a tail of fewer than j.WorldSize
+// units is dropped). A pure function of its arguments, like PlanEpoch.
+//
+// The rest is not cut into global minibatches as it stands: each old rank's
+// order holds its own node's units first and the remote ones last in every
+// step, so consecutive stretches of the rest are lopsided by owner, and a
+// node that had no rank before (its units were only ever overflow) finds
+// too few of its own in each new step. Which units make up a global step of
+// the remainder does not matter to SGD (the steps of an epoch are a random
+// partition either way), so the rest is first regrouped by owner: see
+// byOwner.
 func ResumeEpoch(prev *EpochPlan, position int, j *catalog.Job, members []string) (*EpochPlan, error) {
 	if position < 0 || len(prev.Ranks) == 0 || position > len(prev.Ranks[0]) {
 		return nil, fmt.Errorf("%w: position %d outside the interrupted epoch's %d samples per rank", ErrInvalidJob, position, len(prev.Ranks[0]))
@@ -124,5 +127,88 @@ func ResumeEpoch(prev *EpochPlan, position int, j *catalog.Job, members []string
 			rest = append(rest, order[s])
 		}
 	}
+	owner, err := unitOwner(prev.Data, members)
+	if err != nil {
+		return nil, err
+	}
+	if j.WorldSize >= 1 && j.BatchSize >= 1 && len(j.Ranks) == j.WorldSize {
+		rest = byOwner(rest, j.WorldSize*j.BatchSize, rankDemand(j.Ranks, j.BatchSize), owner)
+	}
 	return assignEpoch(j, prev.Data, prev.Epoch, members, rest)
+}
+
+// rankDemand is, per node, the units one global step gives the ranks on it.
+func rankDemand(rankNode []string, batchSize int) map[string]int {
+	demand := map[string]int{}
+	for _, node := range rankNode {
+		if node != "" {
+			demand[node] += batchSize
+		}
+	}
+	return demand
+}
+
+// byOwner reorders units so that each full global step of size global holds,
+// for every node that runs ranks, as many of the node's own units as its
+// ranks take in a step (demand), while the node has any left; the rest of a
+// step is filled from the owners with the most units to spare beyond what
+// their ranks will still take. Every unit stays exactly once; within an
+// owner the units keep their order. Assign then finds a local rank for each
+// unit of a step but the fill, so the remote reads of the whole remainder
+// come down to how far each node's share of it falls short of its ranks'
+// share: a difference of totals, not a sum of per-step shortfalls.
+func byOwner(units []int32, global int, demand map[string]int, owner func(int32) string) []int32 {
+	queues := map[string][]int32{}
+	var nodes []string // owners in order of first appearance: deterministic
+	for _, u := range units {
+		o := owner(u)
+		if _, seen := queues[o]; !seen {
+			nodes = append(nodes, o)
+		}
+		queues[o] = append(queues[o], u)
+	}
+	out := make([]int32, 0, len(units))
+	steps := len(units) / global
+	for step := range steps {
+		taken := 0
+		for _, node := range nodes {
+			n := min(demand[node], len(queues[node]))
+			out = append(out, queues[node][:n]...)
+			queues[node] = queues[node][n:]
+			taken += n
+		}
+		later := steps - step - 1 // full steps after this one
+		for ; taken < global; taken++ {
+			best, spare := "", 0
+			for _, node := range nodes {
+				left := len(queues[node])
+				if left == 0 {
+					continue
+				}
+				if s := left - demand[node]*later; best == "" || s > spare {
+					best, spare = node, s
+				}
+			}
+			out = append(out, queues[best][0])
+			queues[best] = queues[best][1:]
+		}
+	}
+	for _, node := range nodes { // the last, partial step
+		out = append(out, queues[node]...)
+	}
+	return out
+}
+
+// unitOwner names the member that holds a unit of the order (an item, or a
+// tar dataset's sample) on the ring of members.
+func unitOwner(d *catalog.Dataset, members []string) (func(int32) string, error) {
+	ring, err := partition.New(members)
+	if err != nil {
+		return nil, err
+	}
+	ownerKey := d.Manifest.Key
+	if d.Manifest.IsTar() {
+		ownerKey = d.Manifest.SampleKey
+	}
+	return func(i int32) string { return ring.Owner(d.Name, ownerKey(int(i))) }, nil
 }

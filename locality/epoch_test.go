@@ -236,3 +236,87 @@ func TestBatchesRoundUp(t *testing.T) {
 		t.Fatalf("no ranks: %d batches", got)
 	}
 }
+
+// The case, over seeds 1..20: a job of world 2 (ranks on n0, n1) over
+// 1,200 items on three nodes, batch 16, interrupted after 10 minibatches and
+// resumed at world 3 (one rank per node). What is left is re-split with at
+// most 10% of it remote, and never more than 1.25 times what the traffic
+// model predicts for a plain epoch of the same world and global batch (the
+// figure a fresh epoch would give; regrouping by owner keeps the remainder
+// well under it).
+func TestResumeEpochKeepsLocality(t *testing.T) {
+	d := fileDataset(1200)
+	ring, err := partition.New(threeNodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	owned := map[string]int{}
+	for i := range 1200 {
+		owned[ring.Owner(d.Name, d.Manifest.Key(i))]++
+	}
+	share := make([]float64, len(threeNodes))
+	for i, node := range threeNodes {
+		share[i] = float64(owned[node]) / 1200
+	}
+	model := ExpectedRemote(share, []int{16, 16, 16})
+	worst := 0.0
+	for seed := uint64(1); seed <= 20; seed++ {
+		prevJob := &catalog.Job{Name: "j", Dataset: "ds", Seed: seed, WorldSize: 2, BatchSize: 16, Ranks: threeNodes[:2]}
+		prev, err := PlanEpoch(prevJob, d, 0, threeNodes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		j := &catalog.Job{Name: "j", Dataset: "ds", Seed: seed, WorldSize: 3, BatchSize: 16, Ranks: threeNodes}
+		ep, err := ResumeEpoch(prev, 10*16, j, threeNodes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		remote, total := 0, 0
+		for r := range ep.Ranks {
+			remote += remoteByHand(t, ep, threeNodes, r, 0, threeNodes[r])
+			total += len(ep.Ranks[r])
+		}
+		if total != (1200-2*160)/3*3 {
+			t.Fatalf("seed %d: %d units resumed, want %d", seed, total, (1200-2*160)/3*3)
+		}
+		fr := float64(remote) / float64(total)
+		worst = max(worst, fr)
+		if fr > 0.10 || fr > 1.25*model {
+			t.Fatalf("seed %d: %.1f%% of the resumed remainder is remote; want at most 10%% and 1.25 x the model's %.1f%%", seed, 100*fr, 100*model)
+		}
+	}
+	t.Logf("worst of 20 seeds: %.2f%% remote; plain-epoch model %.2f%%", 100*worst, 100*model)
+}
+
+// byOwner keeps every unit once and gives each node as many of its own
+// units per step as its ranks take while it has them; the fill comes from the
+// owner with the most to spare.
+func TestByOwner(t *testing.T) {
+	owner := func(u int32) string { return []string{"a", "b", "c"}[u%3] }
+	// 12 units of a, 6 of b, 6 of c (c runs no rank): steps of 8.
+	var units []int32
+	for i := range int32(24) {
+		units = append(units, i*3)
+		if i < 6 {
+			units = append(units, i*3+1, i*3+2)
+		}
+	}
+	units = units[:24]
+	got := byOwner(units, 8, map[string]int{"a": 4, "b": 4}, owner)
+	sorted := slices.Clone(got)
+	slices.Sort(sorted)
+	want := slices.Clone(units)
+	slices.Sort(want)
+	if !slices.Equal(sorted, want) {
+		t.Fatalf("byOwner changed the units: %v, want a permutation of %v", got, units)
+	}
+	for step := range 3 {
+		count := map[string]int{}
+		for _, u := range got[step*8 : step*8+8] {
+			count[owner(u)]++
+		}
+		if count["a"] < 4 || count["b"] < min(4, 6-4*step) {
+			t.Fatalf("step %d holds %v: a node with units left got fewer than its ranks take", step, count)
+		}
+	}
+}

@@ -359,5 +359,51 @@ class ResumeTest(ClusterCase):
             LocalitySampler(url1, "train", 0).load_state_dict(state)
 
 
+class ResplitLocalityTest(ClusterCase):
+    """The issue's resize end to end through the Python sampler: a job of
+    world 2 (ranks on py1, py2) over 1,200 items on three nodes, batch 16,
+    checkpointed after 10 batches and resumed at world 3: the remaining
+    samples are re-split each exactly once, and at most 10% of them are
+    owned by a node other than their rank's (the Go test in locality checks
+    seeds 1..20 against the traffic model)."""
+
+    def setUp(self):
+        self.make_tmp("stallfree-py")
+        self.write_files(1200, 5, lambda i: f"d{i % 8}/x{i:05d}.bin", 16, 48)
+        self.cluster = Cluster(self.tmp, n=3)
+
+    def test_resumed_remainder_stays_local(self):
+        (n1, url1), (n2, url2), (n3, url3) = self.cluster.nodes
+        c = Client(url1)
+        wait_until(lambda: c.json("PUT", "/v1/datasets/ds", {"source": self.data}), 30, "registration")
+        c.json("PUT", "/v1/jobs/train", {"dataset": "ds", "seed": 7, "world_size": 2, "batch_size": 16,
+                                         "ranks": [n1, n2]})
+        states, rest = [], set()
+        for rank, url in enumerate([url1, url2]):
+            sampler = LocalitySampler(url, "train", rank)
+            sampler.set_epoch(0)
+            order = list(iter(sampler))
+            states.append(sampler.state_dict(consumed=160))
+            rest |= set(order[160:])
+        self.assertEqual(states[0]["position"], states[1]["position"])
+
+        c.json("PUT", "/v1/jobs/train", {"dataset": "ds", "seed": 7, "world_size": 3, "batch_size": 16,
+                                         "ranks": [n1, n2, n3]})
+        owners = Client(url1).owners("ds")
+        names = [m["name"] for m in owners["members"]]
+        got, remote = [], 0
+        for rank, (node, url) in enumerate(self.cluster.nodes):
+            sampler = LocalitySampler(url, "train", rank)
+            sampler.load_state_dict(states[0])
+            sampler.set_epoch(0)
+            order = list(iter(sampler))
+            self.assertEqual(len(order), len(rest) // 3)
+            remote += sum(names[owners["owners"][i]] != node for i in order)
+            got += order
+        self.assertEqual(len(got), len(set(got)), "a resumed sample given twice")
+        self.assertTrue(set(got) <= rest and len(rest - set(got)) == len(rest) % 3)
+        self.assertLessEqual(remote / len(got), 0.10, f"{remote} of {len(got)} resumed samples are remote")
+
+
 if __name__ == "__main__":
     unittest.main()
