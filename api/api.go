@@ -164,6 +164,10 @@ type Member struct {
 	Capacity uint64  `json:"capacity"`
 	Share    float64 `json:"share"`          // fraction of the ring this member owns
 	Raft     string  `json:"raft,omitempty"` // voter or nonvoter in the catalog's raft configuration
+	// Socket is the Unix socket path the node serves this API on as well
+	// (--socket); set on the answering node's own row only, since a path
+	// means something only on that node's host.
+	Socket string `json:"socket,omitempty"`
 }
 
 // Cluster is GET /v1/cluster.

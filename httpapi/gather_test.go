@@ -8,7 +8,7 @@ import (
 
 func sendBufferOf(t *testing.T, c net.Conn) int {
 	t.Helper()
-	rc, err := c.(*gatherConn).SyscallConn()
+	rc, err := c.(*gatherConn).Conn.(syscall.Conn).SyscallConn()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +54,7 @@ func TestAcceptedConnectionsGetTheSendBuffer(t *testing.T) {
 	}
 	// 0 must leave the socket exactly as the kernel made it.
 	plain := acceptOne(t, func(ln net.Listener) net.Listener { return ln })
-	want := sendBufferOf(t, &gatherConn{TCPConn: plain.(*net.TCPConn)})
+	want := sendBufferOf(t, &gatherConn{Conn: plain})
 	if got := sendBufferOf(t, acceptOne(t, withSendBuffer(0))); got != want {
 		t.Fatalf("SO_SNDBUF = %d with sendBuffer 0, want the kernel default %d", got, want)
 	}

@@ -79,6 +79,9 @@ type Config struct {
 	// Token is the API's bearer token, which this node presents when it
 	// relays a request to the raft leader.
 	Token string
+	// Socket is the Unix socket the API is also served on ("" none), shown
+	// as the self member's "socket" in GET /v1/cluster.
+	Socket string
 }
 
 // Node is safe for concurrent use.

@@ -165,7 +165,7 @@ func (n *Node) DeleteJob(ctx context.Context, name string) error {
 func (n *Node) Cluster() api.Cluster {
 	st := n.Stats()
 	self := api.Member{Name: n.cfg.Name, HTTP: n.cfg.HTTPAdvert, Peer: n.cfg.PeerAdvert, State: "alive",
-		Items: st.ItemsCached, Bytes: st.BytesCached, Capacity: st.CapacityBytes, Share: 1}
+		Items: st.ItemsCached, Bytes: st.BytesCached, Capacity: st.CapacityBytes, Share: 1, Socket: n.cfg.Socket}
 	info := api.Cluster{Self: n.cfg.Name, Leader: n.cat.Leader(), Members: n.peers.Describe(self)}
 	if servers, err := n.cat.Servers(); err == nil {
 		role := map[string]string{}

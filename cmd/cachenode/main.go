@@ -81,6 +81,9 @@ func run(args []string) error {
 	)
 	fs.Var(&datasets, "dataset", "NAME=SOURCE to register at start (repeatable, idempotent)")
 	fs.Var(&allow, "allow-source", "only sources under this prefix may be registered (repeatable)")
+	// Loader fast path (DESIGN §4 v3): the same API on a Unix socket.
+	var socket socketFlag
+	fs.Var(&socket, "socket", socketUsage)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -191,6 +194,16 @@ func run(args []string) error {
 		return fmt.Errorf("--raft: %w", err)
 	}
 
+	// Loader fast path: bound before the node starts, so GET /v1/cluster
+	// names only a socket that exists.
+	sockLn, sockPath, err := socketListener(socket, *dataDir, token, log)
+	if err != nil {
+		return err
+	}
+	if sockLn != nil {
+		defer sockLn.Close() // a node that fails to start leaves no socket behind
+	}
+
 	setGC(mem)
 	files := raiseFileLimit(log)
 	n, err := node.New(node.Config{
@@ -200,6 +213,7 @@ func run(args []string) error {
 		StorageTimeout: *storeWait, MaxInflightBytes: maxInflight, MaxPeerConns: max(64, files/5),
 		S3:         source.S3Config{Endpoint: *s3Endpt, Region: *s3Region, CredentialsFile: *s3Creds, Profile: *s3Profile, Env: os.Getenv},
 		GossipBind: *gossip, Advertise: advIP, Join: seeds, PeerBind: *peerAddr, ClusterKey: clusterKey, PeerTimeout: *peerWait,
+		Socket: sockPath,
 	})
 	if err != nil {
 		return err
@@ -218,9 +232,12 @@ func run(args []string) error {
 	// Half the descriptors for clients, a fifth for peers: a flood on one
 	// port leaves the rest (storage reads, raft, gossip) room to work.
 	srv.MaxConns = max(64, files/2)
-	serveErr := make(chan error, 1)
+	serveErr := make(chan error, 2)
 	go func() { serveErr <- srv.Serve(ln) }()
-	log.Info("serving", "http", ln.Addr().String(), "memory", humanize.IBytes(mem), "policy", *policy, "data_dir", *dataDir)
+	if sockLn != nil { // loader fast path
+		go func() { serveErr <- srv.Serve(sockLn) }()
+	}
+	log.Info("serving", "http", ln.Addr().String(), "socket", sockPath, "memory", humanize.IBytes(mem), "policy", *policy, "data_dir", *dataDir)
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -1,0 +1,122 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"stallfree/api"
+)
+
+// overSocket is an HTTP client that reaches whatever host it is asked for
+// through the Unix socket at path.
+func overSocket(path string) *http.Client {
+	return &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", path)
+	}}}
+}
+
+// The loader fast path: a node serves its API on DATA-DIR/stallfree.sock as
+// well, mode 0600 and still checking the token, names it in /v1/cluster,
+// and serves the same bytes there as over TCP.
+func TestSocketServesTheAPIWithTheToken(t *testing.T) {
+	const token = "sock-t0ken-1234"
+	tf := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tf, []byte(token), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	n := startNode(t, nodeOpts{name: "sock", bootstrap: true, token: tf})
+	sock := filepath.Join(n.dataDir, "stallfree.sock")
+	fi, err := os.Stat(sock)
+	if err != nil {
+		t.Fatalf("default socket: %v", err)
+	}
+	if fi.Mode().Type() != os.ModeSocket || fi.Mode().Perm() != 0o600 {
+		t.Errorf("socket %s has mode %v, want a socket with 0600 (a token is set)", sock, fi.Mode())
+	}
+
+	hc := overSocket(sock)
+	get := func(path, bearer string) (int, []byte) {
+		t.Helper()
+		req, _ := http.NewRequest("GET", "http://stallfree"+path, nil)
+		if bearer != "" {
+			req.Header.Set("Authorization", "Bearer "+bearer)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatalf("GET %s over the socket: %v", path, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b
+	}
+	for _, bearer := range []string{"", "wrong"} {
+		if code, body := get("/v1/cluster", bearer); code != 401 {
+			t.Errorf("token %q over the socket: %d %s, want 401", bearer, code, body)
+		}
+	}
+	code, body := get("/v1/cluster", token)
+	if code != 200 {
+		t.Fatalf("/v1/cluster over the socket: %d %s", code, body)
+	}
+	var cl api.Cluster
+	if err := json.Unmarshal(body, &cl); err != nil {
+		t.Fatal(err)
+	}
+	if len(cl.Members) != 1 || cl.Members[0].Name != "sock" || cl.Members[0].Socket != sock {
+		t.Errorf("members %+v, want self %q with socket %q", cl.Members, "sock", sock)
+	}
+	if tcp := mustCluster(t, n); tcp.Members[0].Socket != sock {
+		t.Errorf("over TCP the self member names socket %q, want %q", tcp.Members[0].Socket, sock)
+	}
+
+	dir, files := dataset(t, 20, 4096)
+	waitFor(t, 20*time.Second, "a leader to register the dataset", func() bool {
+		_, err := n.c.PutDataset(context.Background(), "ds", dir)
+		return err == nil
+	})
+	for key, want := range files {
+		code, got := get("/v1/datasets/ds/items/"+key, token)
+		if code != 200 || !bytes.Equal(got, want) {
+			t.Fatalf("item %s over the socket: %d, %d bytes; want 200 and its %d bytes", key, code, len(got), len(want))
+		}
+	}
+}
+
+// --socket "" turns it off (no file, no field); an explicit path a live
+// node serves stops a second node with a message naming it.
+func TestSocketOffAndInUse(t *testing.T) {
+	off := startNode(t, nodeOpts{name: "nosock", bootstrap: true, extra: []string{"--socket", ""}})
+	if _, err := os.Lstat(filepath.Join(off.dataDir, "stallfree.sock")); !os.IsNotExist(err) {
+		t.Errorf("--socket \"\": socket file present (%v)", err)
+	}
+	if s := mustCluster(t, off).Members[0].Socket; s != "" {
+		t.Errorf("--socket \"\": cluster names socket %q", s)
+	}
+
+	live := startNode(t, nodeOpts{name: "live", bootstrap: true})
+	sock := filepath.Join(live.dataDir, "stallfree.sock")
+	cmd := exec.Command(filepath.Join(binDir, "cachenode"), "--name", "second", "--bootstrap",
+		"--data-dir", t.TempDir(), "--socket", sock, "--http", freePort(t, "127.0.0.1"), "--peer", freePort(t, "127.0.0.1"),
+		"--gossip", freePort(t, "127.0.0.1"), "--raft", freePort(t, "127.0.0.1"), "--fast-timers")
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "--socket: socket "+sock+" is in use by another process") {
+		t.Errorf("second node on a live socket: err %v, output:\n%s", err, out)
+	}
+	if _, err := live.c.Stats(context.Background()); err != nil {
+		t.Errorf("the first node stopped answering: %v", err)
+	}
+	if fi, err := os.Stat(sock); err != nil || fi.Mode().Perm() != 0o666 {
+		t.Errorf("the first node's socket (no token: 0666): %v %v", fi, err)
+	}
+}
