@@ -2,8 +2,10 @@
 
 import concurrent.futures
 import http.client
+import ipaddress
 import json
 import os
+import socket
 import threading
 import time
 import urllib.parse
@@ -26,16 +28,63 @@ class StallfreeError(Exception):
 _RETRYABLE = (ConnectionError, TimeoutError, http.client.HTTPException, OSError)
 
 
+class NodeUnreachable(ConnectionError):
+    """No node answered: every attempt failed to connect or was cut off.
+    ``nodes`` are the URLs tried; the message names them and the last error."""
+
+    def __init__(self, nodes, last):
+        super().__init__(f"no Stallfree node reachable at {', '.join(nodes)}: {last}")
+        self.nodes = list(nodes)
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP over a Unix stream socket (a node's ``--socket``)."""
+
+    def __init__(self, path, timeout):
+        super().__init__("localhost", timeout=timeout)
+        self.path = path
+
+    def connect(self):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.settimeout(self.timeout)
+            s.connect(self.path)
+        except BaseException:
+            s.close()
+            raise
+        self.sock = s
+
+
+def _socket_path(base):
+    """The path of a ``unix:///path`` base URL, or None."""
+    return base[len("unix://"):] if base.startswith("unix://") else None
+
+
+def _loopback(host):
+    if host in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class Client:
     """A client of one node, failing over to the cluster's other nodes.
 
-    ``url`` is the local node (``http://127.0.0.1:7070``); ``token`` the bearer
-    token if the cluster has one. Connections are kept alive and belong to one
-    thread and one process: a DataLoader worker forked from a process that
-    already used the client opens its own.
+    ``url`` is the local node (``http://127.0.0.1:7070``, or its Unix socket
+    ``unix:///path/to/stallfree.sock``); ``token`` the bearer token if the
+    cluster has one. Connections are kept alive and belong to one thread and
+    one process: a DataLoader worker forked from a process that already used
+    the client opens its own.
+
+    A node on this host (a loopback URL) is reached through its Unix socket
+    when it has one this process can open (``GET /v1/cluster`` names it, and
+    the node behind the socket must answer as the same member); otherwise,
+    silently, over TCP. ``use_socket=False`` keeps to TCP.
     """
 
-    def __init__(self, url, token=None, timeout=60.0, retries=3, route="local"):
+    def __init__(self, url, token=None, timeout=60.0, retries=3, route="local", use_socket=True):
         if route not in ("local", "owner"):
             raise ValueError(f"route={route!r}: want 'local' or 'owner'")
         self.urls = [url.rstrip("/")] if isinstance(url, str) else [u.rstrip("/") for u in url]
@@ -50,6 +99,11 @@ class Client:
         self._local = threading.local()
         self._pid = os.getpid()
         self._peers_loaded = False
+        # Loader fast path: http base URL -> the node's Unix socket path, for
+        # loopback nodes whose socket answered as the same member; probed
+        # once per base (the answer holds in forked workers too).
+        self.use_socket = use_socket
+        self._sockets, self._probed = {}, set()
 
     def __getstate__(self):  # a copy sent to another process opens its own sockets and threads
         s = dict(self.__dict__)
@@ -87,10 +141,55 @@ class Client:
             conns = self._local.conns = {}
         c = conns.get(base)
         if c is None:
-            u = urllib.parse.urlsplit(base)
-            c = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=self.timeout)
+            path = _socket_path(base) or self._socket_of(base)
+            if path:
+                c = _UnixHTTPConnection(path, self.timeout)
+            else:
+                u = urllib.parse.urlsplit(base)
+                c = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=self.timeout)
             conns[base] = c
         return c
+
+    def _socket_of(self, base):
+        """The Unix socket to reach the node at http URL base through, or
+        None (not on this host, no socket, not ours to open, not the same
+        node). Best effort: any failure means TCP."""
+        if not self.use_socket:
+            return None
+        if base not in self._probed:
+            self._probed.add(base)
+            u = urllib.parse.urlsplit(base)
+            if u.scheme == "http" and _loopback(u.hostname or ""):
+                try:
+                    path = self._probe_socket(base, u)
+                except Exception:  # noqa: BLE001 - the socket is an optimisation
+                    path = None
+                if path:
+                    self._sockets[base] = path
+        return self._sockets.get(base)
+
+    def _probe_socket(self, base, u):
+        def cluster(conn):
+            h = {"Authorization": "Bearer " + self.token} if self.token else {}
+            try:
+                conn.request("GET", "/v1/cluster", headers=h)
+                r = conn.getresponse()
+                body = r.read()
+            finally:
+                conn.close()
+            if r.status != 200:
+                return None, None
+            cl = json.loads(body)
+            me = next((m for m in cl.get("members", []) if m.get("name") == cl.get("self")), {})
+            return (cl.get("self"), me.get("http")), me.get("socket")
+
+        who, path = cluster(http.client.HTTPConnection(u.hostname, u.port or 80, timeout=min(self.timeout, 5.0)))
+        if not path or not os.access(path, os.R_OK | os.W_OK):
+            return None
+        # The same path may be another node's (containers, a node restarted
+        # with other addresses): use it only if it answers as this member.
+        same, _ = cluster(_UnixHTTPConnection(path, min(self.timeout, 5.0)))
+        return path if same == who else None
 
     def _drop(self, base):
         conns = getattr(self._local, "conns", {})
@@ -124,6 +223,7 @@ class Client:
             data = r.read()
         except _RETRYABLE:
             self._drop(base)
+            self._sockets.pop(base, None)  # a socket that failed once: TCP from now on
             raise
         if r.status >= 300:
             try:
@@ -160,7 +260,9 @@ class Client:
             except _RETRYABLE as e:
                 last = e
             time.sleep(min(0.05 * (attempt + 1), 0.5))
-        raise last
+        if isinstance(last, StallfreeError):
+            raise last
+        raise NodeUnreachable(self.urls, last) from last
 
     def json(self, method, path, body=None):
         _, data = self.request(method, path, body)

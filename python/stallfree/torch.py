@@ -6,6 +6,7 @@ import time
 import torch.utils.data
 
 from .client import Client
+from .batchloader import BatchLoader  # noqa: F401  (stallfree.torch.BatchLoader, DESIGN §4 v3)
 
 
 class CachedDataset(torch.utils.data.Dataset):

@@ -1,0 +1,379 @@
+"""The loader bench (DESIGN §4 v3): ``python -m stallfree.bench [options]``.
+
+A real ``torch.utils.data.DataLoader`` (2 worker processes, batch 256) reads
+N items of 110 KiB, which sit in the page cache as files, over
+
+  (a) a plain map-style Dataset that opens and reads each file (the
+      ImageFolder way),
+  (b) ``CachedDataset`` on one local node (warmed up),
+  (c) ``CachedDataset`` on 3 local nodes, owner-routed,
+  (d) ``BatchLoader`` (threads in the training process, no workers) on (b)'s
+      node,
+
+and prints samples/s, the ratios b/a, c/a, d/a and the CPU each sample cost
+the loader processes (main and workers) and the nodes. Every row turns each
+item into a uint8 tensor and collates the batch into one [256, 112640] tensor,
+as a training loop receives it. Rows alternate over ``--rounds`` rounds and
+the table shows each row's median. Progress goes to stderr; the table (or
+``--json``) to stdout.
+"""
+
+import argparse
+import glob
+import json
+import os
+import platform
+import resource
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+
+import numpy as np
+
+from stallfree import Client
+
+GOALS = {"b/a": 1.2, "d/a": 2.0, "c/b": 0.9}
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def to_tensor(b):
+    """bytes -> uint8 tensor, without a copy (the collate copies once)."""
+    import torch
+    with warnings.catch_warnings():  # read-only buffer: nothing writes to it
+        warnings.simplefilter("ignore")
+        return torch.from_numpy(np.frombuffer(b, dtype=np.uint8))
+
+
+def collate(batch):
+    """torch's default_collate for a list of equal-shaped tensors: stacked
+    into one tensor, in shared memory when in a worker process (so the batch
+    reaches the main process without another copy). default_collate itself
+    fails on tensors over read-only buffers in torch 1.13 ("Trying to resize
+    storage that is not resizable")."""
+    import torch
+    import torch.utils.data as tud
+    out = None
+    if tud.get_worker_info() is not None:
+        out = torch.empty((len(batch),) + tuple(batch[0].shape), dtype=batch[0].dtype).share_memory_()
+    return torch.stack(batch, 0, out=out)
+
+
+class FileDataset:
+    """(a): what torchvision's ImageFolder does before decoding: open and
+    read each file."""
+
+    def __init__(self, root, transform=None):
+        self.paths = sorted(os.path.join(dp, f) for dp, _, fs in os.walk(root) for f in fs)
+        self.transform = transform
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        with open(self.paths[i], "rb") as f:
+            b = f.read()
+        return self.transform(b) if self.transform else b
+
+
+# -- the dataset and the nodes --------------------------------------------------
+
+def make_data(root, items, size, seed=1):
+    """items files of size random bytes in 100 class directories (kept
+    when they are there already)."""
+    marker = root.rstrip("/") + f".complete-{items}-{size}"  # beside it: not an item
+    if os.path.exists(marker):
+        return
+    shutil.rmtree(root, ignore_errors=True)
+    for old in glob.glob(root.rstrip("/") + ".complete-*"):
+        os.remove(old)
+    rnd = np.random.default_rng(seed)
+    for i in range(items):
+        d = os.path.join(root, f"c{i % 100:03d}")
+        if i < 100:
+            os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, f"s{i:06d}.bin"), "wb") as f:
+            f.write(rnd.integers(0, 256, size, dtype=np.uint8).tobytes())
+        if i % 2000 == 0:
+            log(f"  data {i}/{items}")
+    open(marker, "w").close()
+
+
+def page_in(root):
+    """Reads every file once, so (a) reads from the page cache."""
+    n = 0
+    for dp, _, fs in os.walk(root):
+        for f in fs:
+            with open(os.path.join(dp, f), "rb") as fh:
+                n += len(fh.read())
+    return n
+
+
+def find_binary(explicit):
+    if explicit:
+        return explicit
+    here = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "bin", "cachenode"))
+    return here if os.path.exists(here) else shutil.which("cachenode") or "cachenode"
+
+
+class Nodes:
+    """n cachenode processes on loopback in one cluster."""
+
+    def __init__(self, binary, tmp, n, memory, prefix):
+        self.procs, self.urls, self.names = [], [], []
+        seed = None
+        for i in range(n):
+            name = f"{prefix}{i + 1}"
+            http, gossip = free_port(), free_port()
+            args = [binary, "--name", name, "--http", f"127.0.0.1:{http}", "--peer", f"127.0.0.1:{free_port()}",
+                    "--gossip", f"127.0.0.1:{gossip}", "--raft", f"127.0.0.1:{free_port()}",
+                    "--data-dir", os.path.join(tmp, name), "--memory", memory, "--fast-timers", "--log-level", "warn"]
+            args += ["--bootstrap"] if seed is None else ["--join", f"127.0.0.1:{seed}"]
+            seed = seed or gossip
+            logf = open(os.path.join(tmp, name + ".log"), "w")
+            self.procs.append(subprocess.Popen(args, stdout=logf, stderr=logf))
+            self.urls.append(f"http://127.0.0.1:{http}")
+            self.names.append(name)
+        c = Client(self.urls[0])
+        deadline = time.time() + 60
+        while True:
+            try:
+                cl = c.json("GET", "/v1/cluster")
+                if cl["leader"] and sum(m["state"] == "alive" for m in cl["members"]) == n:
+                    break
+            except Exception:  # noqa: BLE001 - not up yet
+                pass
+            if time.time() > deadline:
+                raise RuntimeError(f"cluster {prefix} did not form; logs in {tmp}")
+            time.sleep(0.1)
+
+    def register_and_warm(self, name, source):
+        c = Client(self.urls[0])
+        deadline = time.time() + 120
+        while True:
+            try:
+                c.json("PUT", f"/v1/datasets/{name}", {"source": source})
+                break
+            except Exception:  # noqa: BLE001 - leader not settled
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.2)
+        for u in self.urls:
+            Client(u).json("POST", f"/v1/datasets/{name}/warmup")
+        for u in self.urls:
+            cu = Client(u)
+            while True:
+                p = cu.json("GET", f"/v1/datasets/{name}/warmup")
+                if not p.get("running") and p["done"] >= p["total"]:
+                    break
+                if p.get("error"):
+                    raise RuntimeError(f"warm-up on {u}: {p['error']}")
+                time.sleep(0.2)
+
+    def cpu_seconds(self):
+        return sum(proc_cpu(p.pid) for p in self.procs)
+
+    def stop(self):
+        for p in self.procs:
+            p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def proc_cpu(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu():
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
+# -- the rows ---------------------------------------------------------------------
+
+def loaders(args, data, url1, url3):
+    """name -> a function making the iterable for one epoch."""
+    import torch
+    import torch.utils.data as tud
+
+    from stallfree.torch import BatchLoader, CachedDataset
+
+    batched = tuple(int(x) for x in torch.__version__.split(".")[:1]) >= (2,)  # __getitems__ in DataLoader
+
+    def cached(url, route):
+        ds = CachedDataset(url, "bench", transform=to_tensor, route=route)
+        if batched:
+            return lambda: tud.DataLoader(ds, batch_size=args.batch, shuffle=True, num_workers=args.workers,
+                                          collate_fn=collate)
+        # torch < 2.0 never calls __getitems__: hand it whole batches.
+        return lambda: tud.DataLoader(ds, sampler=tud.BatchSampler(tud.RandomSampler(ds), args.batch, False),
+                                      batch_size=None, num_workers=args.workers, collate_fn=collate)
+
+    rows = {}
+    if "a" in args.rows:
+        fds = FileDataset(data, transform=to_tensor)
+        rows["a"] = lambda: tud.DataLoader(fds, batch_size=args.batch, shuffle=True, num_workers=args.workers,
+                                           collate_fn=collate)
+    if "b" in args.rows:
+        rows["b"] = cached(url1, "local")
+    if "c" in args.rows:
+        rows["c"] = cached(url3, "owner")
+    if "d" in args.rows:
+        bds = CachedDataset(url1, "bench", transform=to_tensor)
+        bl = BatchLoader(bds, args.batch, shuffle=True, threads=args.threads, collate_fn=collate)
+        epoch = [0]
+
+        def make():
+            epoch[0] += 1
+            bl.set_epoch(epoch[0])
+            return bl
+        rows["d"] = make
+    return rows
+
+
+DESCR = {
+    "a": "plain file Dataset, DataLoader",
+    "b": "CachedDataset, 1 node, DataLoader",
+    "c": "CachedDataset, 3 nodes owner-routed, DataLoader",
+    "d": "BatchLoader on (b)'s node",
+}
+
+
+def measure(make, nodes, expect):
+    t_cpu, n_cpu = own_cpu(), nodes.cpu_seconds() if nodes else 0.0
+    t0 = time.perf_counter()
+    samples = 0
+    for batch in make():
+        samples += len(batch)
+    wall = time.perf_counter() - t0
+    if samples != expect:
+        raise RuntimeError(f"an epoch gave {samples} samples, want {expect}")
+    return {"samples": samples, "seconds": wall, "samples_per_s": samples / wall,
+            "loader_cpu_us": (own_cpu() - t_cpu) / samples * 1e6,
+            "node_cpu_us": ((nodes.cpu_seconds() if nodes else 0.0) - n_cpu) / samples * 1e6}
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(prog="python -m stallfree.bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--items", type=int, default=20000)
+    p.add_argument("--size", type=int, default=110 * 1024, help="bytes per item")
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--workers", type=int, default=2, help="DataLoader worker processes in (a)-(c)")
+    p.add_argument("--threads", type=int, default=4, help="BatchLoader threads in (d)")
+    p.add_argument("--rounds", type=int, default=2, help="epochs of each row, rows alternating")
+    p.add_argument("--rows", default="abcd", help="which rows to run, e.g. ad")
+    p.add_argument("--quick", action="store_true", help="a short run: 4000 items, 1 round")
+    p.add_argument("--data", help="dataset directory (default: a temporary one; kept when given)")
+    p.add_argument("--bin", help="cachenode binary (default: bin/cachenode of the repository, else PATH)")
+    p.add_argument("--json", action="store_true", help="results as JSON on stdout")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.items, a.rounds = min(a.items, 4000), 1
+    bad = set(a.rows) - set("abcd")
+    if bad or not a.rows:
+        p.error(f"--rows {a.rows!r}: letters among a, b, c, d")
+    return a
+
+
+def main(argv):
+    args = parse(argv)
+    tmp = tempfile.mkdtemp(prefix="stallfree-bench-")
+    data = args.data or os.path.join(tmp, "data")
+    binary = find_binary(args.bin)
+    per_node = args.items * (args.size + 512)
+    one, three = None, None
+    started = time.time()
+    try:
+        log(f"data: {args.items} items of {args.size} B in {data}")
+        make_data(data, args.items, args.size)
+        log(f"page cache: read {page_in(data) >> 20} MiB")
+        if set("bd") & set(args.rows):
+            log("starting 1 node")
+            one = Nodes(binary, tmp, 1, f"{per_node * 12 // 10 // (1 << 20) + 64}MiB", "one")
+            one.register_and_warm("bench", data)
+        if "c" in args.rows:
+            log("starting 3 nodes")
+            three = Nodes(binary, tmp, 3, f"{per_node * 12 // 10 // 3 // (1 << 20) + 64}MiB", "three")
+            three.register_and_warm("bench", data)
+        rows = loaders(args, data, one.urls[0] if one else None, three.urls[0] if three else None)
+        node_of = {"a": None, "b": one, "c": three, "d": one}
+        results = {k: [] for k in rows}
+        for r in range(args.rounds):
+            for k, make in rows.items():
+                res = measure(make, node_of[k], args.items)
+                results[k].append(res)
+                log(f"round {r + 1}/{args.rounds} ({k}) {DESCR[k]}: {res['samples_per_s']:.0f} samples/s, "
+                    f"loader {res['loader_cpu_us']:.0f} µs/sample, node {res['node_cpu_us']:.0f} µs/sample")
+        report = summarize(args, results, time.time() - started)
+    finally:
+        for n in (one, three):
+            if n:
+                n.stop()
+        shutil.rmtree(tmp, ignore_errors=True)  # a --data directory lives elsewhere and stays
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(table(report))
+    return 0
+
+
+def summarize(args, results, seconds):
+    med = {k: {m: statistics.median(r[m] for r in rs) for m in ("samples_per_s", "loader_cpu_us", "node_cpu_us")}
+           for k, rs in results.items()}
+    ratios = {}
+    if "a" in med:
+        for k in "bcd":
+            if k in med:
+                ratios[f"{k}/a"] = med[k]["samples_per_s"] / med["a"]["samples_per_s"]
+    if "b" in med and "c" in med:
+        ratios["c/b"] = med["c"]["samples_per_s"] / med["b"]["samples_per_s"]
+    import torch
+    return {"config": {"items": args.items, "size": args.size, "batch": args.batch, "workers": args.workers,
+                       "threads": args.threads, "rounds": args.rounds},
+            "machine": f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}, "
+                       f"Python {platform.python_version()}, torch {torch.__version__}",
+            "load_average": os.getloadavg(), "seconds": seconds,
+            "rows": {k: dict(med[k], description=DESCR[k], runs=results[k]) for k in med},
+            "ratios": ratios, "goals": GOALS}
+
+
+def table(rep):
+    out = ["| row | samples/s | loader CPU µs/sample | node CPU µs/sample |", "|---|---|---|---|"]
+    for k, r in rep["rows"].items():
+        out.append(f"| ({k}) {r['description']} | {r['samples_per_s']:.0f} | {r['loader_cpu_us']:.0f} | "
+                   f"{r['node_cpu_us']:.0f} |")
+    out += ["", "| ratio | measured | goal |", "|---|---|---|"]
+    for k, v in rep["ratios"].items():
+        goal = GOALS.get(k)
+        out.append(f"| {k} | {v:.2f} | {'≥ %.1f' % goal if goal else ''} |")
+    c = rep["config"]
+    out += ["", f"{c['items']} items of {c['size']} B, batch {c['batch']}, {c['workers']} DataLoader workers, "
+                f"{c['threads']} BatchLoader threads, median of {c['rounds']} rounds; {rep['machine']}; "
+                f"load average {rep['load_average'][0]:.2f} at the end; {rep['seconds']:.0f} s."]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
