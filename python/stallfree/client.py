@@ -157,15 +157,19 @@ class Client:
         if not self.use_socket:
             return None
         if base not in self._probed:
-            self._probed.add(base)
             u = urllib.parse.urlsplit(base)
-            if u.scheme == "http" and _loopback(u.hostname or ""):
-                try:
-                    path = self._probe_socket(base, u)
-                except Exception:  # noqa: BLE001 - the socket is an optimisation
-                    path = None
-                if path:
-                    self._sockets[base] = path
+            if u.scheme != "http" or not _loopback(u.hostname or ""):
+                self._probed.add(base)
+                return None
+            try:
+                path = self._probe_socket(base, u)
+            except _RETRYABLE:
+                return None  # the node is not up (yet): ask again with the next connection
+            except Exception:  # noqa: BLE001 - the socket is an optimisation
+                path = None
+            self._probed.add(base)
+            if path:
+                self._sockets[base] = path
         return self._sockets.get(base)
 
     def _probe_socket(self, base, u):
@@ -188,7 +192,10 @@ class Client:
             return None
         # The same path may be another node's (containers, a node restarted
         # with other addresses): use it only if it answers as this member.
-        same, _ = cluster(_UnixHTTPConnection(path, min(self.timeout, 5.0)))
+        try:
+            same, _ = cluster(_UnixHTTPConnection(path, min(self.timeout, 5.0)))
+        except _RETRYABLE:
+            return None  # a socket nobody serves: not a reason to ask again
         return path if same == who else None
 
     def _drop(self, base):
