@@ -118,8 +118,12 @@ bench-deps:
 	@missing=""; for p in nginx memcached wrk; do command -v $$p >/dev/null || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx-light memcached wrk; fi
 
-# Writes BENCHMARKS.md and docs/bench/ (plots, results.json). About 4 minutes.
+# Writes BENCHMARKS.md and docs/bench/ (plots, results.json). About 4 minutes,
+# then the loader bench (python -m stallfree.bench, ~3 minutes; its section of
+# BENCHMARKS.md). LOADER_BENCH_FLAGS=--quick for a short one.
 BENCH_FLAGS ?=
+LOADER_BENCH_FLAGS ?=
 bench: build bench-deps
 	$(GO) build -o $(BIN)/sfbench ./bench/cmd/sfbench
 	$(BIN)/sfbench -minio $$(./scripts/minio.sh) $(BENCH_FLAGS)
+	cd python && $(PYTHON) -m stallfree.bench --markdown ../BENCHMARKS.md $(LOADER_BENCH_FLAGS)

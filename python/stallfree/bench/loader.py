@@ -288,6 +288,11 @@ def parse(argv):
     p.add_argument("--data", help="dataset directory (default: a temporary one; kept when given)")
     p.add_argument("--bin", help="cachenode binary (default: bin/cachenode of the repository, else PATH)")
     p.add_argument("--json", action="store_true", help="results as JSON on stdout")
+    p.add_argument("--breakdown", action="store_true",
+                   help="instead of the rows: where one batch's time goes on the way to the training loop "
+                        "(fetch over TCP and the socket, msgpack, the collate copy, the hand-off from a worker)")
+    p.add_argument("--markdown", metavar="FILE",
+                   help="also write the table into FILE's loader section (BENCHMARKS.md; other sections kept)")
     a = p.parse_args(argv)
     if a.quick:
         a.items, a.rounds = min(a.items, 4000), 1
@@ -309,14 +314,17 @@ def main(argv):
         log(f"data: {args.items} items of {args.size} B in {data}")
         make_data(data, args.items, args.size)
         log(f"page cache: read {page_in(data) >> 20} MiB")
-        if set("bd") & set(args.rows):
+        if set("bd") & set(args.rows) or args.breakdown:
             log("starting 1 node")
             one = Nodes(binary, tmp, 1, f"{per_node * 12 // 10 // (1 << 20) + 64}MiB", "one")
             one.register_and_warm("bench", data)
-        if "c" in args.rows:
+        if "c" in args.rows and not args.breakdown:
             log("starting 3 nodes")
             three = Nodes(binary, tmp, 3, f"{per_node * 12 // 10 // 3 // (1 << 20) + 64}MiB", "three")
             three.register_and_warm("bench", data)
+        if args.breakdown:
+            print(breakdown(args, one.urls[0]))
+            return 0
         rows = loaders(args, data, one.urls[0] if one else None, three.urls[0] if three else None)
         node_of = {"a": None, "b": one, "c": three, "d": one}
         results = {k: [] for k in rows}
@@ -336,7 +344,119 @@ def main(argv):
         print(json.dumps(report, indent=2))
     else:
         print(table(report))
+    if args.markdown:
+        write_section(args.markdown, report, argv)
     return 0
+
+
+def breakdown(args, url, batches=20):
+    """CPU and wall time per stage of one minibatch (--batch items), each
+    stage repeated over the same batches; medians of wall time, mean CPU."""
+    import json as _json
+    import pickle
+    import random as _random
+
+    import msgpack
+    import torch
+
+    def cpu():
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+    res = {}
+
+    def timed(name, f):
+        walls, cpus = [], []
+        for _ in range(batches):
+            t0, c0 = time.perf_counter(), cpu()
+            f()
+            walls.append(time.perf_counter() - t0)
+            cpus.append(cpu() - c0)
+        res[name] = (statistics.median(walls), sum(cpus) / len(cpus))
+
+    clients = {m: Client(url, use_socket=(m == "socket")) for m in ("TCP", "socket")}
+    for c in clients.values():
+        c.json("GET", "/v1/cluster")
+    rnd = _random.Random(1)
+    bodies = [_json.dumps({"indices": rnd.sample(range(args.items), args.batch)}).encode() for _ in range(batches)]
+    data = None
+    for m in ("TCP", "socket", "TCP", "socket"):  # twice each, alternating; the second pass counts
+        c, it = clients[m], iter(bodies)
+
+        def fetch():
+            nonlocal data
+            data = c._request_once(c.urls[0], "POST", "/v1/datasets/bench/batch", next(it))[1]
+        timed(f"fetch over {m} (request, read into one bytes)", fetch)
+    timed("msgpack.unpackb (copies each item out)", lambda: msgpack.unpackb(data, raw=False))
+    items = [d["data"] for d in msgpack.unpackb(data, raw=False)]
+    ts = [to_tensor(b) for b in items]
+    timed("bytes -> uint8 tensor views", lambda: [to_tensor(b) for b in items])
+    timed("collate in the training process (torch.stack)", lambda: torch.stack(ts))
+
+    def shared():
+        out = torch.empty((len(ts),) + tuple(ts[0].shape), dtype=torch.uint8).share_memory_()
+        torch.stack(ts, out=out)
+    timed("collate in a worker (into new shared memory)", shared)
+    timed("pickle.dumps of the items (a worker returning bytes)", lambda: pickle.dumps(items, protocol=5))
+    pk = pickle.dumps(items, protocol=5)
+    timed("pickle.loads in the main process", lambda: pickle.loads(pk))
+    # The hand-off itself: a forked process sends the batch through a torch
+    # multiprocessing queue (what DataLoader workers use), as pickled bytes
+    # and as a shared-memory tensor; wall time in the receiver, CPU of both.
+    import torch.multiprocessing as tmp
+
+    def sender(q, done, what, n):
+        for _ in range(n):
+            if what == "bytes":
+                q.put(items)
+            else:
+                out = torch.empty((len(ts),) + tuple(ts[0].shape), dtype=torch.uint8).share_memory_()
+                q.put(torch.stack(ts, out=out))
+        q.put(None)
+        done.wait()  # the receiver fetches each tensor's fd from this process
+
+    ctx = tmp.get_context("fork")
+    for what in ("bytes", "tensor"):
+        q, done = ctx.Queue(maxsize=2), ctx.Event()
+        c0 = cpu() + sum(getattr(resource.getrusage(resource.RUSAGE_CHILDREN), f) for f in ("ru_utime", "ru_stime"))
+        t0 = time.perf_counter()
+        proc = ctx.Process(target=sender, args=(q, done, what, batches))
+        proc.start()
+        got = 0
+        while q.get() is not None:
+            got += 1
+        done.set()
+        proc.join()
+        c1 = cpu() + sum(getattr(resource.getrusage(resource.RUSAGE_CHILDREN), f) for f in ("ru_utime", "ru_stime"))
+        label = ("worker -> main: pickled bytes through the queue's pipe" if what == "bytes" else
+                 "worker -> main: collated into shared memory, fd passed")
+        res[label] = ((time.perf_counter() - t0) / got, (c1 - c0) / got)
+    mb = len(data) / 1e6
+    out = [f"One minibatch of {args.batch} items ({mb:.1f} MB), {batches} times per stage:", "",
+           "| stage | wall ms (median) | CPU ms (mean) | CPU µs/sample |", "|---|---|---|---|"]
+    for k, (w, c) in res.items():
+        out.append(f"| {k} | {w * 1e3:.1f} | {c * 1e3:.1f} | {c / args.batch * 1e6:.1f} |")
+    out.append(f"\nload average {os.getloadavg()[0]:.2f}")
+    return "\n".join(out)
+
+
+BEGIN, END = "<!-- loader-bench: written by python -m stallfree.bench -->", "<!-- /loader-bench -->"
+
+
+def write_section(path, report, argv):
+    """Replaces the loader section of path (appends it the first time): the
+    rest of the file belongs to other benches (sfbench rewrites it whole)."""
+    text = open(path).read() if os.path.exists(path) else ""
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    section = (f"{BEGIN}\n## Loader fast path: a training process's samples/s\n\n"
+               f"`python -m stallfree.bench {' '.join(argv)}` on {when}; load average (1, 5, 15 min) at the end "
+               f"{', '.join('%.2f' % x for x in report['load_average'])}.\n\n{table(report)}\n{END}")
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + section + rest.split(END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    with open(path, "w") as f:
+        f.write(text)
 
 
 def summarize(args, results, seconds):
