@@ -162,7 +162,7 @@ class Client:
                 self._probed.add(base)
                 return None
             try:
-                path = self._probe_socket(base, u)
+                path = self._probe_socket(u)
             except _RETRYABLE:
                 return None  # the node is not up (yet): ask again with the next connection
             except Exception:  # noqa: BLE001 - the socket is an optimisation
@@ -172,7 +172,7 @@ class Client:
                 self._sockets[base] = path
         return self._sockets.get(base)
 
-    def _probe_socket(self, base, u):
+    def _probe_socket(self, u):
         def cluster(conn):
             h = {"Authorization": "Bearer " + self.token} if self.token else {}
             try:
