@@ -119,4 +119,19 @@ func TestSocketOffAndInUse(t *testing.T) {
 	if fi, err := os.Stat(sock); err != nil || fi.Mode().Perm() != 0o666 {
 		t.Errorf("the first node's socket (no token: 0666): %v %v", fi, err)
 	}
+
+	// SIGKILL leaves the socket file behind; the restarted node replaces it.
+	live.kill()
+	if _, err := os.Lstat(sock); err != nil {
+		t.Fatalf("after SIGKILL the socket file should still be there (stale): %v", err)
+	}
+	live.start()
+	resp, err := overSocket(sock).Get("http://stallfree/healthz")
+	if err != nil {
+		t.Fatalf("the restarted node over its socket: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("the restarted node over its socket: %s", resp.Status)
+	}
 }

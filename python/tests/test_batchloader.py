@@ -259,6 +259,8 @@ class NodeKilledTest(ClusterCase):
         self.assertEqual(ds.__getitems__(order[:24]), [self.files[self.keys[i]] for i in order[:24]])
         self.assertEqual(len(requests), 3, "one batch request per owner node")
         self.assertTrue(all(n == 1 for n in requests.values()), requests)
+        self.assertEqual(ds.client._sockets, {u: os.path.join(self.tmp, n, "stallfree.sock")
+                                              for n, u in self.cluster.nodes}, "each owner through its own socket")
         loader = BatchLoader(ds, 24, sampler=order, threads=3, collate_fn=list, prefetch=3)
         got = []
         for b, batch in enumerate(loader):
