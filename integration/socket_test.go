@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vmihailenco/msgpack/v5"
+
 	"stallfree/api"
 )
 
@@ -80,15 +82,39 @@ func TestSocketServesTheAPIWithTheToken(t *testing.T) {
 		t.Errorf("over TCP the self member names socket %q, want %q", tcp.Members[0].Socket, sock)
 	}
 
-	dir, files := dataset(t, 20, 4096)
+	// Items of 20-60 KB: over gatherMin, so each leaves with its headers in
+	// one writev, as over TCP.
+	dir, files := dataset(t, 20, 40000)
 	waitFor(t, 20*time.Second, "a leader to register the dataset", func() bool {
 		_, err := n.c.PutDataset(context.Background(), "ds", dir)
 		return err == nil
 	})
+	keys := make([]string, 0, len(files))
 	for key, want := range files {
 		code, got := get("/v1/datasets/ds/items/"+key, token)
 		if code != 200 || !bytes.Equal(got, want) {
 			t.Fatalf("item %s over the socket: %d, %d bytes; want 200 and its %d bytes", key, code, len(got), len(want))
+		}
+		keys = append(keys, key)
+	}
+	batchBody, _ := json.Marshal(api.BatchRequest{Keys: keys})
+	req, _ := http.NewRequest("POST", "http://stallfree/v1/datasets/ds/batch", bytes.NewReader(batchBody))
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var items []struct {
+		Key  string `msgpack:"key"`
+		Data []byte `msgpack:"data"`
+	}
+	if err := msgpack.NewDecoder(resp.Body).Decode(&items); err != nil || len(items) != len(keys) {
+		t.Fatalf("batch over the socket: %d items, %v", len(items), err)
+	}
+	for j, it := range items {
+		if it.Key != keys[j] || !bytes.Equal(it.Data, files[keys[j]]) {
+			t.Fatalf("batch item %d over the socket: key %q, %d bytes; want %q and its %d bytes", j, it.Key, len(it.Data), keys[j], len(files[keys[j]]))
 		}
 	}
 }
