@@ -96,6 +96,7 @@ class Client:
         self.route = route
         self._owners = {}  # dataset -> (ring, [base url per member], owners bytes, width)
         self._pool = None
+        self._pool_lock = threading.Lock()  # BatchLoader's threads share one client
         self._local = threading.local()
         self._pid = os.getpid()
         self._peers_loaded = False
@@ -107,12 +108,13 @@ class Client:
 
     def __getstate__(self):  # a copy sent to another process opens its own sockets and threads
         s = dict(self.__dict__)
-        s["_local"], s["_pool"], s["_pid"] = None, None, -1
+        s["_local"], s["_pool"], s["_pid"], s["_pool_lock"] = None, None, -1, None
         return s
 
     def __setstate__(self, s):
         self.__dict__.update(s)
         self._local = threading.local()
+        self._pool_lock = threading.Lock()
         self._pid = os.getpid()
 
     def close(self):
@@ -129,9 +131,10 @@ class Client:
     # -- connections -------------------------------------------------------
 
     def _check_fork(self):
-        if self._pid != os.getpid():  # forked: the parent's sockets and threads are not ours
+        if self._pid != os.getpid():  # forked: the parent's sockets, threads and locks are not ours
             self._local = threading.local()
             self._pool = None
+            self._pool_lock = threading.Lock()
             self._pid = os.getpid()
 
     def _conn(self, base):
@@ -372,8 +375,9 @@ class Client:
             results = [fetch(next(iter(parts.items())))]
         else:
             self._check_fork()
-            if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=8)
+            with self._pool_lock:
+                if self._pool is None:
+                    self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=8)
             results = list(self._pool.map(fetch, parts.items()))
         for positions, items in results:
             for p, d in zip(positions, items):
