@@ -507,14 +507,15 @@ a throwaway loop over a warm node, 30 batches): fetch 14.7, `msgpack.unpackb` 10
 msgpack framing into views of the response would save the 10.2 (about 15% of (d)'s CPU), but each sample would
 then be a memoryview pinning its whole 28 MB response, and `Client.batch` promises bytes; not done.
 
-Shared machine: these figures come from runs at load averages of 9-19 on 2 cores (seven other sessions
-building and testing), so samples/s swing by 2x between rounds and runs: three runs of the full bench in
-one hour gave b/a 1.01, 2.04 and the table's; d/a 2.32, 4.13 and the table's. CPU per sample is the steadier
-figure: (a) 145-166 µs in the loader, (b) 150-160 plus 21-26 in the node, (c) 139-149 plus 32-37, (d) 57-78
-plus 21-29. If both were CPU-bound on a quiet 2-core machine, that predicts b/a ≈ 0.9 and d/a ≈ 1.6-1.9, so
-a quiet-machine rerun of `make bench` is what decides the goals: it should confirm c ≥ 0.9·b (held in
-every run here, 0.95-1.26), show whether d/a ≥ 2.0 holds when nothing else competes for the cores, and b/a is expected
-to stay near 1.0, the DataLoader hand-off bound above.
+Shared machine: these figures come from runs at load averages of 9-23 on 2 cores (seven other sessions
+building and testing), so samples/s swing by 2x between rounds and runs: three runs of the full bench within
+20 minutes gave b/a 1.01, 2.04 and 0.98, d/a 2.32, 4.13 and 2.65, c/b 1.26, 0.95 and 1.47 (the table is the
+last). CPU per sample is the steadier figure: (a) 143-166 µs in the loader; (b) 146-160 in most rounds (two
+rounds of the last run: 237-241) plus 21-35 in the node; (c) 139-150 plus 32-38; (d) 57-92 plus 21-29. If
+every row were CPU-bound on a quiet 2-core machine, that predicts b/a ≈ 0.9 and d/a ≈ 1.6-1.9, so a
+quiet-machine rerun of `make bench` is what decides the goals: it should confirm c ≥ 0.9·b (held in every run
+here), show whether d/a ≥ 2.0 (held in every run here) survives when nothing else competes for the cores, and
+b/a is expected to stay near 1.0, the DataLoader hand-off bound above.
 """
 
 BEGIN, END = "<!-- loader-bench: written by python -m stallfree.bench -->", "<!-- /loader-bench -->"
