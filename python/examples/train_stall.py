@@ -16,7 +16,6 @@ them up and trains. The wait share is ``StallMeter``'s: time the loop spent in
 import argparse
 import io
 import os
-import random
 import shutil
 import signal
 import socket

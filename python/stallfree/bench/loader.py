@@ -425,6 +425,40 @@ def breakdown(args, url, batches=20):
     timed("bytes -> uint8 tensor views", lambda: [to_tensor(b) for b in items])
     timed("collate in the training process (torch.stack)", lambda: torch.stack(ts))
 
+    # The same stages on fresh data, as BatchLoader meets them: a new response
+    # per batch and a few batches held by the loop (page faults included).
+    fresh, held = {"fetch": 0.0, "msgpack.unpackb": 0.0, "tensor views": 0.0, "torch.stack": 0.0}, []
+    sc = clients["socket"]
+    for body in bodies:
+        c0 = cpu()
+        d = sc._request_once(sc.urls[0], "POST", "/v1/datasets/bench/batch", body)[1]
+        c1 = cpu()
+        its = msgpack.unpackb(d, raw=False)
+        c2 = cpu()
+        views = [to_tensor(x["data"]) for x in its]
+        c3 = cpu()
+        held.append(torch.stack(views))
+        c4 = cpu()
+        del held[:-6], d, its, views
+        for k, v in zip(fresh, (c1 - c0, c2 - c1, c3 - c2, c4 - c3)):
+            fresh[k] += v
+    for k, v in fresh.items():
+        res[f"in the training process, fresh data: {k}"] = (None, v / batches)
+
+    # Single items, TCP against the socket, alternating rounds of 200 GETs.
+    single = {m: [0.0, 0.0, 0] for m in clients}
+    for r in range(6):
+        for m in (("TCP", "socket") if r % 2 else ("socket", "TCP")):
+            c = clients[m]
+            t0, c0 = time.perf_counter(), cpu()
+            for _ in range(200):
+                c.index("bench", rnd.randrange(args.items))
+            single[m][0] += time.perf_counter() - t0
+            single[m][1] += cpu() - c0
+            single[m][2] += 200
+    for m, (w, cp, n) in single.items():
+        res[f"single GET over {m}, per item ({n / w:.0f} items/s)"] = (w / n * args.batch, cp / n * args.batch)
+
     def shared():
         out = torch.empty((len(ts),) + tuple(ts[0].shape), dtype=torch.uint8).share_memory_()
         torch.stack(ts, out=out)
@@ -464,10 +498,12 @@ def breakdown(args, url, batches=20):
                  "worker -> main: collated into shared memory, fd passed")
         res[label] = ((time.perf_counter() - t0) / got, (c1 - c0) / got)
     mb = len(data) / 1e6
-    out = [f"One minibatch of {args.batch} items ({mb:.1f} MB), {batches} times per stage:", "",
+    out = [f"One minibatch of {args.batch} items ({mb:.1f} MB), {batches} times per stage (single GETs: "
+           f"the time of {args.batch} of them):", "",
            "| stage | wall ms (median) | CPU ms (mean) | CPU µs/sample |", "|---|---|---|---|"]
     for k, (w, c) in res.items():
-        out.append(f"| {k} | {w * 1e3:.1f} | {c * 1e3:.1f} | {c / args.batch * 1e6:.1f} |")
+        wall = "–" if w is None else f"{w * 1e3:.1f}"
+        out.append(f"| {k} | {wall} | {c * 1e3:.1f} | {c / args.batch * 1e6:.1f} |")
     out.append(f"\nload average {os.getloadavg()[0]:.2f}")
     return "\n".join(out)
 
@@ -479,33 +515,33 @@ NOTES = """\
 Rows (a)-(c) are DataLoaders with 2 worker processes; (d) is threads in the training process. CPU per sample
 is the loader's processes (main and workers) and, apart, the nodes'.
 
-Where a minibatch's time goes (`python -m stallfree.bench --breakdown --items 4000`, 256 items of 110 KiB,
-28.8 MB; 2026-11-25, load average 11.4 on 2 cores, so read the CPU column): fetching it from a warm node costs
-the client 2.3-2.6 ms of CPU (9-10 µs/sample, TCP and socket alike for a batch this large), `msgpack.unpackb`
-1.2 ms (4.8 µs/sample: the one copy of each item out of the response), tensor views 0.5 ms, `torch.stack` in
-the training process 1.8 ms (6.8 µs/sample). Handing the batch from a worker to the main process costs
-~29 ms of CPU either way (~110 µs/sample): collated into fresh shared memory (what `default_collate` does in a
-worker: every 4 KiB page of a new tmpfs segment faulted in and zeroed, the fd passed) or pickled through the
-queue's pipe. That hand-off is three quarters of a worker's CPU per sample, and (a) pays it exactly as (b)
+Where a minibatch's time goes (`python -m stallfree.bench --breakdown --data DIR --items 4000`: 256 items of
+110 KiB, 28.8 MB, 20 times per stage; 2026-11-25 at load average 11.4 on 2 cores, so read the CPU columns;
+a run 20 minutes earlier gave the same picture). Fetching it from a warm node costs the client 3.4-3.6 ms of
+CPU (13-14 µs/sample, TCP and socket alike for a batch this large), `msgpack.unpackb` 1.3 ms (5.1 µs/sample:
+the one copy of each item out of the response), tensor views 0.2 ms, `torch.stack` 1.8 ms (7.2 µs/sample).
+Handing the batch from a worker to the main process costs 19-32 ms of CPU (73-124 µs/sample; 110-114 in the
+earlier run): collated into fresh shared memory (what `default_collate` does in a worker: every 4 KiB page of
+a new tmpfs segment faulted in and zeroed, the fd passed; 108 µs/sample for the collate alone) or pickled
+through the queue's pipe. That hand-off is most of a worker's CPU per sample, and (a) pays it exactly as (b)
 and (c) do; the fetch-side copies the issue suggested trimming (msgpack's copy, a preallocated read buffer,
-views) are ~15 µs/sample in all. So no copy was removed from `CachedDataset`: the bound on b/a is the
+views) are ~15-20 µs/sample in all. So no copy was removed from `CachedDataset`: the bound on b/a is the
 DataLoader hand-off, and the way past it is not to hand off at all, which is (d).
 
-Unix socket against loopback TCP, same node, alternating (a throwaway loop: 40 batches of 256, then 2,000 single
-GETs): batches 5.5 against 5.8 ms median, single items 12.4k against 12.2k/s at 49 against 53 µs of client CPU
-each. A small gain; kept, as the contract asks for it and it costs a client nothing. It mostly saves the
-kernel's TCP work at both ends.
+In the training process, with a fresh response per batch and 6 batches held (as BatchLoader and the loop
+hold them; the same command): fetch 16.2, `msgpack.unpackb` 9.6, views 1.3 and `torch.stack` 34.6 µs of CPU
+per sample, the stack mostly page faults of its fresh 28 MB. Parsing the msgpack framing into views of the
+response would save the ~10 (about 15% of (d)'s CPU), but each sample would then be a memoryview pinning its
+whole 28 MB response, and `Client.batch` promises bytes; not done.
+
+Unix socket against loopback TCP (the same command): batches 6.5 against 6.9 ms median wall, single GETs
+10.9k against 10.6k items/s at 55 against 60 µs of client CPU each, alternating rounds of 200. A small gain;
+kept, as the contract asks for it and it costs a client nothing: it saves the kernel's TCP work at both ends.
 
 A real loop (`cd python && python3 examples/train_stall.py`: a small CNN, 4,096 images of 32x32, batch 64,
 3 epochs, one node; 2026-11-25, load average 15.3 → 11.9): the share of each epoch the loop waited for data,
 epochs 1-3, was 4.1/5.8/6.4% through BatchLoader over a directory, 4.9/3.6/3.5% over S3 (MinIO), 1.8/0.9/3.4%
 over tar shards, against 15.1/12.6/32.9% reading the same files through a 2-worker DataLoader.
-
-In the training process, with fresh data for every batch and a few batches held (as BatchLoader holds them;
-a throwaway loop over a warm node, 30 batches): fetch 14.7, `msgpack.unpackb` 10.2, tensor views 1.4 and
-`torch.stack` 22.4 µs of CPU per sample, the stack mostly in page faults of its fresh 28 MB. Parsing the
-msgpack framing into views of the response would save the 10.2 (about 15% of (d)'s CPU), but each sample would
-then be a memoryview pinning its whole 28 MB response, and `Client.batch` promises bytes; not done.
 
 Shared machine: these figures come from runs at load averages of 9-23 on 2 cores (seven other sessions
 building and testing), so samples/s swing by 2x between rounds and runs: three runs of the full bench within
