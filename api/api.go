@@ -38,6 +38,10 @@ func (e *Error) Error() string {
 // PutDataset is the body of PUT /v1/datasets/{name}.
 type PutDataset struct {
 	Source string `json:"source"`
+	// Quota bounds the bytes of the dataset the cluster caches (each node
+	// holds its share by the ring). On an existing dataset the source may be
+	// left out; the quota is then all that changes.
+	Quota *int64 `json:"quota,omitempty"`
 }
 
 // BatchRequest is the body of POST /v1/datasets/{name}/batch: exactly one of
@@ -213,6 +217,8 @@ type Dataset struct {
 	Samples int `json:"samples,omitempty"`
 	Shards  int `json:"shards,omitempty"`
 	LeftOut int `json:"left_out,omitempty"`
+	// Quota is the dataset's cluster-wide cache quota in bytes, when set.
+	Quota *uint64 `json:"quota,omitempty"`
 }
 
 // Owners is GET /v1/datasets/{ds}/owners (msgpack): Owners has one byte per

@@ -28,6 +28,9 @@ type Dataset struct {
 	Source   string    `msgpack:"source"`
 	Version  uint64    `msgpack:"version"` // raft index of the commit
 	Manifest *Manifest `msgpack:"manifest"`
+	// Quota bounds the bytes the cluster caches of this dataset (nil: no
+	// quota); see quota.go.
+	Quota *uint64 `msgpack:"quota,omitempty"`
 }
 
 // Job is a registered training job: which dataset, how it is shuffled and
@@ -87,6 +90,8 @@ type command struct {
 	Epoch  uint64    `msgpack:"epoch,omitempty"`
 	// Members of a pinned epoch.
 	Members []string `msgpack:"members,omitempty"`
+	// Quota of opSetQuota (nil lifts it).
+	Quota *uint64 `msgpack:"quota,omitempty"`
 }
 
 type pending struct {
@@ -242,6 +247,8 @@ func (f *fsm) apply(index uint64, c *command) any {
 			delete(pins, oldest)
 		}
 		return c.Members
+	case opSetQuota:
+		return st.setQuota(c)
 	}
 	return fmt.Errorf("catalog: unknown op %d", c.Op)
 }

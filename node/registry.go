@@ -21,7 +21,8 @@ import (
 // DatasetInfo is a dataset's catalog entry as the API shows it.
 func DatasetInfo(d *catalog.Dataset) api.Dataset {
 	return api.Dataset{Name: d.Name, Source: d.Source, Items: d.Manifest.Len(), Bytes: d.Manifest.TotalBytes(),
-		Version: d.Version, ID: d.ID, Samples: d.Manifest.Samples(), Shards: len(d.Manifest.Shards), LeftOut: d.Manifest.LeftOut}
+		Version: d.Version, ID: d.ID, Samples: d.Manifest.Samples(), Shards: len(d.Manifest.Shards), LeftOut: d.Manifest.LeftOut,
+		Quota: d.Quota}
 }
 
 func jobInfo(j *catalog.Job) api.Job {

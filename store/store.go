@@ -89,6 +89,7 @@ type Store struct {
 	// that no other item takes it meanwhile.
 	reserved  map[Key]uint64
 	reservedN uint64
+	quotas    quotas // per-dataset limits (quota.go)
 }
 
 // Stats is a snapshot of the store's accounting.
@@ -196,6 +197,9 @@ func (s *Store) Put(k Key, data []byte, sum uint64) error {
 		return nil
 	}
 	s.unreserve(k) // this Put is what the room was kept for
+	if !s.quotas.admits(k, uint64(len(data))) {
+		return ErrNotAdmitted
+	}
 	var off uint64
 	for {
 		if s.used-s.dying+s.reservedN+charge <= s.capacity {
@@ -221,6 +225,7 @@ func (s *Store) Put(k Key, data []byte, sum uint64) error {
 	s.used += charge
 	s.payload += uint64(len(data))
 	s.items++
+	s.quotas.add(k, uint64(len(data)))
 	s.policy.Added(i, k)
 	return nil
 }
@@ -274,6 +279,7 @@ func (s *Store) evict(i uint32) {
 	sl.live = false
 	s.items--
 	s.payload -= sl.size
+	s.quotas.sub(sl.key, sl.size)
 	if sl.pins == 0 {
 		s.reclaim(i)
 	} else {
@@ -325,7 +331,7 @@ func (s *Store) MakeRoom(k Key, size int) bool {
 	charge := alignUp(uint64(max(size, 1))) + EntryOverhead
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.index[k]; ok || charge > s.capacity {
+	if _, ok := s.index[k]; ok || charge > s.capacity || !s.quotas.admits(k, uint64(max(size, 1))) {
 		return false
 	}
 	if _, ok := s.reserved[k]; ok {
