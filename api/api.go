@@ -132,6 +132,14 @@ type LoaderWait struct {
 	Batches uint64  `json:"batches"`
 	Job     string  `json:"job"`
 	Rank    int     `json:"rank"`
+	// For the memory split (all optional): the time the loop held its
+	// batches (step time), the items in them, the dataset they came from
+	// (default: the registered job's), and whether the epoch ended with
+	// this report.
+	StepSeconds float64 `json:"step_seconds,omitempty"`
+	Items       uint64  `json:"items,omitempty"`
+	Dataset     string  `json:"dataset,omitempty"`
+	EpochEnd    bool    `json:"epoch_end,omitempty"`
 }
 
 // Stats is GET /v1/stats; the fields after Policy extend the contract.
@@ -235,4 +243,50 @@ type Owners struct {
 type OwnerMember struct {
 	Name string `msgpack:"name"`
 	HTTP string `msgpack:"http"`
+}
+
+// PlanJob is one job's row of GET /v1/plan.
+type PlanJob struct {
+	Job     string `json:"job"`
+	Dataset string `json:"dataset"`
+	// EpochS is the last complete epoch as measured (wait + step, mean over
+	// the ranks); EpochSPredicted is the model's epoch under the plan's split.
+	EpochS          float64 `json:"epoch_s"`
+	EpochSPredicted float64 `json:"epoch_s_predicted"`
+	CachedBytes     uint64  `json:"cached_bytes"`
+	KneeBytes       uint64  `json:"knee_bytes"`
+	// SecondsSavedPerGiB is how much one more GiB would shorten its epoch at
+	// its dataset's current allocation.
+	SecondsSavedPerGiB float64 `json:"seconds_saved_per_gib"`
+	// Beyond the contract: the model's epoch at the current allocation, the
+	// measured epoch's parts, and how many epochs every rank has completed.
+	EpochSNow float64 `json:"epoch_s_now"`
+	StepS     float64 `json:"step_s"`
+	WaitS     float64 `json:"wait_s"`
+	MissBytes uint64  `json:"miss_bytes"`
+	Ranks     int     `json:"ranks"`
+	Epochs    uint64  `json:"epochs"`
+}
+
+// PlanDataset is what a plan knew of a dataset.
+type PlanDataset struct {
+	Dataset          string  `json:"dataset"`
+	Bytes            uint64  `json:"bytes"`
+	CachedBytes      uint64  `json:"cached_bytes"`
+	Quota            *uint64 `json:"quota,omitempty"`
+	StorageBytesPerS float64 `json:"storage_bytes_per_s"`
+	HitRatio         float64 `json:"hit_ratio"` // MinIO: cached / dataset
+}
+
+// Plan is GET /v1/plan (and the answer of POST /v1/plan/apply).
+type Plan struct {
+	Jobs  []PlanJob         `json:"jobs"`
+	Split map[string]uint64 `json:"split"`
+	// Beyond the contract: the memory split, the jobs' summed epoch time
+	// predicted under the split against the current allocation (0.1: 10%
+	// shorter), the datasets' figures, and whether it was applied.
+	MemoryBytes     uint64        `json:"memory_bytes"`
+	PredictedSaving float64       `json:"predicted_saving"`
+	Datasets        []PlanDataset `json:"datasets"`
+	Applied         bool          `json:"applied,omitempty"`
 }

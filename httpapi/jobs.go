@@ -88,11 +88,11 @@ func (s *Server) loaderWait(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, fasthttp.StatusBadRequest, err.Error())
 		return
 	}
-	if req.Seconds < 0 || req.Seconds > 1e6 {
-		writeError(ctx, fasthttp.StatusBadRequest, "seconds out of range")
+	if req.Seconds < 0 || req.Seconds > 1e6 || req.StepSeconds < 0 || req.StepSeconds > 1e6 {
+		writeError(ctx, fasthttp.StatusBadRequest, "seconds or step_seconds out of range")
 		return
 	}
-	s.node.ReportLoaderWait(time.Duration(req.Seconds*float64(time.Second)), req.Batches)
+	s.node.ReportLoader(req)
 	ctx.SetStatusCode(fasthttp.StatusNoContent)
 }
 

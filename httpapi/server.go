@@ -232,6 +232,9 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	case "jobs":
 		s.jobs(ctx, method, seg[2:])
 		return
+	case "plan":
+		s.plan(ctx, method, seg[2:])
+		return
 	case "loader":
 		if len(seg) == 3 && seg[2] == "wait" && method == fasthttp.MethodPost {
 			s.loaderWait(ctx)
@@ -429,6 +432,10 @@ func (s *Server) putDataset(ctx *fasthttp.RequestCtx, name string) {
 	var req api.PutDataset
 	if err := decodeStrict(ctx.PostBody(), &req); err != nil {
 		writeError(ctx, fasthttp.StatusBadRequest, err.Error())
+		return
+	}
+	if req.Quota != nil {
+		s.putQuota(ctx, name, req)
 		return
 	}
 	if req.Source == "" {

@@ -115,6 +115,7 @@ type Node struct {
 	plans      plans
 	jobMetrics *jobMetrics
 	foresight  foresight
+	split      splitState // quotas and the memory split (split.go)
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -178,6 +179,7 @@ func New(cfg Config) (*Node, error) {
 	n := &Node{cfg: cfg, log: cfg.Logger, cat: cat, store: st, sources: map[uint32]*source.Bounded{}, owners: map[uint32]ownerMap{},
 		warmups: map[string]*warmup{}, registrations: map[string]*registration{}, resumed: map[resumeKey]*locality.EpochPlan{}, active: map[string]resumeKey{}, positions: map[string]map[int]rankPosition{}, ctx: ctx, cancel: cancel, foresight: fore, peers: newNoPeers(cfg.Name)}
 	n.leader = newLeaderLink(cfg.Name, cfg.Token)
+	n.split = newSplitState()
 	n.inflight.limit = cfg.MaxInflightBytes
 	n.registry = n.registerMetrics()
 	n.jobMetrics = newJobMetrics(n.registry)
@@ -201,6 +203,8 @@ func New(cfg Config) (*Node, error) {
 	}
 	n.wg.Add(1)
 	go n.watchCatalog()
+	n.wg.Add(1)
+	go n.quotaLoop()
 	if cfg.GossipBind != "" {
 		// Alone, a node owns everything: nothing to move, nothing to rewarm.
 		rehomeEvery := 2 * time.Second
@@ -607,7 +611,9 @@ func (n *Node) readSource(ctx context.Context, d *catalog.Dataset, index int, ca
 		return filled{}, err
 	}
 	buf := n.bufs.Get(int(d.Manifest.Size(index)))
+	n.split.meter.Start(d.ID)
 	data, err := src.Read(ctx, d.Manifest.Entry(index), buf.B)
+	n.split.meter.Done(d.ID, len(data))
 	if err != nil {
 		// A read abandoned at its deadline may still land in buf: leave
 		// that buffer to the collector.
