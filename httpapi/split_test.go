@@ -3,6 +3,7 @@ package httpapi
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"testing"
 
 	"stallfree/api"
@@ -193,8 +194,9 @@ func TestPlanFromReportsAndApply(t *testing.T) {
 	if io.EpochS != 5.01 || io.KneeBytes != dsBytes || io.CachedBytes == 0 || io.CachedBytes > 500000 {
 		t.Fatalf("io row %+v; want the measured 5.01 s, the whole dataset as its knee", io)
 	}
-	if gpu.EpochS != 50.05 || gpu.KneeBytes >= uint64(h.info("ds2").Bytes) || gpu.SecondsSavedPerGiB != 0 {
-		t.Fatalf("gpu row %+v; want its knee below its dataset, nothing saved by more", gpu)
+	if gpu.EpochS != 50.05 || gpu.KneeBytes >= uint64(h.info("ds2").Bytes) || gpu.SecondsSavedPerGiB >= io.SecondsSavedPerGiB ||
+		math.Abs(gpu.EpochSNow-gpu.EpochS) > 1e-6*gpu.EpochS {
+		t.Fatalf("gpu row %+v; want its knee below its dataset, less saved by more than io, the measured epoch fitted", gpu)
 	}
 	if p.Split["ds"] != dsBytes || p.Split["ds"]+p.Split["ds2"] > p.MemoryBytes || p.MemoryBytes > 2<<20 {
 		t.Fatalf("split %v of %d bytes; want all of ds (%d) to the io job", p.Split, p.MemoryBytes, dsBytes)

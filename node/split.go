@@ -275,7 +275,7 @@ func (n *Node) SplitPlan(_ context.Context) (api.Plan, error) {
 		}
 		stats[js.Job] = js
 		in.Jobs = append(in.Jobs, planner.Job{Name: js.Job, Dataset: d.Name, Ranks: js.Ranks, EpochS: js.Last.Seconds(),
-			StepS: js.Last.StepS, Items: float64(js.Last.Items), MissBytes: float64(js.Last.MissBytes) / shares[d.Name]})
+			StepS: js.Last.StepS, Items: float64(js.Last.Items), Batches: float64(js.Last.Batches), MissBytes: float64(js.Last.MissBytes) / shares[d.Name]})
 	}
 	// The memory to split: the cluster's, less what datasets no reporting
 	// job reads hold, less each item's bookkeeping (the store charges it to

@@ -28,6 +28,7 @@ commands:
   datasets add NAME SOURCE     register a dataset (a path, dir:///abs/path or s3://BUCKET/PREFIX)
   datasets ls                  list datasets
   datasets rm NAME             remove a dataset
+  datasets quota NAME SIZE     cap the bytes of a dataset the cluster caches (e.g. 2GiB)
   warmup NAME                  load a dataset into the cluster's memory, with progress
   stats                        per-node cache statistics, cluster-wide
   jobs add|ls|rm|resize        training jobs (see cachectl jobs add -h; resize JOB --world-size N --ranks ...)
@@ -38,6 +39,8 @@ commands:
                                simulate the job's loaders: throughput, hit mix, remote fraction, stall per epoch
   analyze DATASET [--gpu-rate ITEMS/S]
                                DS-Analyzer: ingestion rates (memory, cluster, cold), fetch stall, what-if by cache size
+  plan [apply]                 the memory split by sensitivity: per job, measured vs predicted epoch
+                               time, knee, split; apply sets the quotas
   gendata DIR [--items N --size 110KiB --format files|tar --shard-samples N]
                                write a synthetic dataset (for demos and benchmarks);
                                tar: WebDataset shards of .jpg/.cls/.json samples
@@ -122,6 +125,8 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return a.bench(ctx, rest[1:])
 	case "analyze":
 		return a.analyze(ctx, rest[1:])
+	case "plan":
+		return a.plan(ctx, rest[1:])
 	}
 	return usageError{fmt.Sprintf("unknown command %q", rest[0])}
 }
@@ -208,8 +213,10 @@ func (a *app) datasets(ctx context.Context, args []string) error {
 		return nil
 	case args[0] == "rm" && len(args) == 2:
 		return a.c.DeleteDataset(ctx, args[1])
+	case args[0] == "quota" && len(args) == 3:
+		return a.quota(ctx, args[1], args[2])
 	}
-	return usageError{"datasets add NAME SOURCE | ls | rm NAME"}
+	return usageError{"datasets add NAME SOURCE | ls | rm NAME | quota NAME SIZE"}
 }
 
 // register registers a dataset and, while the leader lists (or, for tar

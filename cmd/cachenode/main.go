@@ -27,6 +27,7 @@ import (
 	"stallfree/httpapi"
 	"stallfree/node"
 	"stallfree/source"
+	"stallfree/split"
 )
 
 type listFlag []string
@@ -79,6 +80,10 @@ func run(args []string) error {
 		datasets  listFlag
 		allow     listFlag
 	)
+	// Memory split by sensitivity (DESIGN §4 v3): re-plan the split of cache
+	// memory between the reporting jobs' datasets as epochs end.
+	autoSplit := fs.Bool("auto-split", false, "re-plan the memory split between jobs every --auto-split-epochs epochs and apply it when it predicts over 5% shorter epochs")
+	autoEvery := fs.Uint64("auto-split-epochs", 2, "epochs (of the slowest reporting job) between --auto-split plans")
 	fs.Var(&datasets, "dataset", "NAME=SOURCE to register at start (repeatable, idempotent)")
 	fs.Var(&allow, "allow-source", "only sources under this prefix may be registered (repeatable)")
 	// Loader fast path (DESIGN §4 v3): the same API on a Unix socket.
@@ -248,6 +253,9 @@ func run(args []string) error {
 		if err != nil {
 			log.Error("registering --dataset", "err", err)
 		}
+	}
+	if *autoSplit {
+		go split.Auto(ctx, n, split.AutoConfig{Every: *autoEvery, Log: log})
 	}
 	select {
 	case <-ctx.Done():

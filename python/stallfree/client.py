@@ -423,6 +423,29 @@ class Client:
     def stats(self):
         return self.json("GET", "/v1/stats")
 
-    def report_wait(self, seconds, batches, job="", rank=0):
-        """Reports time a training loop waited for data (the stall meter)."""
-        self.request("POST", "/v1/loader/wait", {"seconds": float(seconds), "batches": int(batches), "job": job, "rank": int(rank)})
+    def report_wait(self, seconds, batches, job="", rank=0, step_seconds=None, items=None, dataset=None, epoch_end=False):
+        """Reports time a training loop waited for data (the stall meter) and,
+        for the memory split, the time it held its batches (step time), the
+        items in them, their dataset and whether the epoch ended."""
+        body = {"seconds": float(seconds), "batches": int(batches), "job": job, "rank": int(rank)}
+        if step_seconds is not None:
+            body["step_seconds"] = float(step_seconds)
+        if items is not None:
+            body["items"] = int(items)
+        if dataset:
+            body["dataset"] = dataset
+        if epoch_end:
+            body["epoch_end"] = True
+        self.request("POST", "/v1/loader/wait", body)
+
+    def set_quota(self, dataset, quota):
+        """Sets a dataset's cluster-wide cache quota in bytes."""
+        return self.json("PUT", f"/v1/datasets/{self._q(dataset)}", {"quota": int(quota)})
+
+    def plan(self):
+        """GET /v1/plan: the memory split the jobs' reports suggest."""
+        return self.json("GET", "/v1/plan")
+
+    def apply_plan(self):
+        """POST /v1/plan/apply: plans and sets the quotas of the split."""
+        return self.json("POST", "/v1/plan/apply")

@@ -1,12 +1,11 @@
 """PyTorch integration: a map-style dataset, a locality-aware sampler and a
 stall meter."""
 
-import time
-
 import torch.utils.data
 
 from .client import Client
 from .batchloader import BatchLoader  # noqa: F401  (stallfree.torch.BatchLoader, DESIGN §4 v3)
+from .meter import StallMeter  # noqa: F401 - stallfree.torch.StallMeter (DESIGN §6)
 
 
 class CachedDataset(torch.utils.data.Dataset):
@@ -199,44 +198,3 @@ class LocalitySampler(torch.utils.data.Sampler):
         s = dict(self.__dict__)
         s["client"] = Client(self.client.urls, token=self.client.token)
         return s
-
-
-class StallMeter:
-    """Wraps a DataLoader iterator and measures how long the training loop
-    waits for each batch: the data stall. Reports to the node every
-    ``report_every`` batches and at the end (``stallfree_loader_wait_seconds_total``).
-
-        meter = StallMeter(url, loader, job="resnet", rank=0)
-        for batch in meter: train(batch)
-        print(meter.wait_seconds, meter.batches)
-    """
-
-    def __init__(self, url, iterable, job="", rank=0, token=None, report_every=20):
-        self.client = Client(url, token=token)
-        self.iterable, self.job, self.rank = iterable, job, int(rank)
-        self.report_every = report_every
-        self.wait_seconds, self.batches = 0.0, 0
-        self._pending_s, self._pending_b = 0.0, 0
-
-    def __iter__(self):
-        it = iter(self.iterable)
-        while True:
-            t0 = time.perf_counter()
-            try:
-                batch = next(it)
-            except StopIteration:
-                self.flush()
-                return
-            waited = time.perf_counter() - t0
-            self.wait_seconds += waited
-            self.batches += 1
-            self._pending_s += waited
-            self._pending_b += 1
-            if self._pending_b >= self.report_every:
-                self.flush()
-            yield batch
-
-    def flush(self):
-        if self._pending_b:
-            self.client.report_wait(self._pending_s, self._pending_b, self.job, self.rank)
-            self._pending_s, self._pending_b = 0.0, 0
