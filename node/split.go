@@ -265,7 +265,15 @@ func (n *Node) SplitPlan(_ context.Context) (api.Plan, error) {
 				cur = float64(*d.Quota)
 			}
 			bytes := float64(d.Manifest.TotalBytes())
-			in.Datasets[d.Name] = planner.Dataset{Name: d.Name, Bytes: bytes, StorageBps: n.split.meter.Rate(d.ID) / share,
+			bps := n.split.meter.Rate(d.ID)
+			if rate := float64(n.cfg.SourceRate); rate > 0 && (bps == 0 || bps > rate) {
+				// A throttled source gives a short burst after each pause:
+				// a job whose misses come in spurts measures more than the
+				// rate, which would not hold once it is given less cache
+				// and its misses come back to back.
+				bps = rate
+			}
+			in.Datasets[d.Name] = planner.Dataset{Name: d.Name, Bytes: bytes, StorageBps: bps / share,
 				Cached: math.Min(cached, bytes), Current: math.Min(cur, bytes)}
 			if d.Manifest.Len() > 0 {
 				minItem = math.Min(minItem, bytes/float64(d.Manifest.Len()))
