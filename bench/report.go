@@ -16,6 +16,9 @@ import (
 
 // WriteReport writes the markdown report and its plots.
 func WriteReport(rep *Report, out, doc string) error {
+	if err := readSidecars(rep, out); err != nil {
+		return err
+	}
 	if err := plotSweep(rep, filepath.Join(out, "throughput_vs_concurrency.png")); err != nil {
 		return err
 	}
@@ -38,7 +41,7 @@ func ReadReport(file string) (*Report, error) {
 	if err := json.Unmarshal(b, &rep); err != nil {
 		return nil, fmt.Errorf("%s: %w", file, err)
 	}
-	return &rep, nil
+	return &rep, readSidecars(&rep, filepath.Dir(file))
 }
 
 // Markdown is the report's text, with plots and raw numbers under out.
@@ -166,6 +169,9 @@ func Markdown(rep *Report, out string) string {
 		w("One node, %d items of %d KiB, storage throttled to %s/s, %d loader workers. Rates measured by `stall.Analyze` on a node\n", a.Items, a.ItemBytes>>10, a.SourceRate, a.Workers)
 		w("holding everything: cold %.0f items/s, cached %.0f items/s. A node with memory for half the dataset, second epoch:\n\n", a.ColdRate, a.CachedRate)
 		w("| hit fraction | predicted | measured | error |\n|---|---|---|---|\n| %.2f | %.2f s | %.2f s | %.1f%% |\n", a.HitFraction, a.Predicted, a.Measured, 100*a.ErrorFr)
+	}
+	if rep.Split != nil {
+		splitSection(w, rep.Split)
 	}
 	w("%s", notes)
 	return b.String()

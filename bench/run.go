@@ -76,6 +76,8 @@ type Report struct {
 	Routing []*RoutingResult `json:"routing,omitempty"`
 	// BatchSizes is batch64 against single GETs by item size.
 	BatchSizes []BatchSizeResult `json:"batch_sizes,omitempty"`
+	// Split is read from split.json beside results.json (bench/split.go).
+	Split *SplitResult `json:"-"`
 	Commands   []string          `json:"commands"`
 	DurationS  float64           `json:"duration_s"`
 }

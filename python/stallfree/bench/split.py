@@ -199,7 +199,7 @@ def mean(xs):
     return sum(xs) / len(xs) if xs else float("nan")
 
 
-def run(memory=96 * MiB, item_size=64 << 10, fraction=0.75, source_rate=8 * MiB, compute_s=4.0,
+def run(memory=96 * MiB, item_size=64 << 10, fraction=0.75, source_rate=8 * MiB, compute_s=6.0,
         batch_size=16, epochs_equal=3, epochs_plan=3, tmp=None, log=print):
     """Runs the comparison; returns a dict of figures (see main)."""
     own_tmp = tmp is None
@@ -267,14 +267,17 @@ def main(argv):
     ap.add_argument("--item-size", default="64KiB")
     ap.add_argument("--fraction", type=float, default=0.75, help="each dataset's size as a fraction of the memory (> 0.5)")
     ap.add_argument("--source-rate", default="8MiB", help="the node's --source-rate (bytes/s per dataset)")
-    ap.add_argument("--compute", type=float, default=4.0, help="the gpu job's compute seconds per epoch")
+    ap.add_argument("--compute", type=float, default=6.0, help="the gpu job's compute seconds per epoch")
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--epochs", type=int, default=3, help="epochs under each split (the first of each is a transition)")
-    ap.add_argument("--json", help="write the figures to this file")
+    ap.add_argument("--json", help="write every figure (epochs, plans) to this file")
+    ap.add_argument("--record", help="write the summary BENCHMARKS.md shows to this file (docs/bench/split.json; "
+                                     "then `bin/sfbench -report` renders it)")
     a = ap.parse_args(argv)
     if not 0.5 < a.fraction <= 1 or a.epochs < 2:
         ap.error("--fraction must be in (0.5, 1] and --epochs at least 2")
     log = lambda s: print(s, flush=True)  # noqa: E731
+    load0, date = os.getloadavg()[0], time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     res = run(memory=parse_size(a.memory), item_size=parse_size(a.item_size), fraction=a.fraction,
               source_rate=parse_size(a.source_rate), compute_s=a.compute, batch_size=a.batch_size,
               epochs_equal=a.epochs, epochs_plan=a.epochs, log=log)
@@ -288,6 +291,23 @@ def main(argv):
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
+    if a.record:
+        goals = {"prediction_within_10pct": "predicted epoch times within ±10% of measured (both jobs, under the plan)",
+                 "io_speedup_ge_1.3": "the I/O-bound job's epoch ≥ 1.3x faster under the plan",
+                 "gpu_slowdown_le_5pct": "the compute-bound job's epoch no more than 5% slower"}
+        cmd = (f"python -m stallfree.bench --split --memory {a.memory} --item-size {a.item_size} --fraction {a.fraction} "
+               f"--source-rate {a.source_rate} --compute {a.compute:g} --batch-size {a.batch_size} --epochs {a.epochs}")
+        summary = {"command": cmd,
+                   "date": date, "load": [load0, os.getloadavg()[0]], "memory": res["memory"], "items": res["items"],
+                   "item_size": res["item_size"], "source_rate": res["source_rate"], "compute_s": res["compute_s"],
+                   "epochs": a.epochs, "elapsed_s": res["elapsed_s"],
+                   "jobs": [{"job": n, "equal_s": j["equal_s"], "plan_s": j["plan_s"], "predicted_s": j["predicted_s"],
+                             "prediction_error": j["prediction_error"], "speedup": j["speedup"],
+                             "quota_equal": j["quota_equal"], "quota_plan": j["quota_plan"]} for n, j in res["jobs"].items()],
+                   "goals": [{"goal": goals[k], "met": v} for k, v in res["goals"].items()]}
+        with open(a.record, "w") as f:
+            json.dump(summary, f, indent=1)
+            f.write("\n")
     return 0
 
 
