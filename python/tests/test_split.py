@@ -10,7 +10,10 @@ import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from stallfree import Client  # noqa: E402
 from stallfree.bench import split  # noqa: E402
+
+from harness import Cluster, ClusterCase, wait_until  # noqa: E402
 
 MiB = 1 << 20
 
@@ -68,3 +71,47 @@ class SplitTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class QuotaShareTest(ClusterCase):
+    """A quota is cluster-wide: each of two real nodes holds at most its
+    share of it by the ring, after setting (relayed by a follower),
+    shrinking and growing."""
+
+    def setUp(self):
+        self.make_tmp("sf-quota-")
+        self.write_files(240, 3, lambda i: f"q/{i:04d}.bin", 4000, 4000)
+        self.cluster = Cluster(self.tmp)
+
+    def test_each_node_holds_its_share(self):
+        (n1, url1), (n2, url2) = self.cluster.nodes
+        clients = {name: Client(url) for name, url in self.cluster.nodes}
+        c1, c2 = clients[n1], clients[n2]
+        wait_until(lambda: c1.json("PUT", "/v1/datasets/ds", {"source": self.data}), 30, "registration")
+        sizes = [len(self.files[k]) for k in self.keys]
+        total, biggest = sum(sizes), max(sizes)
+        owners = c1.owners("ds")
+        names = [m["name"] for m in owners["members"]]
+        owned = {n: sum(s for s, o in zip(sizes, owners["owners"]) if names[o] == n) for n in names}
+        self.assertEqual(sum(owned.values()), total)
+        self.assertTrue(all(owned[n] for n in (n1, n2)), owned)
+
+        def check(quota):
+            for _ in range(2):  # the first pass offers every miss to its owner's store
+                for start in range(0, len(self.keys), 60):
+                    c1.batch("ds", list(range(start, min(start + 60, len(self.keys)))))
+            held_all = 0
+            for name, c in clients.items():
+                held = c.stats()["bytes_cached"]
+                limit = quota * owned[name] // total
+                self.assertLessEqual(held, limit, f"{name} holds {held} bytes, its share of {quota} is {limit}")
+                self.assertGreaterEqual(held, limit - biggest, f"{name} holds {held} bytes of its share {limit}")
+                held_all += held
+            self.assertLessEqual(held_all, quota)
+
+        for quota, via in ((total // 2, c2), (total // 5, c1), (total * 4 // 5, c2)):
+            d = via.set_quota("ds", quota)
+            self.assertEqual(d["quota"], quota)
+            wait_until(lambda: all(c.dataset("ds").get("quota") == quota for c in clients.values()),
+                       30, "the quota on both nodes")
+            check(quota)
