@@ -40,6 +40,11 @@ func TestQuotaThroughSnapshotAndRestart(t *testing.T) {
 	}
 	c2 := openLeader(t, dir, addr)
 	defer c2.Close()
+	// The entries after the snapshot are applied once the new term's first
+	// entry commits: settle before reading.
+	if !c2.settleAsLeader() {
+		t.Fatal("the restarted leader did not settle")
+	}
 	back, ok := c2.Dataset("imgs")
 	if !ok || back.Quota == nil || *back.Quota != q2 {
 		t.Fatalf("after restart: %+v", back)
