@@ -68,9 +68,26 @@ class SplitTest(unittest.TestCase):
             for e in res["jobs"][name]["epochs_equal"] + res["jobs"][name]["epochs_plan"]:
                 self.assertEqual(e["bytes"], res["items"] * res["item_size"], f"{name} epoch {e['epoch']}")
 
-
-if __name__ == "__main__":
-    unittest.main()
+    def test_auto_split_applies_the_plan_by_itself(self):
+        # The same jobs, the node started with --auto-split planning after
+        # every epoch: it moves memory to the I/O-bound job on its own.
+        items, size = 384, 32 << 10
+        for name, seed in (("io", 1), ("gpu", 2)):
+            split.write_dataset(os.path.join(self.tmp, name), items, size, seed)
+        node = split.Node(self.tmp, 16 * MiB, 4 * MiB, extra=("--auto-split", "--auto-split-epochs", "1"))
+        try:
+            equal = 16 * MiB * size // (size + split.ITEM_OVERHEAD) // 2
+            for name in ("io", "gpu"):
+                node.client.json("PUT", f"/v1/datasets/ds-{name}", {"source": os.path.join(self.tmp, name), "quota": equal})
+            jobs = [{"name": "io", "dataset": "ds-io", "items": items, "batch_size": 16, "step_ms": 0.0, "seed": 11},
+                    {"name": "gpu", "dataset": "ds-gpu", "items": items, "batch_size": 16, "step_ms": 3000 / 24, "seed": 12}]
+            split.phase(node, jobs, 2, 0)
+            quota = lambda ds: node.client.dataset(ds)["quota"]  # noqa: E731
+            wait_until(lambda: quota("ds-io") > equal, 30, "the auto-split to raise the I/O-bound job's quota")
+            self.assertLess(quota("ds-gpu"), equal)
+            self.assertLessEqual(quota("ds-io") + quota("ds-gpu"), 16 * MiB)
+        finally:
+            node.stop()
 
 
 class QuotaShareTest(ClusterCase):
@@ -115,3 +132,7 @@ class QuotaShareTest(ClusterCase):
             wait_until(lambda: all(c.dataset("ds").get("quota") == quota for c in clients.values()),
                        30, "the quota on both nodes")
             check(quota)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -71,14 +71,14 @@ def free_port():
 class Node:
     """One real cachenode process on loopback ports."""
 
-    def __init__(self, tmp, memory, source_rate, binary=None):
+    def __init__(self, tmp, memory, source_rate, binary=None, extra=()):
         self.url = f"http://127.0.0.1:{free_port()}"
         self.log = open(os.path.join(tmp, "node.log"), "w")
         args = [binary or cachenode_binary(), "--name", "split1", "--http", self.url[len("http://"):],
                 "--peer", f"127.0.0.1:{free_port()}", "--gossip", f"127.0.0.1:{free_port()}",
                 "--raft", f"127.0.0.1:{free_port()}", "--data-dir", os.path.join(tmp, "node"),
                 "--memory", str(memory), "--source-rate", str(source_rate), "--policy", "minio",
-                "--fast-timers", "--log-level", "warn", "--bootstrap"]
+                "--fast-timers", "--log-level", "warn", "--bootstrap", *extra]
         try:
             self.proc = subprocess.Popen(args, stdout=self.log, stderr=self.log)
         except OSError:
