@@ -39,6 +39,13 @@ type SplitJob struct {
 	Speedup    float64 `json:"speedup"`
 	QuotaEqual int64   `json:"quota_equal"`
 	QuotaPlan  int64   `json:"quota_plan"`
+	// The epoch's parts, per split: the wait is what the split changes; the
+	// step (a sleep standing for the GPU) only stretches when a loaded
+	// machine wakes the job late.
+	WaitEqualS float64 `json:"wait_equal_s"`
+	WaitPlanS  float64 `json:"wait_plan_s"`
+	StepEqualS float64 `json:"step_equal_s"`
+	StepPlanS  float64 `json:"step_plan_s"`
 }
 
 // SplitGoal is a goal of the issue and whether the run met it.
@@ -71,14 +78,20 @@ func splitSection(w func(string, ...any), s *SplitResult) {
 		s.Memory/mib, s.Items, s.ItemSize>>10, float64(s.Items*s.ItemSize)/mib)
 	w("from storage throttled to %.0f MiB/s; two jobs at once through the Python stack (threaded read-ahead loader, `StallMeter`):\n", float64(s.SourceRate)/mib)
 	w("`io` computes nothing, `gpu` computes %.1f s an epoch. %d epochs under each split, the first of each left out (cold cache;\n", s.ComputeS, s.Epochs)
-	w("a cache growing to its new quota); the plan was made from the equal split's reports. `%s`, %s,\n", s.Command, s.Date)
-	w("%.0f s, load average %.1f at the start and %.1f at the end (the machine was shared).\n\n", s.ElapsedS, s.Load[0], s.Load[1])
+	w("a cache growing to its new quota); the plan was made from the equal split's reports and applied with `POST /v1/plan/apply`.\n")
+	w("%s, %.0f s, load average %.1f at the start and %.1f at the end (the machine was shared):\n\n", s.Date, s.ElapsedS, s.Load[0], s.Load[1])
+	w("    %s\n\n", s.Command)
 	w("| job | equal split | plan | predicted | error | speedup | quota equal → plan |\n|---|---|---|---|---|---|---|\n")
 	for _, j := range s.Jobs {
 		w("| %s | %.2f s | %.2f s | %.2f s | %+.1f%% | %.2fx | %.1f → %.1f MiB |\n", j.Job, j.EqualS, j.PlanS, j.PredictedS, 100*j.Error,
 			j.Speedup, float64(j.QuotaEqual)/mib, float64(j.QuotaPlan)/mib)
 	}
-	w("\n")
+	w("\nThe epochs' parts, equal split → plan, per epoch:")
+	for _, j := range s.Jobs {
+		w(" `%s` waited %.2f → %.2f s and stepped %.2f → %.2f s;", j.Job, j.WaitEqualS, j.WaitPlanS, j.StepEqualS, j.StepPlanS)
+	}
+	w("\nthe split changes the wait; a step is a sleep standing for the GPU, which stretches only when the loaded machine\n")
+	w("wakes the job late.\n\n")
 	for _, g := range s.Goals {
 		met := "met"
 		if !g.Met {
