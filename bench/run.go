@@ -76,10 +76,11 @@ type Report struct {
 	Routing []*RoutingResult `json:"routing,omitempty"`
 	// BatchSizes is batch64 against single GETs by item size.
 	BatchSizes []BatchSizeResult `json:"batch_sizes,omitempty"`
-	// Split is read from split.json beside results.json (bench/split.go).
-	Split *SplitResult `json:"-"`
 	Commands   []string          `json:"commands"`
 	DurationS  float64           `json:"duration_s"`
+
+	// Split is read from split.json beside results.json (bench/split.go).
+	Split *SplitResult `json:"-"`
 }
 
 func (c *Config) logf(format string, args ...any) { fmt.Fprintf(c.Log, format+"\n", args...) }
