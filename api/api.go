@@ -5,6 +5,7 @@
 package api
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 )
@@ -39,10 +40,46 @@ func (e *Error) Error() string {
 type PutDataset struct {
 	Source string `json:"source"`
 	// Quota bounds the bytes of the dataset the cluster caches (each node
-	// holds its share by the ring). On an existing dataset the source may be
-	// left out; the quota is then all that changes.
-	Quota *int64 `json:"quota,omitempty"`
+	// holds its share by the ring); null lifts it. On an existing dataset
+	// the source may be left out; the quota is then all that changes.
+	Quota Quota `json:"quota,omitzero"`
 }
+
+// Quota is PUT /v1/datasets/{name}'s "quota": absent (the zero Quota), a
+// number of bytes, or null, which lifts the dataset's quota.
+type Quota struct {
+	Given bool
+	Lift  bool
+	Bytes int64
+}
+
+// QuotaOf is a quota of n bytes.
+func QuotaOf(n int64) Quota { return Quota{Given: true, Bytes: n} }
+
+// NoQuota lifts a quota.
+func NoQuota() Quota { return Quota{Given: true, Lift: true} }
+
+// UnmarshalJSON takes a JSON integer or null (JSON's null reaches it, unlike
+// a pointer's, so a lift is told from an absent field).
+func (q *Quota) UnmarshalJSON(b []byte) error {
+	*q = Quota{Given: true}
+	if string(b) == "null" {
+		q.Lift = true
+		return nil
+	}
+	return json.Unmarshal(b, &q.Bytes)
+}
+
+// MarshalJSON writes the number, or null for a lift.
+func (q Quota) MarshalJSON() ([]byte, error) {
+	if q.Lift {
+		return []byte("null"), nil
+	}
+	return json.Marshal(q.Bytes)
+}
+
+// IsZero reports an absent quota (omitzero leaves it out).
+func (q Quota) IsZero() bool { return !q.Given }
 
 // BatchRequest is the body of POST /v1/datasets/{name}/batch: exactly one of
 // the two lists.

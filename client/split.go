@@ -11,7 +11,14 @@ import (
 // SetQuota sets an existing dataset's cache quota in bytes (cluster-wide).
 func (c *Client) SetQuota(ctx context.Context, name string, quota int64) (Dataset, error) {
 	var d Dataset
-	err := c.JSON(ctx, http.MethodPut, "/v1/datasets/"+url.PathEscape(name), api.PutDataset{Quota: &quota}, &d)
+	err := c.JSON(ctx, http.MethodPut, "/v1/datasets/"+url.PathEscape(name), api.PutDataset{Quota: api.QuotaOf(quota)}, &d)
+	return d, err
+}
+
+// LiftQuota removes a dataset's cache quota.
+func (c *Client) LiftQuota(ctx context.Context, name string) (Dataset, error) {
+	var d Dataset
+	err := c.JSON(ctx, http.MethodPut, "/v1/datasets/"+url.PathEscape(name), api.PutDataset{Quota: api.NoQuota()}, &d)
 	return d, err
 }
 

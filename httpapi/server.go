@@ -434,7 +434,7 @@ func (s *Server) putDataset(ctx *fasthttp.RequestCtx, name string) {
 		writeError(ctx, fasthttp.StatusBadRequest, err.Error())
 		return
 	}
-	if req.Quota != nil {
+	if req.Quota.Given {
 		s.putQuota(ctx, name, req)
 		return
 	}

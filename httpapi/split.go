@@ -12,18 +12,19 @@ import (
 
 // splitter is what the memory split's routes need of the node.
 type splitter interface {
-	PutQuota(ctx context.Context, name, source string, quota int64) (api.Dataset, bool, error)
+	PutQuota(ctx context.Context, name, source string, quota api.Quota) (api.Dataset, bool, error)
 	SplitPlan(ctx context.Context) (api.Plan, error)
 	ApplySplit(ctx context.Context, p api.Plan) error
 }
 
-// putQuota is PUT /v1/datasets/{name} with a quota: on an existing dataset
-// the source may be left out, on a new one it registers it first.
+// putQuota is PUT /v1/datasets/{name} with a quota (null lifts it): on an
+// existing dataset the source may be left out, on a new one it registers it
+// first.
 func (s *Server) putQuota(ctx *fasthttp.RequestCtx, name string, req api.PutDataset) {
 	var sp splitter = s.node
 	rctx, cancel := reqContext(ctx, 10*time.Minute)
 	defer cancel()
-	d, created, err := sp.PutQuota(rctx, name, req.Source, *req.Quota)
+	d, created, err := sp.PutQuota(rctx, name, req.Source, req.Quota)
 	if err != nil {
 		fail(ctx, err)
 		return

@@ -136,6 +136,17 @@ func TestDatasetQuotas(t *testing.T) {
 	if s := h.stats(); s.BytesCached > 150000+700000 {
 		t.Fatalf("the store holds %d bytes under quotas of 850000", s.BytesCached)
 	}
+	// null lifts a quota: the dataset fills up with its next misses.
+	if r := h.putQuota("ds", `{"quota": null}`); r.status != 200 {
+		t.Fatalf("lift: %d %s", r.status, r.body)
+	}
+	if d := h.info("ds"); d.Quota != nil {
+		t.Fatalf("after a lift ds shows quota %d", *d.Quota)
+	}
+	h.pass("ds", items)
+	if got, hits := h.pass("ds", items); hits != items || got != h.info("ds").Bytes {
+		t.Fatalf("with its quota lifted ds holds %d items (%d bytes) of %d", hits, got, items)
+	}
 }
 
 // Stall-meter reports with step time make a plan; applying it sets the

@@ -162,16 +162,16 @@ func (n *Node) ClusterMemory() uint64 {
 	return sum
 }
 
-// PutQuota sets dataset name's quota, registering it from source first
-// when source is given (as PUT /v1/datasets/{name} does without a quota).
-// A negative quota, or one over the cluster's memory, is refused before
-// anything changes.
-func (n *Node) PutQuota(ctx context.Context, name, source string, quota int64) (info api.Dataset, created bool, err error) {
-	if quota < 0 {
-		return api.Dataset{}, false, fmt.Errorf("%w: quota %d: want a number of bytes, 0 or more", ErrBadRequest, quota)
+// PutQuota sets dataset name's quota (or lifts it), registering the dataset
+// from source first when source is given (as PUT /v1/datasets/{name} does
+// without a quota). A negative quota, or one over the cluster's memory, is
+// refused before anything changes.
+func (n *Node) PutQuota(ctx context.Context, name, source string, quota api.Quota) (info api.Dataset, created bool, err error) {
+	if !quota.Lift && quota.Bytes < 0 {
+		return api.Dataset{}, false, fmt.Errorf("%w: quota %d: want a number of bytes, 0 or more", ErrBadRequest, quota.Bytes)
 	}
-	if mem := n.ClusterMemory(); uint64(quota) > mem {
-		return api.Dataset{}, false, fmt.Errorf("%w: quota %d bytes is over the cluster's memory (%d bytes)", ErrBadRequest, quota, mem)
+	if mem := n.ClusterMemory(); !quota.Lift && uint64(quota.Bytes) > mem {
+		return api.Dataset{}, false, fmt.Errorf("%w: quota %d bytes is over the cluster's memory (%d bytes)", ErrBadRequest, quota.Bytes, mem)
 	}
 	if source != "" {
 		if _, err := n.CheckSource(source); err != nil {
@@ -180,7 +180,7 @@ func (n *Node) PutQuota(ctx context.Context, name, source string, quota int64) (
 	}
 	if !n.cat.IsLeader() {
 		code, err := n.forward(ctx, fasthttp.MethodPut, "/v1/datasets/"+url.PathEscape(name),
-			api.PutDataset{Source: source, Quota: &quota}, &info, 10*time.Minute)
+			api.PutDataset{Source: source, Quota: quota}, &info, 10*time.Minute)
 		if err == nil {
 			n.applyQuotas()
 		}
@@ -193,8 +193,12 @@ func (n *Node) PutQuota(ctx context.Context, name, source string, quota int64) (
 	} else if _, ok := n.cat.Dataset(name); !ok {
 		return api.Dataset{}, false, fmt.Errorf("%w: no dataset %q (give its source to register it with the quota)", catalog.ErrNotFound, name)
 	}
-	q := uint64(quota)
-	d, err := n.cat.SetQuota(name, &q)
+	var q *uint64 // nil lifts it
+	if !quota.Lift {
+		b := uint64(quota.Bytes)
+		q = &b
+	}
+	d, err := n.cat.SetQuota(name, q)
 	if err != nil {
 		return api.Dataset{}, false, err
 	}
@@ -317,7 +321,7 @@ func (n *Node) SplitPlan(_ context.Context) (api.Plan, error) {
 // ApplySplit sets the quotas of a plan's split.
 func (n *Node) ApplySplit(ctx context.Context, p api.Plan) error {
 	for _, name := range slices.Sorted(maps.Keys(p.Split)) {
-		if _, _, err := n.PutQuota(ctx, name, "", int64(p.Split[name])); err != nil {
+		if _, _, err := n.PutQuota(ctx, name, "", api.QuotaOf(int64(p.Split[name]))); err != nil {
 			return fmt.Errorf("quota of %s: %w", name, err)
 		}
 	}

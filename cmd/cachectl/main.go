@@ -28,7 +28,7 @@ commands:
   datasets add NAME SOURCE     register a dataset (a path, dir:///abs/path or s3://BUCKET/PREFIX)
   datasets ls                  list datasets
   datasets rm NAME             remove a dataset
-  datasets quota NAME SIZE     cap the bytes of a dataset the cluster caches (e.g. 2GiB)
+  datasets quota NAME SIZE     cap the bytes of a dataset the cluster caches (e.g. 2GiB; none lifts it)
   warmup NAME                  load a dataset into the cluster's memory, with progress
   stats                        per-node cache statistics, cluster-wide
   jobs add|ls|rm|resize        training jobs (see cachectl jobs add -h; resize JOB --world-size N --ranks ...)
@@ -216,7 +216,7 @@ func (a *app) datasets(ctx context.Context, args []string) error {
 	case args[0] == "quota" && len(args) == 3:
 		return a.quota(ctx, args[1], args[2])
 	}
-	return usageError{"datasets add NAME SOURCE | ls | rm NAME | quota NAME SIZE"}
+	return usageError{"datasets add NAME SOURCE | ls | rm NAME | quota NAME SIZE|none"}
 }
 
 // register registers a dataset and, while the leader lists (or, for tar

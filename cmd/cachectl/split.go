@@ -11,8 +11,19 @@ import (
 	"stallfree/api"
 )
 
-// quota is `cachectl datasets quota NAME SIZE`.
+// quota is `cachectl datasets quota NAME SIZE|none`.
 func (a *app) quota(ctx context.Context, name, size string) error {
+	if size == "none" {
+		d, err := a.c.LiftQuota(ctx, name)
+		if err != nil {
+			return err
+		}
+		if a.json {
+			return a.printJSON(d)
+		}
+		fmt.Fprintf(a.out, "dataset %s: no quota\n", d.Name)
+		return nil
+	}
 	n, err := humanize.ParseBytes(size)
 	if err != nil || n > math.MaxInt64 {
 		return usageError{fmt.Sprintf("datasets quota %s %q: want a size in bytes, such as 512MiB or 4GiB", name, size)}

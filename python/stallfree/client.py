@@ -439,8 +439,8 @@ class Client:
         self.request("POST", "/v1/loader/wait", body)
 
     def set_quota(self, dataset, quota):
-        """Sets a dataset's cluster-wide cache quota in bytes."""
-        return self.json("PUT", f"/v1/datasets/{self._q(dataset)}", {"quota": int(quota)})
+        """Sets a dataset's cluster-wide cache quota in bytes (None lifts it)."""
+        return self.json("PUT", f"/v1/datasets/{self._q(dataset)}", {"quota": None if quota is None else int(quota)})
 
     def plan(self):
         """GET /v1/plan: the memory split the jobs' reports suggest."""
