@@ -200,6 +200,8 @@ type Stats struct {
 	// What training loops reported through the stall meter.
 	LoaderWaitSeconds float64 `json:"loader_wait_seconds"`
 	LoaderBatches     uint64  `json:"loader_batches"`
+	// Checkpoints in peer memory (checkpoint.go); absent when not served.
+	Checkpoints *CheckpointStats `json:"checkpoints,omitempty"`
 }
 
 // Member is one row of GET /v1/cluster.

@@ -74,6 +74,7 @@ const (
 	opPutJob
 	opDeleteJob
 	opPinEpoch
+	opCheckpoint // checkpoint.go
 )
 
 // keptEpochPins bounds the pinned epochs remembered per job.
@@ -92,6 +93,8 @@ type command struct {
 	Members []string `msgpack:"members,omitempty"`
 	// Quota of opSetQuota (nil lifts it).
 	Quota *uint64 `msgpack:"quota,omitempty"`
+	// Checkpoint carries opCheckpoint (checkpoint.go).
+	Checkpoint *checkpointCmd `msgpack:"checkpoint,omitempty"`
 }
 
 type pending struct {
@@ -111,6 +114,8 @@ type state struct {
 	// locality-aware order is computed from, so every node computes the same
 	// order even while membership changes.
 	Pins map[string]map[uint64][]string `msgpack:"pins"`
+	// Checkpoints are the committed checkpoint steps (checkpoint.go).
+	Checkpoints map[string]*Checkpoint `msgpack:"checkpoints,omitempty"`
 }
 
 func newState() *state {
@@ -249,6 +254,8 @@ func (f *fsm) apply(index uint64, c *command) any {
 		return c.Members
 	case opSetQuota:
 		return st.setQuota(c)
+	case opCheckpoint:
+		return st.applyCheckpoint(index, c.Checkpoint)
 	}
 	return fmt.Errorf("catalog: unknown op %d", c.Op)
 }
@@ -264,7 +271,7 @@ func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	// Committed entries are immutable, so copying the maps is enough; pending
 	// manifests still grow and are copied whole.
 	cp := &state{NextID: f.st.NextID, Datasets: maps.Clone(f.st.Datasets), Jobs: maps.Clone(f.st.Jobs), Pending: map[string]*pending{},
-		Pins: map[string]map[uint64][]string{}}
+		Pins: map[string]map[uint64][]string{}, Checkpoints: maps.Clone(f.st.Checkpoints)}
 	for j, p := range f.st.Pins {
 		cp.Pins[j] = maps.Clone(p)
 	}

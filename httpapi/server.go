@@ -53,6 +53,7 @@ type Server struct {
 	// MaxConns bounds the client connections open at once; beyond it a new
 	// one gets 503 and is closed (0: no bound). Set it before Serve.
 	MaxConns int
+	ckpt     Checkpoints // checkpoints.go
 }
 
 // New builds the server; token may be empty (no auth).
@@ -62,7 +63,8 @@ func New(n *node.Node, token string, log *slog.Logger) *Server {
 	s.readers.New = func() any { return &itemReader{} }
 	s.relayer = &fasthttp.Client{Name: "stallfree-relay", ReadTimeout: time.Minute, MaxResponseBodySize: 1 << 30}
 	s.srv = &fasthttp.Server{
-		Handler:            s.recovering(s.handle),
+		Handler:            s.recovering(s.streamed(s.handle)), // streamed: checkpoints.go
+		StreamRequestBody:  true,
 		ErrorHandler:       s.parseError,
 		Name:               "stallfree",
 		ReadTimeout:        30 * time.Second,
@@ -218,7 +220,9 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	switch seg[1] {
 	case "stats":
 		if len(seg) == 2 && method == fasthttp.MethodGet {
-			writeJSON(ctx, 200, s.node.Stats())
+			st := s.node.Stats()
+			st.Checkpoints = s.checkpointStats()
+			writeJSON(ctx, 200, st)
 			return
 		}
 	case "cluster":

@@ -84,6 +84,13 @@ func run(args []string) error {
 	// memory between the reporting jobs' datasets as epochs end.
 	autoSplit := fs.Bool("auto-split", false, "re-plan the memory split between jobs every --auto-split-epochs epochs and apply it when it predicts over 5% shorter epochs")
 	autoEvery := fs.Uint64("auto-split-epochs", 2, "epochs (of the slowest reporting job) between --auto-split plans")
+	// Checkpoints in peer memory (package checkpoint).
+	var (
+		ckptMemory  = fs.String("checkpoint-memory", "2GiB", "memory for checkpoint parts, reserved apart from --memory; a part beyond it is refused (507)")
+		ckptKeep    = fs.Int("checkpoint-keep", 2, "committed steps kept per checkpoint name")
+		ckptPersist = fs.String("checkpoint-persist", "", "persist committed checkpoint steps in the background to dir:///path or s3://bucket/prefix (S3 as for datasets: --s3-endpoint, credentials)")
+		deadGrace   = fs.Duration("dead-grace", 0, "how long a member stays dead before it leaves the raft configuration and its checkpoint parts are copied again (default 1m; 5s with --fast-timers)")
+	)
 	fs.Var(&datasets, "dataset", "NAME=SOURCE to register at start (repeatable, idempotent)")
 	fs.Var(&allow, "allow-source", "only sources under this prefix may be registered (repeatable)")
 	// Loader fast path (DESIGN §4 v3): the same API on a Unix socket.
@@ -219,6 +226,7 @@ func run(args []string) error {
 		S3:         source.S3Config{Endpoint: *s3Endpt, Region: *s3Region, CredentialsFile: *s3Creds, Profile: *s3Profile, Env: os.Getenv},
 		GossipBind: *gossip, Advertise: advIP, Join: seeds, PeerBind: *peerAddr, ClusterKey: clusterKey, PeerTimeout: *peerWait,
 		Socket: sockPath,
+		DeadGrace: *deadGrace,
 	})
 	if err != nil {
 		return err
@@ -234,6 +242,13 @@ func run(args []string) error {
 	}
 	srv := httpapi.New(n, token, log)
 	srv.SendBuffer = int(sndbuf)
+	ckpt, err := startCheckpoints(n, *ckptMemory, *ckptKeep, *ckptPersist, *deadGrace, *fast, token, log,
+		source.S3Config{Endpoint: *s3Endpt, Region: *s3Region, CredentialsFile: *s3Creds, Profile: *s3Profile, Env: os.Getenv})
+	if err != nil {
+		return err
+	}
+	defer ckpt.Close()
+	srv.SetCheckpoints(ckpt)
 	// Half the descriptors for clients, a fifth for peers: a flood on one
 	// port leaves the rest (storage reads, raft, gossip) room to work.
 	srv.MaxConns = max(64, files/2)

@@ -1,0 +1,67 @@
+package api
+
+import "encoding/json"
+
+// HeaderChecksum carries a checkpoint part's sha256 (64 lowercase hex
+// digits) on PUT and on GET of a part.
+const HeaderChecksum = "X-Checksum"
+
+// CommitCheckpoint is the body of POST /v1/checkpoints/{name}/steps/{step}/commit.
+type CommitCheckpoint struct {
+	Parts []string        `json:"parts"`
+	Meta  json.RawMessage `json:"meta,omitempty"`
+}
+
+// CheckpointStep is one committed step in GET /v1/checkpoints/{name}.
+type CheckpointStep struct {
+	Step  uint64   `json:"step"`
+	Bytes int64    `json:"bytes"`
+	Parts []string `json:"parts"`
+	// Replicas is the fewest live copies any of the step's parts has.
+	Replicas  int             `json:"replicas"`
+	Persisted bool            `json:"persisted"`
+	Meta      json.RawMessage `json:"meta,omitempty"`
+}
+
+// Checkpoint is GET /v1/checkpoints/{name} (and one entry of GET
+// /v1/checkpoints). Latest is null before the first commit.
+type Checkpoint struct {
+	Name   string           `json:"name"`
+	Latest *uint64          `json:"latest"`
+	Steps  []CheckpointStep `json:"steps"`
+}
+
+// CheckpointUpload is GET /v1/checkpoints/{name}/steps/{step}/parts: the
+// parts uploaded so far, cluster-wide, with their live copies (a committing
+// rank 0 waits on it for the other ranks' parts).
+type CheckpointUpload struct {
+	Step      uint64         `json:"step"`
+	Committed bool           `json:"committed"`
+	Parts     []UploadedPart `json:"parts"`
+}
+
+// UploadedPart is one part of CheckpointUpload.
+type UploadedPart struct {
+	Part     string `json:"part"`
+	Bytes    int64  `json:"bytes"`
+	Replicas int    `json:"replicas"`
+}
+
+// MissingParts is the 409 body of a commit whose parts lack copies.
+type MissingParts struct {
+	Error   string   `json:"error"`
+	Missing []string `json:"missing"`
+}
+
+// CheckpointStats is the "checkpoints" object of GET /v1/stats.
+type CheckpointStats struct {
+	MemoryBytes     uint64 `json:"memory_bytes"`
+	UsedBytes       uint64 `json:"used_bytes"`
+	Parts           int    `json:"parts"`
+	Persist         string `json:"persist,omitempty"`
+	PersistedSteps  uint64 `json:"persisted_steps"`
+	PersistPending  int    `json:"persist_pending"`
+	PersistFailures uint64 `json:"persist_failures"`
+	PersistError    string `json:"persist_last_error,omitempty"`
+	Rereplicated    uint64 `json:"rereplicated_parts"`
+}

@@ -1,0 +1,229 @@
+package checkpoint
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"stallfree/api"
+	"stallfree/catalog"
+)
+
+// PutRequest names a part being written.
+type PutRequest struct {
+	Name string
+	Step uint64
+	Part string
+	Sum  string // sha256 the body must have
+	Size int64  // Content-Length; -1 when unknown (refused)
+	// Replica marks the partner's copy, sent by the node the client wrote
+	// to: stored here only, never passed on.
+	Replica bool
+	// Repair allows a replica into a committed step (re-replication), when
+	// its sum is the committed one.
+	Repair bool
+}
+
+// chunk is how much of a body is read, hashed and passed on at a time.
+const chunk = 1 << 20
+
+// Put stores a part on this node and, unless it is itself a replica, on
+// this node's partner, streaming the body to both at once: each node holds
+// the part once, in the mapping it is stored in. It returns nil only when
+// both copies are held. A body that ends early, or whose sha256 differs
+// from req.Sum, leaves nothing stored anywhere: the partner's request is cut
+// off too, and a part is published only once complete and checked.
+func (s *Service) Put(ctx context.Context, req PutRequest, body io.Reader) error {
+	if err := CheckName("checkpoint", req.Name); err != nil {
+		return err
+	}
+	if err := CheckName("part", req.Part); err != nil {
+		return err
+	}
+	if err := CheckSum(req.Sum); err != nil {
+		return err
+	}
+	if req.Size < 0 {
+		return fmt.Errorf("%w: a part's body needs a Content-Length", ErrLengthRequired)
+	}
+	ck, _ := s.cat.Checkpoint(req.Name)
+	if st, ok := ck.Step(req.Step); ok {
+		p, had := st.Part(req.Part)
+		if !req.Repair || !had || p.Sum != req.Sum {
+			return fmt.Errorf("%w: checkpoint %s step %d is committed (immutable)", catalog.ErrConflict, req.Name, req.Step)
+		}
+	}
+	var partnerAddr string
+	if !req.Replica {
+		members := s.members.Members()
+		partner, ok := Partner(members, s.cfg.Self)
+		if !ok {
+			return fmt.Errorf("%w: no partner for %s among %v: a checkpoint part needs two nodes", ErrUnavailable, s.cfg.Self, members)
+		}
+		if partnerAddr, ok = s.members.MemberHTTP(partner); !ok {
+			return fmt.Errorf("%w: partner %s has no HTTP address", ErrUnavailable, partner)
+		}
+	}
+	buf, err := s.mem.reserve(req.Size)
+	if err != nil {
+		return err
+	}
+	stored := false
+	defer func() {
+		if !stored {
+			s.mem.free(buf)
+		}
+	}()
+
+	var (
+		pw     *io.PipeWriter
+		result chan error
+	)
+	if partnerAddr != "" {
+		var pr *io.PipeReader
+		pr, pw = io.Pipe()
+		result = make(chan error, 1)
+		rep := req
+		rep.Replica = true
+		go func() {
+			err := s.sendReplica(ctx, partnerAddr, rep, pr)
+			pr.CloseWithError(errors.New("partner answered")) // unblocks a writer the partner stopped reading
+			result <- err
+		}()
+	}
+	// abort cuts the partner's copy off and reports why this one failed.
+	abort := func(err error) error {
+		if pw != nil {
+			pw.CloseWithError(err)
+			if perr := <-result; perr != nil && !errors.Is(err, ErrBadRequest) && !isCut(err) {
+				return perr
+			}
+		}
+		return err
+	}
+
+	h := sha256.New()
+	var off int64
+	for off < req.Size {
+		n, rerr := body.Read(buf[off:min(off+chunk, req.Size)])
+		if n > 0 {
+			h.Write(buf[off : off+int64(n)])
+			if pw != nil {
+				if _, werr := pw.Write(buf[off : off+int64(n)]); werr != nil {
+					// The partner stopped reading: it refused the part.
+					perr := <-result
+					pw = nil
+					if perr == nil {
+						perr = fmt.Errorf("%w: partner stopped reading", ErrUnavailable)
+					}
+					return perr
+				}
+			}
+			off += int64(n)
+		}
+		if rerr != nil && off < req.Size {
+			if rerr == io.EOF {
+				rerr = io.ErrUnexpectedEOF
+			}
+			return abort(&cutError{got: off, want: req.Size, err: rerr})
+		}
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != req.Sum {
+		return abort(fmt.Errorf("%w: X-Checksum %s, but the body's sha256 is %s", ErrBadRequest, req.Sum, got))
+	}
+	if pw != nil {
+		pw.Close()
+		if err := <-result; err != nil {
+			return err
+		}
+	}
+	s.mem.store(partKey{req.Name, req.Step, req.Part}, buf, req.Sum)
+	stored = true
+	return nil
+}
+
+// cutError is a body that ended before its Content-Length.
+type cutError struct {
+	got, want int64
+	err       error
+}
+
+func (e *cutError) Error() string {
+	return fmt.Sprintf("%s: body cut off after %d of %d bytes: %v", ErrBadRequest, e.got, e.want, e.err)
+}
+func (e *cutError) Unwrap() error { return ErrBadRequest }
+
+func isCut(err error) bool { _, ok := errors.AsType[*cutError](err); return ok }
+
+// internalPath is the route a node serves its own copies on.
+func internalPath(name string, step uint64, rest string) string {
+	return "/v1/internal/checkpoints/" + name + "/steps/" + strconv.FormatUint(step, 10) + rest
+}
+
+// sendReplica PUTs a part's copy to the node at addr, streaming body.
+func (s *Service) sendReplica(ctx context.Context, addr string, req PutRequest, body io.Reader) error {
+	url := "http://" + addr + internalPath(req.Name, req.Step, "/parts/"+req.Part)
+	if req.Repair {
+		url += "?repair=1"
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Minute)
+	defer cancel()
+	if req.Size == 0 {
+		body = http.NoBody
+	}
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPut, url, body)
+	if err != nil {
+		return err
+	}
+	hr.ContentLength = req.Size
+	hr.Header.Set(api.HeaderChecksum, req.Sum)
+	s.authorize(hr)
+	resp, err := s.http.Do(hr)
+	if err != nil {
+		return fmt.Errorf("%w: partner copy to %s: %w", ErrUnavailable, addr, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		return answerError(resp)
+	}
+	return nil
+}
+
+func (s *Service) authorize(hr *http.Request) {
+	hr.Header.Set(api.HeaderForwarded, s.cfg.Self)
+	if s.cfg.Token != "" {
+		hr.Header.Set("Authorization", "Bearer "+s.cfg.Token)
+	}
+}
+
+// answerError turns another node's non-2xx answer into an *api.Error with
+// its status, so the client sees what the partner said (507, 409, …).
+func answerError(resp *http.Response) error {
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	e := &api.Error{Status: resp.StatusCode}
+	if json.Unmarshal(b, e) != nil || e.Message == "" {
+		e.Message = string(bytes.TrimSpace(b))
+	}
+	e.Message = "partner: " + e.Message
+	return e
+}
+
+// CopyTo sends this node's copy of a committed part to the node at addr
+// (re-replication).
+func (s *Service) CopyTo(ctx context.Context, name string, step uint64, part, addr string) error {
+	h, ok := s.mem.get(partKey{name, step, part})
+	if !ok {
+		return fmt.Errorf("%w: %s step %d part %s is not held here", catalog.ErrNotFound, name, step, part)
+	}
+	defer h.release()
+	return s.sendReplica(ctx, addr, PutRequest{Name: name, Step: step, Part: part, Sum: h.sum, Size: int64(len(h.data)),
+		Replica: true, Repair: true}, bytes.NewReader(h.data))
+}

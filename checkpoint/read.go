@@ -1,0 +1,279 @@
+package checkpoint
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"net/http"
+	"slices"
+	"time"
+
+	"stallfree/api"
+	"stallfree/catalog"
+)
+
+// Part is an open part: Size bytes whose sha256 is Sum. Close it.
+type Part struct {
+	io.ReadCloser
+	Size int64
+	Sum  string
+	// From says which copy answered: "memory" (this node), "peer" or
+	// "persisted".
+	From string
+}
+
+// Open opens a part from any copy: this node's memory, a peer holding it,
+// or, when no peer answers, the persisted copy. Bytes from a peer or the
+// persisted store are checked against the sum as they stream: a mismatch
+// ends the stream with an error before its last chunk, so a reader never
+// sees a whole, wrong part. localOnly serves this node's own copy only (the
+// internal route peers use). Only the local catalog is consulted.
+func (s *Service) Open(ctx context.Context, name string, step uint64, part string, localOnly bool) (*Part, error) {
+	if err := CheckName("checkpoint", name); err != nil {
+		return nil, err
+	}
+	if err := CheckName("part", part); err != nil {
+		return nil, err
+	}
+	if h, ok := s.mem.get(partKey{name, step, part}); ok {
+		return &Part{ReadCloser: &heldReader{h: h}, Size: int64(len(h.data)), Sum: h.sum, From: "memory"}, nil
+	}
+	notHere := fmt.Errorf("%w: checkpoint %s step %d part %s", catalog.ErrNotFound, name, step, part)
+	if localOnly {
+		return nil, notHere
+	}
+	ck, _ := s.cat.Checkpoint(name)
+	st, committed := ck.Step(step)
+	var (
+		want       catalog.CheckpointPart
+		candidates []string
+	)
+	if committed {
+		var ok bool
+		if want, ok = st.Part(part); !ok {
+			return nil, notHere
+		}
+		live := s.live()
+		candidates = slices.Clone(want.Holders)
+		// Live holders first: a dead one costs a dial timeout.
+		slices.SortStableFunc(candidates, func(a, b string) int { return boolInt(!live[a]) - boolInt(!live[b]) })
+	} else {
+		candidates = s.members.Members()
+	}
+	for _, m := range candidates {
+		if m == s.cfg.Self {
+			continue
+		}
+		p, err := s.openPeer(ctx, m, name, step, part, want.Sum)
+		if err == nil {
+			return p, nil
+		}
+		s.log.Debug("checkpoint: a copy did not answer", "member", m, "part", part, "err", err)
+	}
+	if committed && st.Persisted && s.persist != nil {
+		rc, size, err := s.persist.Open(ctx, objectKey(name, step, part))
+		if err != nil {
+			return nil, fmt.Errorf("%w: no copy of %s step %d part %s in memory, and the persisted one: %w", ErrUnavailable, name, step, part, err)
+		}
+		if size != want.Size {
+			rc.Close()
+			return nil, fmt.Errorf("%w: persisted %s step %d part %s has %d bytes, want %d", ErrUnavailable, name, step, part, size, want.Size)
+		}
+		return &Part{ReadCloser: newVerifier(rc, size, want.Sum), Size: size, Sum: want.Sum, From: "persisted"}, nil
+	}
+	if committed {
+		return nil, fmt.Errorf("%w: no copy of %s step %d part %s answers", ErrUnavailable, name, step, part)
+	}
+	return nil, notHere
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// openPeer streams member m's own copy of a part; sum, when known, is
+// what it must hash to.
+func (s *Service) openPeer(ctx context.Context, m, name string, step uint64, part, sum string) (*Part, error) {
+	addr, ok := s.members.MemberHTTP(m)
+	if !ok {
+		return nil, fmt.Errorf("no address for %s", m)
+	}
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	// A dead peer must not hold a restore for long; the body itself may
+	// take as long as it takes.
+	timer := time.AfterFunc(3*time.Second, cancel)
+	hr, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+internalPath(name, step, "/parts/"+part), nil)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	s.authorize(hr)
+	resp, err := s.http.Do(hr)
+	timer.Stop()
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		err := answerError(resp)
+		resp.Body.Close()
+		cancel()
+		return nil, err
+	}
+	got := resp.Header.Get(api.HeaderChecksum)
+	if sum == "" {
+		sum = got
+	}
+	if got != sum || resp.ContentLength < 0 {
+		resp.Body.Close()
+		cancel()
+		return nil, fmt.Errorf("%s holds another version of the part", m)
+	}
+	body := &cancelOnClose{ReadCloser: resp.Body, cancel: cancel}
+	return &Part{ReadCloser: newVerifier(body, resp.ContentLength, sum), Size: resp.ContentLength, Sum: sum, From: "peer"}, nil
+}
+
+type cancelOnClose struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (c *cancelOnClose) Close() error { err := c.ReadCloser.Close(); c.cancel(); return err }
+
+// heldReader reads a held part and releases it on Close.
+type heldReader struct {
+	h   *held
+	off int
+}
+
+func (r *heldReader) Read(p []byte) (int, error) {
+	if r.off >= len(r.h.data) {
+		return 0, io.EOF
+	}
+	n := copy(p, r.h.data[r.off:])
+	r.off += n
+	return n, nil
+}
+
+// WriteTo hands the whole part to w in one call (no intermediate copy).
+func (r *heldReader) WriteTo(w io.Writer) (int64, error) {
+	n, err := w.Write(r.h.data[r.off:])
+	r.off += n
+	return int64(n), err
+}
+
+func (r *heldReader) Close() error {
+	if r.h != nil {
+		r.h.release()
+		r.h = nil
+	}
+	return nil
+}
+
+// verifier hashes a stream of known size and fails its last read when the
+// sum is wrong, so the reader never gets all of a wrong part.
+type verifier struct {
+	rc   io.ReadCloser
+	left int64
+	sum  string
+	h    hash.Hash
+}
+
+func newVerifier(rc io.ReadCloser, size int64, sum string) *verifier {
+	return &verifier{rc: rc, left: size, sum: sum, h: sha256.New()}
+}
+
+// errSum: bytes from another copy do not match the committed sum.
+var errSum = errors.New("checkpoint part checksum mismatch")
+
+func (v *verifier) Read(p []byte) (int, error) {
+	if v.left <= 0 {
+		return 0, io.EOF
+	}
+	if int64(len(p)) > v.left {
+		p = p[:v.left]
+	}
+	n, err := v.rc.Read(p)
+	v.h.Write(p[:n])
+	v.left -= int64(n)
+	if v.left == 0 {
+		if hex.EncodeToString(v.h.Sum(nil)) != v.sum {
+			return 0, errSum
+		}
+		return n, io.EOF
+	}
+	if err == io.EOF {
+		err = io.ErrUnexpectedEOF
+	}
+	return n, err
+}
+
+func (v *verifier) Close() error { return v.rc.Close() }
+
+// List answers GET /v1/checkpoints from the local catalog.
+func (s *Service) List() []api.Checkpoint {
+	live := s.live()
+	out := []api.Checkpoint{}
+	for _, ck := range s.cat.Checkpoints() {
+		out = append(out, s.info(ck, live))
+	}
+	return out
+}
+
+// Get answers GET /v1/checkpoints/{name} from the local catalog.
+func (s *Service) Get(name string) (api.Checkpoint, error) {
+	if err := CheckName("checkpoint", name); err != nil {
+		return api.Checkpoint{}, err
+	}
+	ck, ok := s.cat.Checkpoint(name)
+	if !ok {
+		return api.Checkpoint{}, fmt.Errorf("%w: no committed step of checkpoint %q", catalog.ErrNotFound, name)
+	}
+	return s.info(ck, s.live()), nil
+}
+
+func (s *Service) info(ck *catalog.Checkpoint, live map[string]bool) api.Checkpoint {
+	out := api.Checkpoint{Name: ck.Name, Steps: []api.CheckpointStep{}}
+	if l := ck.Latest(); l != nil {
+		step := l.Step
+		out.Latest = &step
+	}
+	for _, st := range ck.Steps {
+		out.Steps = append(out.Steps, s.stepInfo(st, live))
+	}
+	return out
+}
+
+func (s *Service) stepInfo(st *catalog.CheckpointStep, live map[string]bool) api.CheckpointStep {
+	out := api.CheckpointStep{Step: st.Step, Bytes: st.Bytes(), Persisted: st.Persisted, Parts: []string{}}
+	if st.Meta != "" {
+		out.Meta = json.RawMessage(st.Meta)
+	}
+	out.Replicas = -1
+	for _, p := range st.Parts {
+		out.Parts = append(out.Parts, p.Name)
+		if n := liveCount(p.Holders, live); out.Replicas < 0 || n < out.Replicas {
+			out.Replicas = n
+		}
+	}
+	out.Replicas = max(out.Replicas, 0)
+	return out
+}
+
+func liveCount(holders []string, live map[string]bool) int {
+	n := 0
+	for _, h := range holders {
+		if live[h] {
+			n++
+		}
+	}
+	return n
+}

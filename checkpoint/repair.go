@@ -1,0 +1,152 @@
+package checkpoint
+
+import (
+	"context"
+	"net/http"
+	"slices"
+	"time"
+
+	"stallfree/catalog"
+)
+
+// repairSteps is how many of a checkpoint's newest committed steps get
+// their second copy back when a holder is gone for good.
+const repairSteps = 2
+
+// repair runs on the leader every tick. A holder missing from the live
+// members for longer than DeadGrace has left for good: the pairs are
+// recomputed over the members left, and every part of the newest two
+// committed steps with fewer than two live copies is copied to the
+// surviving holder's new partner (from that holder), or, when no holder is
+// left, to a live pair from the persisted copy. The catalog then records
+// the new holders, which "replicas" shows.
+func (s *Service) repair(deadSince map[string]time.Time) {
+	members := s.members.Members()
+	live := map[string]bool{}
+	for _, m := range members {
+		live[m] = true
+		delete(deadSince, m)
+	}
+	now := time.Now()
+	for _, ck := range s.cat.Checkpoints() {
+		steps := ck.Steps[max(0, len(ck.Steps)-repairSteps):]
+		for _, st := range steps {
+			var fixed []catalog.CheckpointPart
+			for _, p := range st.Parts {
+				if liveCount(p.Holders, live) >= 2 || len(members) < 2 {
+					continue
+				}
+				gone := true
+				for _, h := range p.Holders {
+					if live[h] {
+						continue
+					}
+					if _, ok := deadSince[h]; !ok {
+						deadSince[h] = now
+					}
+					if now.Sub(deadSince[h]) < s.cfg.DeadGrace {
+						gone = false
+					}
+				}
+				if !gone {
+					continue
+				}
+				if np, ok := s.repairPart(ck.Name, st, p, members, live); ok {
+					fixed = append(fixed, np)
+				}
+			}
+			if len(fixed) == 0 {
+				continue
+			}
+			if err := s.cat.SetCheckpointHolders(ck.Name, st.Step, fixed); err != nil {
+				s.log.Warn("checkpoint re-replication: recording holders", "name", ck.Name, "step", st.Step, "err", err)
+				continue
+			}
+			s.repaired.Add(uint64(len(fixed)))
+		}
+	}
+}
+
+// repairPart gives one part its second live copy and returns it with its
+// holders now.
+func (s *Service) repairPart(name string, st *catalog.CheckpointStep, p catalog.CheckpointPart, members []string, live map[string]bool) (catalog.CheckpointPart, bool) {
+	ctx, cancel := context.WithTimeout(s.ctx, 10*time.Minute)
+	defer cancel()
+	var holders []string
+	for _, h := range p.Holders {
+		if live[h] {
+			holders = append(holders, h)
+		}
+	}
+	log := s.log.With("name", name, "step", st.Step, "part", p.Name)
+	if len(holders) == 1 {
+		src := holders[0]
+		target, ok := Partner(members, src)
+		if !ok || slices.Contains(holders, target) {
+			return p, false
+		}
+		if err := s.copyBetween(ctx, name, st.Step, p.Name, src, target); err != nil {
+			log.Warn("checkpoint re-replication failed", "from", src, "to", target, "err", err)
+			return p, false
+		}
+		log.Info("checkpoint part re-replicated", "from", src, "to", target)
+		p.Holders = []string{src, target}
+		return p, true
+	}
+	// No copy in memory: from the persisted one, to a pair of live members.
+	if !st.Persisted || s.persist == nil {
+		return p, false
+	}
+	targets := Group(members, members[int(st.Version)%len(members)])[:2]
+	for _, t := range targets {
+		addr, ok := s.members.MemberHTTP(t)
+		if !ok {
+			return p, false
+		}
+		rc, size, err := s.persist.Open(ctx, objectKey(name, st.Step, p.Name))
+		if err != nil {
+			log.Warn("checkpoint re-replication from the persisted copy", "err", err)
+			return p, false
+		}
+		err = s.sendReplica(ctx, addr, PutRequest{Name: name, Step: st.Step, Part: p.Name, Sum: p.Sum, Size: size,
+			Replica: true, Repair: true}, rc)
+		rc.Close()
+		if err != nil {
+			log.Warn("checkpoint re-replication from the persisted copy", "to", t, "err", err)
+			return p, false
+		}
+	}
+	log.Info("checkpoint part restored from the persisted copy", "to", targets)
+	p.Holders = slices.Clone(targets)
+	return p, true
+}
+
+// copyBetween has member src send its copy of a part to member dst.
+func (s *Service) copyBetween(ctx context.Context, name string, step uint64, part, src, dst string) error {
+	dstAddr, ok := s.members.MemberHTTP(dst)
+	if !ok {
+		return ErrUnavailable
+	}
+	if src == s.cfg.Self {
+		return s.CopyTo(ctx, name, step, part, dstAddr)
+	}
+	srcAddr, ok := s.members.MemberHTTP(src)
+	if !ok {
+		return ErrUnavailable
+	}
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost,
+		"http://"+srcAddr+internalPath(name, step, "/parts/"+part+"/copy?to="+dstAddr), http.NoBody)
+	if err != nil {
+		return err
+	}
+	s.authorize(hr)
+	resp, err := s.http.Do(hr)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		return answerError(resp)
+	}
+	return nil
+}

@@ -1,0 +1,40 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"math"
+	"time"
+
+	"stallfree/checkpoint"
+	"stallfree/node"
+	"stallfree/source"
+)
+
+// startCheckpoints starts the checkpoint service (checkpoints in peer
+// memory) over the node's catalog and members.
+func startCheckpoints(n *node.Node, memory string, keep int, persist string, deadGrace time.Duration, fast bool,
+	token string, log *slog.Logger, s3 source.S3Config) (*checkpoint.Service, error) {
+	mem, err := parseSize("checkpoint-memory", memory, 0, math.MaxInt64, "a size such as 2GiB (IEC units; 0 refuses every part)")
+	if err != nil {
+		return nil, err
+	}
+	if keep < 1 {
+		return nil, fmt.Errorf("--checkpoint-keep %d: want at least 1", keep)
+	}
+	if deadGrace < 0 {
+		return nil, fmt.Errorf("--dead-grace %v: want a positive duration", deadGrace)
+	}
+	tick := time.Second
+	if deadGrace == 0 {
+		deadGrace = time.Minute
+		if fast {
+			deadGrace = 5 * time.Second
+		}
+	}
+	if fast {
+		tick = 300 * time.Millisecond
+	}
+	return checkpoint.New(checkpoint.Config{Self: n.Name(), Memory: mem, Keep: keep, Persist: persist, S3: s3,
+		Token: token, DeadGrace: deadGrace, Tick: tick, Logger: log}, n.Catalog(), n)
+}
