@@ -89,6 +89,9 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx) bool {
 	return true
 }
 
+// maxDrain bounds what is read of a refused part's body.
+const maxDrain = 4 << 30
+
 // checkpoints serves /v1/checkpoints/... and the internal routes nodes use
 // between themselves (/v1/internal/checkpoints/...: a node's own copies).
 // seg starts at "checkpoints" or "internal".
@@ -110,10 +113,14 @@ func (s *Server) checkpoints(ctx *fasthttp.RequestCtx, seg []string) {
 	}
 	seg = seg[1:] // after "checkpoints"
 	method := string(ctx.Method())
-	// A refused upload leaves its body unread: the connection cannot be reused.
+	// A refused upload may leave its body unread. Read the rest (bounded)
+	// before answering: a client still sending when the server closes gets
+	// a reset instead of the answer (a 507 would arrive as a broken pipe).
 	defer func() {
 		if ctx.Request.IsBodyStream() && ctx.Response.StatusCode() >= 300 {
-			ctx.SetConnectionClose()
+			if _, err := io.CopyN(io.Discard, ctx.RequestBodyStream(), maxDrain); err != io.EOF {
+				ctx.SetConnectionClose()
+			}
 		}
 	}()
 	if len(seg) == 0 {

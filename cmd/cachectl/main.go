@@ -44,6 +44,8 @@ commands:
   gendata DIR [--items N --size 110KiB --format files|tar --shard-samples N]
                                write a synthetic dataset (for demos and benchmarks);
                                tar: WebDataset shards of .jpg/.cls/.json samples
+  checkpoints ls [NAME] | rm NAME
+                               checkpoints in peer memory: committed steps, copies, persisted
   s3-upload DIR s3://BUCKET[/PREFIX] [--s3-endpoint URL --s3-credentials-file F --wait 60s]
                                copy a directory into S3 (making the bucket), e.g. the demo data into MinIO
 `
@@ -121,6 +123,8 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return a.gendata(rest[1:])
 	case "s3-upload":
 		return a.upload(ctx, rest[1:])
+	case "checkpoints":
+		return a.checkpoints(ctx, rest[1:])
 	case "bench":
 		return a.bench(ctx, rest[1:])
 	case "analyze":
