@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -15,7 +16,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/minio/minio-go/v7"
+
 	"stallfree/api"
+	"stallfree/miniotest"
 )
 
 // Checkpoints in peer memory, on real nodes: pairs over n1..n4 are (n1,n2)
@@ -324,5 +328,52 @@ func TestCheckpointRereplication(t *testing.T) {
 	n1.kill()
 	if from := readPart(t, n3, "job", 5, "0", p); from != "memory" {
 		t.Fatalf("read from %q, want n3's own memory", from)
+	}
+}
+
+// Persisting to S3 (a real MinIO server) through the S3 source's client and
+// credentials: a failed persist shows in /v1/stats and is retried until it
+// succeeds; the object holds exactly the part's bytes.
+func TestCheckpointPersistS3(t *testing.T) {
+	srv := miniotest.Start(t)
+	srv.Bucket("ckpt")
+	nodes := startCluster(t, clusterOpts{nodes: 2, env: miniotest.CredentialsEnv(), extra: []string{
+		"--checkpoint-memory", "16MiB", "--s3-endpoint", srv.Endpoint, "--checkpoint-persist", "s3://ckpt/runs"}})
+	n1, n2 := nodes[0], nodes[1]
+	p := randomBytes(7, 2<<20+9)
+	srv.Stop() // storage down: the persist fails and is retried
+	mustPut(t, n2, "job", 1, "0", p)
+	if code, body := commitStep(t, n2, "job", 1, "0"); code != http.StatusOK {
+		t.Fatalf("commit: %d %s", code, body)
+	}
+	leaderStats := func() *api.CheckpointStats {
+		for _, n := range nodes {
+			_, body, _ := ckReq(t, n, http.MethodGet, "/v1/stats", nil, nil)
+			var st api.Stats
+			if json.Unmarshal(body, &st) == nil && st.Checkpoints != nil && (st.Checkpoints.PersistFailures > 0 || st.Checkpoints.PersistedSteps > 0) {
+				return st.Checkpoints
+			}
+		}
+		return nil
+	}
+	waitFor(t, 30*time.Second, "a failed persist in /v1/stats", func() bool {
+		st := leaderStats()
+		return st != nil && st.PersistFailures > 0 && st.PersistError != "" && st.PersistPending == 1
+	})
+	if checkpointInfo(t, n1, "job").Steps[0].Persisted {
+		t.Fatal("persisted while storage is down")
+	}
+	srv.Restart()
+	waitFor(t, 60*time.Second, "step 1 persisted once storage is back", func() bool {
+		ck, ok := tryInfo(t, n1, "job")
+		return ok && ck.Steps[0].Persisted
+	})
+	obj, err := srv.Client.GetObject(context.Background(), "ckpt", "runs/job/1/0", minio.GetObjectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(obj)
+	if err != nil || !bytes.Equal(got, p) {
+		t.Fatalf("persisted object: %d bytes, err %v; want the part's %d bytes", len(got), err, len(p))
 	}
 }
