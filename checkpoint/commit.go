@@ -117,7 +117,7 @@ func (s *Service) gather(ctx context.Context, name string, step uint64) map[stri
 		}
 		wg.Go(func() {
 			var held []HeldPart
-			if err := s.getJSON(ctx, addr, internalPath(name, step, ""), &held, 3*time.Second); err != nil {
+			if err := s.doJSON(ctx, http.MethodGet, addr, internalPath(name, step, ""), &held); err != nil {
 				s.log.Debug("checkpoint: asking a member what it holds", "member", m, "err", err)
 				return
 			}
@@ -170,10 +170,14 @@ func (s *Service) Uploads(ctx context.Context, name string, step uint64) (api.Ch
 	return out, nil
 }
 
-// Delete drops a checkpoint (every step) on every node.
+// Delete drops a checkpoint (every step) on every node. A name with no
+// committed step has only uploads: every live member drops its own.
 func (s *Service) Delete(ctx context.Context, name string, relayed bool) error {
 	if err := CheckName("checkpoint", name); err != nil {
 		return err
+	}
+	if _, committed := s.cat.Checkpoint(name); !committed {
+		return s.dropUploads(ctx, name)
 	}
 	if !s.cat.IsLeader() {
 		if err := s.relay(ctx, http.MethodDelete, "/v1/checkpoints/"+name, nil, nil, relayed); err != nil {
@@ -251,11 +255,39 @@ func (s *Service) relay(ctx context.Context, method, path string, body, out any,
 	return nil
 }
 
-// getJSON GETs path from the node at addr into out.
-func (s *Service) getJSON(ctx context.Context, addr, path string, out any, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+// dropUploads has every live member drop the parts it holds of name; not
+// found when none held any.
+func (s *Service) dropUploads(ctx context.Context, name string) error {
+	dropped := s.DropLocal(name)
+	for _, m := range s.members.Members() {
+		addr, ok := s.members.MemberHTTP(m)
+		if m == s.cfg.Self || !ok {
+			continue
+		}
+		var n int
+		if err := s.doJSON(ctx, http.MethodDelete, addr, "/v1/internal/checkpoints/"+name, &n); err != nil {
+			s.log.Warn("checkpoint: asking a member to drop uploads", "member", m, "err", err)
+			continue
+		}
+		dropped += n
+	}
+	if dropped == 0 {
+		return fmt.Errorf("%w: checkpoint %q", catalog.ErrNotFound, name)
+	}
+	return nil
+}
+
+// DropLocal drops this node's parts of name and returns how many.
+func (s *Service) DropLocal(name string) int {
+	return s.mem.drop(func(k partKey) bool { return k.name == name })
+}
+
+// doJSON sends a bodiless request to the node at addr and decodes its
+// JSON answer into out.
+func (s *Service) doJSON(ctx context.Context, method, addr, path string, out any) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	hr, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+path, nil)
+	hr, err := http.NewRequestWithContext(ctx, method, "http://"+addr+path, http.NoBody)
 	if err != nil {
 		return err
 	}
@@ -268,5 +300,5 @@ func (s *Service) getJSON(ctx context.Context, addr, path string, out any, timeo
 	if resp.StatusCode != http.StatusOK {
 		return answerError(resp)
 	}
-	return json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(out)
+	return json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(out)
 }

@@ -57,6 +57,8 @@ func (m *memory) reserve(size int64) ([]byte, error) {
 		m.unreserve(uint64(size))
 		return nil, fmt.Errorf("%w: mmap %d bytes: %w", ErrNoRoom, size, err)
 	}
+	// No MADV_HUGEPAGE: measured, zeroing and compacting huge pages made a
+	// 256 MiB PUT two to three times slower than 4 KiB page faults.
 	return b, nil
 }
 

@@ -141,6 +141,18 @@ func (s *Service) openPeer(ctx context.Context, m, name string, step uint64, par
 	return &Part{ReadCloser: newVerifier(body, resp.ContentLength, sum), Size: resp.ContentLength, Sum: sum, From: "peer"}, nil
 }
 
+// WriteTo sends the part to w: a held part in one write, any other copy
+// through a 1 MiB buffer (fasthttp would otherwise copy through 4 KiB).
+func (p *Part) WriteTo(w io.Writer) (int64, error) {
+	if wt, ok := p.ReadCloser.(io.WriterTo); ok {
+		return wt.WriteTo(w)
+	}
+	return io.CopyBuffer(writerOnly{w}, p.ReadCloser, make([]byte, 1<<20))
+}
+
+// writerOnly hides a ReadFrom, so io.CopyBuffer uses the buffer it is given.
+type writerOnly struct{ io.Writer }
+
 type cancelOnClose struct {
 	io.ReadCloser
 	cancel context.CancelFunc

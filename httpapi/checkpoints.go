@@ -28,6 +28,7 @@ type Checkpoints interface {
 	Held(name string, step uint64) []checkpoint.HeldPart
 	Delete(ctx context.Context, name string, relayed bool) error
 	CopyTo(ctx context.Context, name string, step uint64, part, addr string) error
+	DropLocal(name string) int
 	Stats() api.CheckpointStats
 }
 
@@ -132,6 +133,10 @@ func (s *Server) checkpoints(ctx *fasthttp.RequestCtx, seg []string) {
 		return
 	}
 	name := seg[0]
+	if len(seg) == 1 && internal && method == fasthttp.MethodDelete {
+		writeJSON(ctx, 200, s.ckpt.DropLocal(name))
+		return
+	}
 	if len(seg) == 1 && !internal {
 		switch method {
 		case fasthttp.MethodGet:

@@ -260,6 +260,18 @@ func TestCheckpointPeerMemory(t *testing.T) {
 		return len(held(t, n2, "keep", 2))+len(held(t, n2, "keep", 3))+len(held(t, n1, "keep", 3)) == 0
 	})
 
+	// Deleting a name with uploads but no commit drops them on every node.
+	mustPut(t, n3, "abandoned", 1, "0", small)
+	if code, _, _ := ckReq(t, n1, http.MethodDelete, "/v1/checkpoints/abandoned", nil, nil); code != http.StatusNoContent {
+		t.Fatalf("DELETE of uploads: %d", code)
+	}
+	if h := append(held(t, n3, "abandoned", 1), held(t, n4, "abandoned", 1)...); len(h) != 0 {
+		t.Fatalf("uploads left after DELETE: %v", h)
+	}
+	if code, _, _ := ckReq(t, n1, http.MethodDelete, "/v1/checkpoints/abandoned", nil, nil); code != http.StatusNotFound {
+		t.Fatalf("DELETE of nothing: %d", code)
+	}
+
 	// A node killed while a part's body is half sent: no commit, the latest
 	// step stays 1, and its partner keeps nothing of the cut part.
 	q0, q1 := randomBytes(4, 1<<20), randomBytes(5, 4<<20)

@@ -1,0 +1,379 @@
+"""``python -m stallfree.bench --checkpoint``: checkpoints in peer memory.
+
+Measures, in one run on this machine:
+
+1. the time the training loop is blocked by ``Checkpointer.save()`` for a
+   ~100 MB and a ~1 GB state, against ``torch.save`` into a BytesIO (goal
+   ≤ 1.2×) and ``torch.save`` to a local file with fsync;
+2. replication throughput (a part PUT to a node, stored there and streamed
+   on to its partner) against one raw loopback TCP stream (goal ≥ 0.7×);
+3. restore (``Checkpointer.load()``) from peer memory against from MinIO
+   through the S3 persist, both peers gone (goal ≥ 3×);
+4. a simulation of 200 random two-node failures of an N-node cluster
+   (N = 4, 8, 16): the fraction of checkpoint steps unreadable from memory,
+   next to the pair scheme's 1/(N−1), and with persist (0).
+
+Starts its own three nodes (and a MinIO server: ``STALLFREE_MINIO`` or
+``scripts/minio.sh``) on loopback and stops them at the end.
+"""
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from ..checkpoint import Checkpointer
+from ..client import Client
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def wait(cond, timeout, what):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            if cond():
+                return
+        except Exception:  # noqa: BLE001 - not up yet
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"timed out waiting for {what}")
+
+
+def load_avg():
+    return "load average %.2f, %.2f, %.2f" % os.getloadavg()
+
+
+# -- processes -----------------------------------------------------------------
+
+class MinIO:
+    USER, PASSWORD = "stallfree-bench", "stallfree-bench-secret"
+
+    def __init__(self, tmp):
+        binary = os.environ.get("STALLFREE_MINIO") or subprocess.run(
+            [os.path.join(ROOT, "scripts", "minio.sh")], capture_output=True, text=True, check=True).stdout.strip()
+        self.addr = f"127.0.0.1:{free_port()}"
+        env = dict(os.environ, MINIO_ROOT_USER=self.USER, MINIO_ROOT_PASSWORD=self.PASSWORD)
+        self.log = open(os.path.join(tmp, "minio.log"), "w")
+        self.proc = subprocess.Popen([binary, "server", os.path.join(tmp, "minio"), "--address", self.addr,
+                                      "--console-address", f"127.0.0.1:{free_port()}", "--quiet"],
+                                     env=env, stdout=self.log, stderr=self.log)
+        self.endpoint = "http://" + self.addr
+        import boto3  # Debian's python3-boto3
+
+        self.s3 = boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=self.USER,
+                               aws_secret_access_key=self.PASSWORD, region_name="us-east-1")
+        wait(lambda: self.s3.list_buckets() is not None, 30, "MinIO")
+        self.s3.create_bucket(Bucket="ckpt")
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(15)
+
+
+class Nodes:
+    def __init__(self, tmp, n, extra=(), env=None):
+        binary = os.environ.get("STALLFREE_BIN", os.path.join(ROOT, "bin", "cachenode"))
+        self.urls, self.procs, seed = [], [], None
+        for i in range(n):
+            name = f"ck{i + 1}"
+            http, gossip = free_port(), free_port()
+            args = [binary, "--name", name, "--http", f"127.0.0.1:{http}", "--peer", f"127.0.0.1:{free_port()}",
+                    "--gossip", f"127.0.0.1:{gossip}", "--raft", f"127.0.0.1:{free_port()}",
+                    "--data-dir", os.path.join(tmp, name), "--memory", "64MiB", "--fast-timers",
+                    "--log-level", "warn", "--checkpoint-memory", "3GiB", "--dead-grace", "10m", *extra]
+            args += ["--bootstrap"] if seed is None else ["--join", f"127.0.0.1:{seed}"]
+            seed = seed or gossip
+            out = open(os.path.join(tmp, name + ".log"), "w")
+            self.procs.append(subprocess.Popen(args, stdout=out, stderr=out, env=env))
+            self.urls.append(f"http://127.0.0.1:{http}")
+        c = Client(self.urls[0])
+        wait(lambda: sum(m["state"] == "alive" for m in c.json("GET", "/v1/cluster")["members"]) == n
+             and c.json("GET", "/v1/cluster")["leader"], 60, "cluster")
+
+    def kill(self, i):
+        self.procs[i].send_signal(signal.SIGKILL)
+        self.procs[i].wait()
+
+    def stop(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            p.wait(15)
+
+
+# -- measurements ----------------------------------------------------------------
+
+def make_state(torch, mbytes):
+    """A model-like state: float32 tensors of 16 MiB (the last one smaller)."""
+    n = mbytes * 1_000_000 // 4
+    per = 4 << 20
+    state, i = {}, 0
+    while n > 0:
+        k = min(per, n)
+        state[f"layer{i}.weight"] = torch.randn(k)
+        n -= k
+        i += 1
+    return state
+
+
+def timed(f, repeat):
+    out = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        f()
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+
+
+def blocked(torch, url, sizes, repeat, tmp):
+    rows = []
+    for mb in sizes:
+        state = make_state(torch, mb)
+
+        def to_bytesio():
+            b = io.BytesIO()
+            torch.save(state, b)
+            return b
+
+        def to_file():
+            path = os.path.join(tmp, "ckpt.pt")
+            with open(path, "wb") as f:
+                torch.save(state, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.remove(path)
+
+        to_bytesio()  # warm the allocator
+        t_mem = timed(to_bytesio, repeat)
+        t_file = timed(to_file, repeat)
+        ck = Checkpointer(url, f"bench-{mb}")
+        saves, uploads = [], []
+        for r in range(repeat):
+            t0 = time.perf_counter()
+            fut = ck.save(r + 1, state)
+            saves.append(time.perf_counter() - t0)
+            fut.result()
+            uploads.append(ck.upload_seconds)
+        size = ck.snapshot_bytes
+        ck.close()
+        Client(url).request("DELETE", f"/v1/checkpoints/bench-{mb}")
+        t_save = statistics.median(saves)
+        rows.append({"state_mb": round(size / 1e6), "save_blocked_s": t_save, "torch_save_bytesio_s": t_mem,
+                     "torch_save_file_fsync_s": t_file, "ratio_vs_bytesio": t_save / t_mem,
+                     "ratio_vs_file": t_save / t_file, "upload_s": statistics.median(uploads),
+                     "upload_gb_s": size / statistics.median(uploads) / 1e9})
+        log(f"blocked {mb} MB: {rows[-1]}")
+        del state
+    return rows
+
+
+def raw_tcp(nbytes, repeat):
+    """One loopback TCP stream: sendall of a buffer into recv_into."""
+    buf = os.urandom(1 << 20) * (nbytes >> 20)
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    port = srv.getsockname()[1]
+    times = []
+    for _ in range(repeat):
+        sink = bytearray(1 << 20)
+        done = threading.Event()
+
+        def recv():
+            c, _ = srv.accept()
+            mv, got = memoryview(sink), 0
+            while got < nbytes:
+                n = c.recv_into(mv)
+                if n == 0:
+                    break
+                got += n
+            c.sendall(b"k")
+            c.close()
+            done.set()
+
+        th = threading.Thread(target=recv)
+        th.start()
+        s = socket.create_connection(("127.0.0.1", port))
+        t0 = time.perf_counter()
+        s.sendall(memoryview(buf))
+        s.recv(1)  # the receiver has it all
+        times.append(time.perf_counter() - t0)
+        s.close()
+        th.join()
+    srv.close()
+    return nbytes / statistics.median(times) / 1e9
+
+
+def replication(url, nbytes, repeat):
+    """A part PUT to a node: stored there and streamed to its partner; 201
+    once both hold it. The sum is computed beforehand (not timed)."""
+    body = os.urandom(1 << 20) * (nbytes >> 20)
+    s = hashlib.sha256(body).hexdigest()
+    c = Client(url, timeout=600)
+    times = []
+    for r in range(repeat):
+        t0 = time.perf_counter()
+        c.request("PUT", f"/v1/checkpoints/bench-repl/steps/{r}/parts/0", body=memoryview(body),
+                  headers={"X-Checksum": s, "Content-Type": "application/octet-stream"})
+        times.append(time.perf_counter() - t0)
+    c.request("POST", f"/v1/checkpoints/bench-repl/steps/{repeat - 1}/commit", body={"parts": ["0"]})
+    c.request("DELETE", "/v1/checkpoints/bench-repl")
+    return nbytes / statistics.median(times) / 1e9
+
+
+def restore(torch, nodes, mb, repeat):
+    """Checkpointer.load() through the third node: from peer memory, then,
+    with both peers holding the step killed, from MinIO (the S3 persist)."""
+    state = make_state(torch, mb)
+    ck = Checkpointer(nodes.urls[0], "bench-restore")  # ck1 → its partner ck2
+    ck.save(1, state).result()
+    size = ck.snapshot_bytes
+    del state
+    reader = Checkpointer(nodes.urls[2], "bench-restore")
+    wait(lambda: reader.steps() and reader.steps()[-1]["persisted"], 600, "the step persisted")
+    c = Client(nodes.urls[2], timeout=600)
+    part = reader.steps()[-1]["parts"]
+
+    def get_all():
+        for p in part:
+            c.request("GET", f"/v1/checkpoints/bench-restore/steps/1/parts/{p}")
+
+    t_mem_get = timed(get_all, repeat)
+    t_mem = timed(lambda: reader.load(), repeat)
+    nodes.kill(0)
+    nodes.kill(1)
+    r, _ = c.request("GET", f"/v1/checkpoints/bench-restore/steps/1/parts/{part[0]}")
+    assert r.getheader("X-Checkpoint-From") == "persisted", r.getheader("X-Checkpoint-From")
+    t_s3_get = timed(get_all, repeat)
+    t_s3 = timed(lambda: reader.load(), repeat)
+    return {"state_mb": round(size / 1e6), "load_peer_memory_s": t_mem, "load_minio_s": t_s3,
+            "ratio_load": t_s3 / t_mem, "get_peer_memory_gb_s": size / t_mem_get / 1e9,
+            "get_minio_gb_s": size / t_s3_get / 1e9, "ratio_get": t_s3_get / t_mem_get}
+
+
+def pairs(members):
+    """The pair (or last triple) groups of checkpoint.Partner, in Python."""
+    n = len(members)
+    groups = [members[i:i + 2] for i in range(0, n - n % 2, 2)]
+    if n % 2:
+        groups[-1] = groups[-1] + [members[-1]]
+    return groups
+
+
+def simulate(ns, trials, seed=37):
+    """Every node writes its rank's part of every step to itself and its
+    partner, so a step is unreadable from memory when some part lost both
+    copies: the two failed nodes are a writer and its partner (in a pair,
+    the pair). Such a failure takes every step held in memory at once, so
+    the fraction of steps lost is the fraction of failures that hit a pair.
+    With persist every committed step is also in storage: none is lost."""
+    rnd = random.Random(seed)
+    rows = []
+    for n in ns:
+        members = [f"n{i:02d}" for i in range(n)]
+        groups = pairs(members)
+        lost = 0
+        for _ in range(trials):
+            dead = set(rnd.sample(members, 2))
+            lost += any(_group_loses(g, dead) for g in groups)
+        rows.append({"N": n, "trials": trials, "unreadable_from_memory": lost / trials,
+                     "pair_scheme_1_over_N_minus_1": 1 / (n - 1), "unreadable_with_persist": 0.0})
+    return rows
+
+
+def _group_loses(g, dead):
+    """A pair loses its parts when both die; in a group of three each node
+    copies to the next, so any two of the three dead lose the part one of
+    them wrote."""
+    return any(g[i] in dead and g[(i + 1) % len(g)] in dead for i in range(len(g)))
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(prog="python -m stallfree.bench --checkpoint")
+    ap.add_argument("--checkpoint", action="store_true")
+    ap.add_argument("--sizes", default="100,1000", help="state sizes in MB")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repl-mb", type=int, default=256)
+    ap.add_argument("--restore-mb", type=int, default=1000)
+    ap.add_argument("--trials", type=int, default=200)
+    ap.add_argument("--no-minio", action="store_true", help="skip the restore comparison")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)
+    out = {"load_before": load_avg()}
+    tmp = tempfile.mkdtemp(prefix="sf-bench-ckpt-")
+    minio = nodes = None
+    try:
+        extra, env = [], None
+        if not a.no_minio:
+            minio = MinIO(tmp)
+            extra = ["--s3-endpoint", minio.endpoint, "--checkpoint-persist", "s3://ckpt/bench"]
+            env = dict(os.environ, AWS_ACCESS_KEY_ID=MinIO.USER, AWS_SECRET_ACCESS_KEY=MinIO.PASSWORD)
+        nodes = Nodes(tmp, 3, extra, env)
+        log("nodes up;", load_avg())
+        out["blocked"] = blocked(torch, nodes.urls[0], [int(s) for s in a.sizes.split(",")], a.repeat, tmp)
+        out["raw_tcp_gb_s"] = raw_tcp(a.repl_mb << 20, a.repeat)
+        out["replication_gb_s"] = replication(nodes.urls[0], a.repl_mb << 20, a.repeat)
+        out["replication_ratio"] = out["replication_gb_s"] / out["raw_tcp_gb_s"]
+        log(f"replication {out['replication_gb_s']:.2f} GB/s vs raw TCP {out['raw_tcp_gb_s']:.2f} GB/s")
+        if not a.no_minio:
+            out["restore"] = restore(torch, nodes, a.restore_mb, a.repeat)
+            log(f"restore: {out['restore']}")
+    finally:
+        if nodes:
+            nodes.stop()
+        if minio:
+            minio.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    out["simulation"] = simulate([4, 8, 16], a.trials)
+    out["load_after"] = load_avg()
+    if a.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    print(f"# python -m stallfree.bench --checkpoint   ({out['load_before']} before; {out['load_after']} after)")
+    print("\n| state | save() blocks | torch.save→BytesIO | ratio (goal ≤ 1.2) | torch.save→file+fsync | ratio | upload+commit |")
+    print("|---|---|---|---|---|---|---|")
+    for r in out["blocked"]:
+        print(f"| {r['state_mb']} MB | {r['save_blocked_s']:.3f} s | {r['torch_save_bytesio_s']:.3f} s | "
+              f"{r['ratio_vs_bytesio']:.2f}× | {r['torch_save_file_fsync_s']:.3f} s | {r['ratio_vs_file']:.2f}× | "
+              f"{r['upload_s']:.2f} s ({r['upload_gb_s']:.2f} GB/s) |")
+    print(f"\nreplication (part PUT, two copies): {out['replication_gb_s']:.2f} GB/s; one raw loopback TCP stream: "
+          f"{out['raw_tcp_gb_s']:.2f} GB/s; ratio {out['replication_ratio']:.2f}× (goal ≥ 0.7)")
+    if "restore" in out:
+        r = out["restore"]
+        print(f"\nrestore {r['state_mb']} MB: load() from peer memory {r['load_peer_memory_s']:.2f} s, from MinIO "
+              f"(persist) {r['load_minio_s']:.2f} s: {r['ratio_load']:.2f}× (goal ≥ 3); bytes alone "
+              f"{r['get_peer_memory_gb_s']:.2f} vs {r['get_minio_gb_s']:.2f} GB/s: {r['ratio_get']:.2f}×")
+    print("\n| N | failures | steps unreadable from memory | 1/(N−1) | with persist |")
+    print("|---|---|---|---|---|")
+    for r in out["simulation"]:
+        print(f"| {r['N']} | {r['trials']} | {r['unreadable_from_memory']:.4f} | "
+              f"{r['pair_scheme_1_over_N_minus_1']:.4f} | {r['unreadable_with_persist']:.0f} |")
+    return 0
