@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"stallfree/api"
@@ -99,33 +100,77 @@ func (s *Service) Put(ctx context.Context, req PutRequest, body io.Reader) error
 			result <- err
 		}()
 	}
-	// abort cuts the partner's copy off and reports why this one failed.
-	abort := func(err error) error {
+	// Receiving, hashing and passing on overlap: the loop below only reads
+	// into the part's memory and hands each span to a hasher and (for the
+	// partner) a forwarder, which work on it while the next span arrives.
+	// All three share the one buffer; nothing is copied.
+	type span struct{ lo, hi int64 }
+	var (
+		h           = sha256.New()
+		hashes      = make(chan span, 256)
+		hashDone    = make(chan struct{})
+		forwards    chan span
+		forwardDone = make(chan struct{})
+		forwardErr  error // the forwarder's; read after forwardDone
+		partnerGone atomic.Bool
+	)
+	go func() {
+		defer close(hashDone)
+		for sp := range hashes {
+			h.Write(buf[sp.lo:sp.hi])
+		}
+	}()
+	if pw != nil {
+		forwards = make(chan span, 256)
+		go func() {
+			defer close(forwardDone)
+			for sp := range forwards {
+				if forwardErr != nil {
+					continue
+				}
+				if _, err := pw.Write(buf[sp.lo:sp.hi]); err != nil {
+					forwardErr = err // the partner stopped reading: it refused the part
+					partnerGone.Store(true)
+				}
+			}
+		}()
+	} else {
+		close(forwardDone)
+	}
+	finish := func() {
+		close(hashes)
+		if forwards != nil {
+			close(forwards)
+		}
+		<-hashDone
+		<-forwardDone
+	}
+	// fail cuts the partner's copy off and reports why this one failed; the
+	// partner's own answer wins when it refused first.
+	fail := func(err error) error {
 		if pw != nil {
 			pw.CloseWithError(err)
-			if perr := <-result; perr != nil && !errors.Is(err, ErrBadRequest) && !isCut(err) {
+		}
+		finish()
+		if pw != nil {
+			if perr := <-result; perr != nil && forwardErr != nil {
 				return perr
 			}
 		}
 		return err
 	}
 
-	h := sha256.New()
 	var off int64
 	for off < req.Size {
+		if partnerGone.Load() {
+			return fail(fmt.Errorf("%w: partner stopped reading", ErrUnavailable))
+		}
 		n, rerr := body.Read(buf[off:min(off+chunk, req.Size)])
 		if n > 0 {
-			h.Write(buf[off : off+int64(n)])
-			if pw != nil {
-				if _, werr := pw.Write(buf[off : off+int64(n)]); werr != nil {
-					// The partner stopped reading: it refused the part.
-					perr := <-result
-					pw = nil
-					if perr == nil {
-						perr = fmt.Errorf("%w: partner stopped reading", ErrUnavailable)
-					}
-					return perr
-				}
+			sp := span{off, off + int64(n)}
+			hashes <- sp
+			if forwards != nil {
+				forwards <- sp
 			}
 			off += int64(n)
 		}
@@ -133,11 +178,24 @@ func (s *Service) Put(ctx context.Context, req PutRequest, body io.Reader) error
 			if rerr == io.EOF {
 				rerr = io.ErrUnexpectedEOF
 			}
-			return abort(&cutError{got: off, want: req.Size, err: rerr})
+			return fail(&cutError{got: off, want: req.Size, err: rerr})
 		}
 	}
+	finish()
+	if forwardErr != nil {
+		pw.CloseWithError(forwardErr)
+		if perr := <-result; perr != nil {
+			return perr
+		}
+		return fmt.Errorf("%w: partner stopped reading: %w", ErrUnavailable, forwardErr)
+	}
 	if got := hex.EncodeToString(h.Sum(nil)); got != req.Sum {
-		return abort(fmt.Errorf("%w: X-Checksum %s, but the body's sha256 is %s", ErrBadRequest, req.Sum, got))
+		err := fmt.Errorf("%w: X-Checksum %s, but the body's sha256 is %s", ErrBadRequest, req.Sum, got)
+		if pw != nil {
+			pw.CloseWithError(err) // the partner sees its body cut off: it stores nothing
+			<-result
+		}
+		return err
 	}
 	if pw != nil {
 		pw.Close()
@@ -161,7 +219,6 @@ func (e *cutError) Error() string {
 }
 func (e *cutError) Unwrap() error { return ErrBadRequest }
 
-func isCut(err error) bool { _, ok := errors.AsType[*cutError](err); return ok }
 
 // internalPath is the route a node serves its own copies on.
 func internalPath(name string, step uint64, rest string) string {
