@@ -115,9 +115,9 @@ func (s *Service) leaderLoop() {
 	t := time.NewTicker(s.cfg.Tick)
 	defer t.Stop()
 	var (
-		backoff   time.Duration
-		nextTry   time.Time
-		deadSince = map[string]time.Time{}
+		backoff time.Duration
+		nextTry time.Time
+		repairs = newRepairState()
 	)
 	for {
 		updated := s.cat.Updated()
@@ -129,10 +129,10 @@ func (s *Service) leaderLoop() {
 		}
 		if !s.cat.IsLeader() {
 			s.persistPending.Store(0)
-			clear(deadSince)
+			repairs = newRepairState()
 			continue
 		}
-		s.repair(deadSince)
+		s.repair(repairs)
 		if s.persist == nil || time.Now().Before(nextTry) {
 			continue
 		}

@@ -219,7 +219,6 @@ func (e *cutError) Error() string {
 }
 func (e *cutError) Unwrap() error { return ErrBadRequest }
 
-
 // internalPath is the route a node serves its own copies on.
 func internalPath(name string, step uint64, rest string) string {
 	return "/v1/internal/checkpoints/" + name + "/steps/" + strconv.FormatUint(step, 10) + rest

@@ -13,46 +13,85 @@ import (
 // their second copy back when a holder is gone for good.
 const repairSteps = 2
 
+// holderKey names one member's copy of a part.
+type holderKey struct {
+	name   string
+	step   uint64
+	part   string
+	member string
+}
+
+// repairState is what the leader's repair remembers between ticks.
+type repairState struct {
+	deadSince map[string]time.Time
+	// missing are copies the catalog names that their live holder does not
+	// have (it restarted, empty): as good as dead, with no grace.
+	missing map[holderKey]bool
+	ticks   int
+}
+
+func newRepairState() *repairState {
+	return &repairState{deadSince: map[string]time.Time{}, missing: map[holderKey]bool{}}
+}
+
+// verifyEvery is how many ticks pass between asking holders what they hold.
+const verifyEvery = 5
+
 // repair runs on the leader every tick. A holder missing from the live
-// members for longer than DeadGrace has left for good: the pairs are
+// members for longer than DeadGrace has left for good, and a live holder
+// that no longer has its copy (restarted) has lost it: the pairs are
 // recomputed over the members left, and every part of the newest two
-// committed steps with fewer than two live copies is copied to the
-// surviving holder's new partner (from that holder), or, when no holder is
-// left, to a live pair from the persisted copy. The catalog then records
-// the new holders, which "replicas" shows.
-func (s *Service) repair(deadSince map[string]time.Time) {
+// committed steps with fewer than two copies is copied to the surviving
+// holder's partner (from that holder), or, when no holder is left, to a
+// live pair from the persisted copy. The catalog then records the new
+// holders, which "replicas" shows.
+func (s *Service) repair(rs *repairState) {
 	members := s.members.Members()
 	live := map[string]bool{}
 	for _, m := range members {
 		live[m] = true
-		delete(deadSince, m)
+		delete(rs.deadSince, m)
 	}
+	if rs.ticks%verifyEvery == 0 {
+		rs.missing = s.verifyHolders(live)
+	}
+	rs.ticks++
 	now := time.Now()
 	for _, ck := range s.cat.Checkpoints() {
 		steps := ck.Steps[max(0, len(ck.Steps)-repairSteps):]
 		for _, st := range steps {
 			var fixed []catalog.CheckpointPart
 			for _, p := range st.Parts {
-				if liveCount(p.Holders, live) >= 2 || len(members) < 2 {
+				holding := func(h string) bool { return live[h] && !rs.missing[holderKey{ck.Name, st.Step, p.Name, h}] }
+				n := 0
+				for _, h := range p.Holders {
+					if holding(h) {
+						n++
+					}
+				}
+				if n >= 2 || len(members) < 2 {
 					continue
 				}
 				gone := true
 				for _, h := range p.Holders {
-					if live[h] {
-						continue
+					if holding(h) || live[h] {
+						continue // held, or live and empty: lost now, no grace
 					}
-					if _, ok := deadSince[h]; !ok {
-						deadSince[h] = now
+					if _, ok := rs.deadSince[h]; !ok {
+						rs.deadSince[h] = now
 					}
-					if now.Sub(deadSince[h]) < s.cfg.DeadGrace {
+					if now.Sub(rs.deadSince[h]) < s.cfg.DeadGrace {
 						gone = false
 					}
 				}
 				if !gone {
 					continue
 				}
-				if np, ok := s.repairPart(ck.Name, st, p, members, live); ok {
+				if np, ok := s.repairPart(ck.Name, st, p, members, holding); ok {
 					fixed = append(fixed, np)
+					for _, h := range np.Holders {
+						delete(rs.missing, holderKey{ck.Name, st.Step, p.Name, h})
+					}
 				}
 			}
 			if len(fixed) == 0 {
@@ -67,14 +106,60 @@ func (s *Service) repair(deadSince map[string]time.Time) {
 	}
 }
 
+// verifyHolders asks every live holder of the newest steps' parts what it
+// holds, and returns the copies the catalog names that are not there. A
+// holder that does not answer is left to the dead-member rule.
+func (s *Service) verifyHolders(live map[string]bool) map[holderKey]bool {
+	missing := map[holderKey]bool{}
+	for _, ck := range s.cat.Checkpoints() {
+		for _, st := range ck.Steps[max(0, len(ck.Steps)-repairSteps):] {
+			asked := map[string]map[string]string{} // member → part → sum
+			for _, p := range st.Parts {
+				for _, h := range p.Holders {
+					if !live[h] {
+						continue
+					}
+					got, ok := asked[h]
+					if !ok {
+						got = s.heldBy(h, ck.Name, st.Step)
+						asked[h] = got
+					}
+					if got != nil && got[p.Name] != p.Sum {
+						missing[holderKey{ck.Name, st.Step, p.Name, h}] = true
+					}
+				}
+			}
+		}
+	}
+	return missing
+}
+
+// heldBy is member m's parts of a step (part → sum); nil when m does not answer.
+func (s *Service) heldBy(m, name string, step uint64) map[string]string {
+	var held []HeldPart
+	if m == s.cfg.Self {
+		held = s.Held(name, step)
+	} else {
+		addr, ok := s.members.MemberHTTP(m)
+		if !ok || s.doJSON(s.ctx, http.MethodGet, addr, internalPath(name, step, ""), &held) != nil {
+			return nil
+		}
+	}
+	out := map[string]string{}
+	for _, h := range held {
+		out[h.Part] = h.Sum
+	}
+	return out
+}
+
 // repairPart gives one part its second live copy and returns it with its
 // holders now.
-func (s *Service) repairPart(name string, st *catalog.CheckpointStep, p catalog.CheckpointPart, members []string, live map[string]bool) (catalog.CheckpointPart, bool) {
+func (s *Service) repairPart(name string, st *catalog.CheckpointStep, p catalog.CheckpointPart, members []string, holding func(string) bool) (catalog.CheckpointPart, bool) {
 	ctx, cancel := context.WithTimeout(s.ctx, 10*time.Minute)
 	defer cancel()
 	var holders []string
 	for _, h := range p.Holders {
-		if live[h] {
+		if holding(h) {
 			holders = append(holders, h)
 		}
 	}

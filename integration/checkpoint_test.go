@@ -389,3 +389,22 @@ func TestCheckpointPersistS3(t *testing.T) {
 		t.Fatalf("persisted object: %d bytes, err %v; want the part's %d bytes", len(got), err, len(p))
 	}
 }
+
+// A holder restarted (kill -9, back under its name, empty) gets its copy
+// back from its partner at once, long before --dead-grace.
+func TestCheckpointRestartedHolder(t *testing.T) {
+	nodes := startCluster(t, clusterOpts{nodes: 2, extra: []string{"--checkpoint-memory", "16MiB", "--dead-grace", "10m"}})
+	n1, n2 := nodes[0], nodes[1]
+	p := randomBytes(8, 1<<20+1)
+	mustPut(t, n1, "job", 1, "0", p)
+	if code, body := commitStep(t, n1, "job", 1, "0"); code != http.StatusOK {
+		t.Fatalf("commit: %d %s", code, body)
+	}
+	n2.kill()
+	n2.start()
+	waitFor(t, 60*time.Second, "n2 holding its copy again", func() bool { return len(held(t, n2, "job", 1)) == 1 })
+	n1.kill()
+	if from := readPart(t, n2, "job", 1, "0", p); from != "memory" {
+		t.Fatalf("read from %q, want n2's own memory", from)
+	}
+}
