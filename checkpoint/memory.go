@@ -18,6 +18,13 @@ type memory struct {
 	mu    sync.Mutex
 	used  uint64
 	parts map[partKey]*held
+	// spare are mappings of freed parts kept for the next part of the same
+	// size (a checkpoint's parts have the same sizes step after step): a
+	// fresh mapping costs a page fault and a zeroed page per 4 KiB, which
+	// measured as much as the hashing. used + spareBytes never exceeds
+	// limit; spares are unmapped first when room is needed.
+	spare      map[int64][][]byte
+	spareBytes uint64
 }
 
 type partKey struct {
@@ -36,10 +43,11 @@ type held struct {
 }
 
 func newMemory(limit uint64) *memory {
-	return &memory{limit: limit, parts: map[partKey]*held{}}
+	return &memory{limit: limit, parts: map[partKey]*held{}, spare: map[int64][][]byte{}}
 }
 
-// reserve takes size bytes of the budget and maps them.
+// reserve takes size bytes of the budget and maps them (or reuses a spare
+// mapping of that size).
 func (m *memory) reserve(size int64) ([]byte, error) {
 	m.mu.Lock()
 	if size < 0 || m.used+uint64(size) > m.limit {
@@ -48,7 +56,26 @@ func (m *memory) reserve(size int64) ([]byte, error) {
 		return nil, fmt.Errorf("%w: a part of %d bytes does not fit (%d of %d bytes in use)", ErrNoRoom, size, used, m.limit)
 	}
 	m.used += uint64(size)
+	if l := m.spare[size]; len(l) > 0 {
+		b := l[len(l)-1]
+		m.spare[size] = l[:len(l)-1]
+		m.spareBytes -= uint64(size)
+		m.mu.Unlock()
+		return b, nil
+	}
+	var victims [][]byte
+	for sz, l := range m.spare {
+		if m.used+m.spareBytes <= m.limit {
+			break
+		}
+		victims = append(victims, l...)
+		m.spareBytes -= uint64(sz) * uint64(len(l))
+		delete(m.spare, sz)
+	}
 	m.mu.Unlock()
+	for _, v := range victims {
+		syscall.Munmap(v)
+	}
 	if size == 0 {
 		return []byte{}, nil
 	}
@@ -68,12 +95,28 @@ func (m *memory) unreserve(n uint64) {
 	m.mu.Unlock()
 }
 
-// free unmaps a reserved buffer that was never stored.
+// free gives a buffer's room back; its mapping is kept as a spare.
 func (m *memory) free(b []byte) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.used -= uint64(len(b))
 	if len(b) > 0 {
-		syscall.Munmap(b)
+		m.spare[int64(len(b))] = append(m.spare[int64(len(b))], b)
+		m.spareBytes += uint64(len(b))
 	}
-	m.unreserve(uint64(len(b)))
+}
+
+// unmapSpares unmaps every spare mapping (Close).
+func (m *memory) unmapSpares() {
+	m.mu.Lock()
+	spare := m.spare
+	m.spare, m.spareBytes = map[int64][][]byte{}, 0
+	m.mu.Unlock()
+	for _, l := range spare {
+		for _, b := range l {
+			syscall.Munmap(b)
+		}
+	}
 }
 
 // store publishes a filled buffer under k, replacing (and releasing) what
@@ -124,7 +167,10 @@ func (m *memory) drop(f func(partKey) bool) int {
 	return len(gone)
 }
 
-func (m *memory) dropAll() { m.drop(func(partKey) bool { return true }) }
+func (m *memory) dropAll() {
+	m.drop(func(partKey) bool { return true })
+	m.unmapSpares()
+}
 
 // keys lists what is held.
 func (m *memory) keys() []partKey {

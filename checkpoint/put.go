@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -9,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"sync/atomic"
@@ -84,26 +86,19 @@ func (s *Service) Put(ctx context.Context, req PutRequest, body io.Reader) error
 		}
 	}()
 
-	var (
-		pw     *io.PipeWriter
-		result chan error
-	)
+	var rc *replicaConn
 	if partnerAddr != "" {
-		var pr *io.PipeReader
-		pr, pw = io.Pipe()
-		result = make(chan error, 1)
 		rep := req
 		rep.Replica = true
-		go func() {
-			err := s.sendReplica(ctx, partnerAddr, rep, pr)
-			pr.CloseWithError(errors.New("partner answered")) // unblocks a writer the partner stopped reading
-			result <- err
-		}()
+		if rc, err = s.dialReplica(ctx, partnerAddr, rep); err != nil {
+			return err
+		}
+		defer rc.Close()
 	}
 	// Receiving, hashing and passing on overlap: the loop below only reads
 	// into the part's memory and hands each span to a hasher and (for the
 	// partner) a forwarder, which work on it while the next span arrives.
-	// All three share the one buffer; nothing is copied.
+	// All three share the one buffer; nothing is copied in user space.
 	type span struct{ lo, hi int64 }
 	var (
 		h           = sha256.New()
@@ -120,7 +115,7 @@ func (s *Service) Put(ctx context.Context, req PutRequest, body io.Reader) error
 			h.Write(buf[sp.lo:sp.hi])
 		}
 	}()
-	if pw != nil {
+	if rc != nil {
 		forwards = make(chan span, 256)
 		go func() {
 			defer close(forwardDone)
@@ -128,8 +123,8 @@ func (s *Service) Put(ctx context.Context, req PutRequest, body io.Reader) error
 				if forwardErr != nil {
 					continue
 				}
-				if _, err := pw.Write(buf[sp.lo:sp.hi]); err != nil {
-					forwardErr = err // the partner stopped reading: it refused the part
+				if _, err := rc.conn.Write(buf[sp.lo:sp.hi]); err != nil {
+					forwardErr = err
 					partnerGone.Store(true)
 				}
 			}
@@ -145,25 +140,21 @@ func (s *Service) Put(ctx context.Context, req PutRequest, body io.Reader) error
 		<-hashDone
 		<-forwardDone
 	}
-	// fail cuts the partner's copy off and reports why this one failed; the
-	// partner's own answer wins when it refused first.
+	// fail cuts the partner's copy off (it sees its body end early and keeps
+	// nothing) and reports why this one failed.
 	fail := func(err error) error {
-		if pw != nil {
-			pw.CloseWithError(err)
+		if rc != nil {
+			rc.Close()
 		}
 		finish()
-		if pw != nil {
-			if perr := <-result; perr != nil && forwardErr != nil {
-				return perr
-			}
-		}
 		return err
 	}
 
 	var off int64
 	for off < req.Size {
 		if partnerGone.Load() {
-			return fail(fmt.Errorf("%w: partner stopped reading", ErrUnavailable))
+			finish()
+			return rc.partnerError(forwardErr)
 		}
 		n, rerr := body.Read(buf[off:min(off+chunk, req.Size)])
 		if n > 0 {
@@ -183,23 +174,16 @@ func (s *Service) Put(ctx context.Context, req PutRequest, body io.Reader) error
 	}
 	finish()
 	if forwardErr != nil {
-		pw.CloseWithError(forwardErr)
-		if perr := <-result; perr != nil {
-			return perr
-		}
-		return fmt.Errorf("%w: partner stopped reading: %w", ErrUnavailable, forwardErr)
+		return rc.partnerError(forwardErr)
 	}
 	if got := hex.EncodeToString(h.Sum(nil)); got != req.Sum {
-		err := fmt.Errorf("%w: X-Checksum %s, but the body's sha256 is %s", ErrBadRequest, req.Sum, got)
-		if pw != nil {
-			pw.CloseWithError(err) // the partner sees its body cut off: it stores nothing
-			<-result
+		if rc != nil {
+			rc.Close() // the partner checks the sum too; either way it keeps nothing
 		}
-		return err
+		return fmt.Errorf("%w: X-Checksum %s, but the body's sha256 is %s", ErrBadRequest, req.Sum, got)
 	}
-	if pw != nil {
-		pw.Close()
-		if err := <-result; err != nil {
+	if rc != nil {
+		if err := rc.answer(); err != nil {
 			return err
 		}
 	}
@@ -207,6 +191,64 @@ func (s *Service) Put(ctx context.Context, req PutRequest, body io.Reader) error
 	stored = true
 	return nil
 }
+
+// replicaConn is a PUT of a part's copy to the partner, written straight to
+// the TCP connection as the part arrives: each span is one write from the
+// part's memory (net/http would copy it through a pipe and a buffer, 32 KiB
+// at a time). One connection per part (Connection: close): closing it
+// before the last byte is how a copy is cut off.
+type replicaConn struct {
+	conn net.Conn
+	addr string
+}
+
+func (s *Service) dialReplica(ctx context.Context, addr string, req PutRequest) (*replicaConn, error) {
+	d := net.Dialer{Timeout: 2 * time.Second}
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("%w: partner copy to %s: %w", ErrUnavailable, addr, err)
+	}
+	conn.SetDeadline(time.Now().Add(10 * time.Minute))
+	var hdr bytes.Buffer
+	fmt.Fprintf(&hdr, "PUT %s HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n%s: %s\r\n%s: %s\r\nConnection: close\r\n",
+		internalPath(req.Name, req.Step, "/parts/"+req.Part), addr, req.Size, api.HeaderChecksum, req.Sum, api.HeaderForwarded, s.cfg.Self)
+	if s.cfg.Token != "" {
+		fmt.Fprintf(&hdr, "Authorization: Bearer %s\r\n", s.cfg.Token)
+	}
+	hdr.WriteString("\r\n")
+	if _, err := conn.Write(hdr.Bytes()); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("%w: partner copy to %s: %w", ErrUnavailable, addr, err)
+	}
+	return &replicaConn{conn: conn, addr: addr}, nil
+}
+
+// answer reads the partner's answer once the whole part is sent.
+func (r *replicaConn) answer() error {
+	resp, err := http.ReadResponse(bufio.NewReader(r.conn), nil)
+	if err != nil {
+		return fmt.Errorf("%w: partner copy to %s: %w", ErrUnavailable, r.addr, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		return answerError(resp)
+	}
+	return nil
+}
+
+// partnerError is why a write to the partner failed: its answer, when it
+// sent one (a refusal), else the write's error.
+func (r *replicaConn) partnerError(werr error) error {
+	r.conn.SetReadDeadline(time.Now().Add(time.Second))
+	if err := r.answer(); err != nil {
+		if e, ok := errors.AsType[*api.Error](err); ok {
+			return e
+		}
+	}
+	return fmt.Errorf("%w: partner copy to %s: %w", ErrUnavailable, r.addr, werr)
+}
+
+func (r *replicaConn) Close() error { return r.conn.Close() }
 
 // cutError is a body that ended before its Content-Length.
 type cutError struct {

@@ -13,6 +13,7 @@ Gemini's (Wang et al., SOSP '23).
 
 import concurrent.futures
 import hashlib
+import http.client
 import io
 import math
 import re
@@ -233,9 +234,59 @@ class Checkpointer:
                       key=lambda p: _parse_part(p)[1])
         if not mine:
             raise KeyError(f"checkpoint {self.name} step {entry['step']} has no part of rank {self.rank}")
-        chunks = [self._get(entry["step"], p) for p in mine]
-        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        data = self._fetch(entry["step"], mine)
         return _torch().load(io.BytesIO(data), map_location=map_location if map_location is not None else "cpu")
+
+    def _fetch(self, step, parts):
+        """This rank's parts of a step, read in parallel straight into one
+        buffer and checked against their sha256 as they arrive."""
+        sizes = {p["part"]: p["bytes"] for p in
+                 self._client.json("GET", self._path(f"/steps/{step}/parts"))["parts"]}
+        offsets, total = [], 0
+        for p in parts:
+            offsets.append(total)
+            total += sizes[p]
+        buf = bytearray(total)
+        mv = memoryview(buf)
+        jobs = [(p, mv[off:off + sizes[p]]) for p, off in zip(parts, offsets)]
+        if len(jobs) > 1 and self.parallel > 1:
+            with concurrent.futures.ThreadPoolExecutor(max_workers=self.parallel) as ex:
+                for f in [ex.submit(self._get_into, step, p, out) for p, out in jobs]:
+                    f.result()
+        else:
+            for p, out in jobs:
+                self._get_into(step, p, out)
+        return buf
+
+    def _get_into(self, step, part, out):
+        """GETs a part into ``out`` (its exact size), hashing as it reads; on
+        a failure, the other nodes are tried through the client."""
+        path = self._path(f"/steps/{step}/parts/{part}")
+        u = urllib.parse.urlsplit(self._client.urls[0])
+        headers = {"Authorization": "Bearer " + self.token} if self.token else {}
+        conn = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=self.timeout)
+        try:
+            conn.request("GET", path, headers=headers)
+            r = conn.getresponse()
+            if r.status == 200 and r.length == len(out):
+                h, off = hashlib.sha256(), 0
+                while off < len(out):
+                    n = r.readinto(out[off:off + (8 << 20)])
+                    if not n:
+                        break
+                    h.update(out[off:off + n])
+                    off += n
+                if off == len(out) and h.hexdigest() == r.getheader("X-Checksum"):
+                    return
+        except (OSError, http.client.HTTPException):
+            pass
+        finally:
+            conn.close()
+        data = self._get(step, part)  # another node, through the client's fail-over
+        if len(data) != len(out):
+            raise StallfreeError(502, f"checkpoint {self.name} step {step} part {part}: {len(data)} bytes, "
+                                      f"want {len(out)}")
+        out[:] = data
 
     def _get(self, step, part):
         r, data = self._client.request("GET", self._path(f"/steps/{step}/parts/{part}"))
