@@ -28,8 +28,19 @@ func WriteReport(rep *Report, out, doc string) error {
 	if err := plotLocality(rep, filepath.Join(out, "remote_fraction_vs_batch.png")); err != nil {
 		return err
 	}
-	return os.WriteFile(doc, []byte(Markdown(rep, out)), 0o644)
+	text := Markdown(rep, out)
+	// Sections other benchmarks wrote (python -m stallfree.bench modes) sit
+	// below KeptMarker and survive a rewrite.
+	if old, err := os.ReadFile(doc); err == nil {
+		if i := strings.Index(string(old), KeptMarker); i >= 0 {
+			text = strings.TrimRight(text, "\n") + "\n\n" + string(old[i:])
+		}
+	}
+	return os.WriteFile(doc, []byte(text), 0o644)
 }
+
+// KeptMarker starts the part of BENCHMARKS.md that make bench keeps as it is.
+const KeptMarker = "<!-- kept by make bench: sections of other benchmarks below -->"
 
 // ReadReport reads the results.json a run wrote.
 func ReadReport(file string) (*Report, error) {
