@@ -324,6 +324,19 @@ func TestCheckpointPeerMemory(t *testing.T) {
 func TestCheckpointRereplication(t *testing.T) {
 	nodes := startCluster(t, clusterOpts{nodes: 3, extra: []string{"--checkpoint-memory", "16MiB", "--dead-grace", "1s"}})
 	n1, n2, n3 := nodes[0], nodes[1], nodes[2]
+	// One group of three: n1 → n2, n2 → n3, n3 → n1. A partner without room
+	// refuses the copy (507), and the writer keeps nothing either.
+	ten := randomBytes(9, 10<<20)
+	mustPut(t, n3, "fill", 1, "0", ten) // n3 and n1
+	if code, body := putPart(t, n2, "fill", 1, "1", ten, sha(ten)); code != http.StatusInsufficientStorage || !strings.Contains(body, "partner") {
+		t.Fatalf("a part its partner has no room for: %d %s", code, body)
+	}
+	if u := ckUsed(t, n2); u != 0 {
+		t.Fatalf("n2 keeps %d bytes of a part its partner refused", u)
+	}
+	if code, _, _ := ckReq(t, n1, http.MethodDelete, "/v1/checkpoints/fill", nil, nil); code != http.StatusNoContent {
+		t.Fatalf("DELETE fill: %d", code)
+	}
 	p := randomBytes(6, 1<<20+3)
 	mustPut(t, n1, "job", 5, "0", p) // n1 → n2 (n1, n2, n3 form one group of three)
 	if code, body := commitStep(t, n3, "job", 5, "0"); code != http.StatusOK {
@@ -341,6 +354,11 @@ func TestCheckpointRereplication(t *testing.T) {
 	if from := readPart(t, n3, "job", 5, "0", p); from != "memory" {
 		t.Fatalf("read from %q, want n3's own memory", from)
 	}
+	// Alone, a node has no partner: a part cannot get its two copies.
+	waitFor(t, 30*time.Second, "503 from a lone node", func() bool {
+		code, _ := putPart(t, n3, "job", 6, "0", p, sha(p))
+		return code == http.StatusServiceUnavailable
+	})
 }
 
 // Persisting to S3 (a real MinIO server) through the S3 source's client and
