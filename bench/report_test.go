@@ -3,6 +3,7 @@ package bench
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -19,7 +20,13 @@ func TestBenchmarksDocMatchesItsRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := Markdown(rep, "docs/bench"); got != string(doc) {
+	got := Markdown(rep, "docs/bench")
+	// Below KeptMarker: sections other benchmarks write (python -m
+	// stallfree.bench --checkpoint --doc BENCHMARKS.md), kept by a rewrite.
+	if i := strings.Index(string(doc), KeptMarker); i >= 0 {
+		doc, got = doc[:i], strings.TrimRight(got, "\n")+"\n\n"
+	}
+	if got != string(doc) {
 		t.Errorf("BENCHMARKS.md differs from what docs/bench/results.json and bench/report.go give (%d vs %d bytes): run bin/sfbench -report", len(doc), len(got))
 	}
 }
