@@ -225,7 +225,7 @@ func run(args []string) error {
 		StorageTimeout: *storeWait, MaxInflightBytes: maxInflight, MaxPeerConns: max(64, files/5),
 		S3:         source.S3Config{Endpoint: *s3Endpt, Region: *s3Region, CredentialsFile: *s3Creds, Profile: *s3Profile, Env: os.Getenv},
 		GossipBind: *gossip, Advertise: advIP, Join: seeds, PeerBind: *peerAddr, ClusterKey: clusterKey, PeerTimeout: *peerWait,
-		Socket: sockPath,
+		Socket:    sockPath,
 		DeadGrace: *deadGrace,
 	})
 	if err != nil {

@@ -412,7 +412,8 @@ def write_section(doc, text):
     head, kept = old.split(KEPT_MARKER, 1)
     start = kept.find(SECTION)
     if start >= 0:
-        end = kept.find("\n## ", start + len(SECTION))
+        ends = [e for e in (kept.find("\n## ", start + len(SECTION)), kept.find("\n<!--", start)) if e >= 0]
+        end = min(ends) if ends else -1
         kept = kept[:start] + kept[end + 1:] if end >= 0 else kept[:start]
     kept = kept.rstrip("\n") + "\n\n" + text.rstrip("\n") + "\n"
     with open(doc, "w") as f:
