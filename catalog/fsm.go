@@ -75,6 +75,8 @@ const (
 	opDeleteJob
 	opPinEpoch
 	opCheckpoint // checkpoint.go
+	opPutGroup
+	opDeleteGroup
 )
 
 // keptEpochPins bounds the pinned epochs remembered per job.
@@ -95,6 +97,7 @@ type command struct {
 	Quota *uint64 `msgpack:"quota,omitempty"`
 	// Checkpoint carries opCheckpoint (checkpoint.go).
 	Checkpoint *checkpointCmd `msgpack:"checkpoint,omitempty"`
+	Group   *Group   `msgpack:"group,omitempty"`
 }
 
 type pending struct {
@@ -116,11 +119,13 @@ type state struct {
 	Pins map[string]map[uint64][]string `msgpack:"pins"`
 	// Checkpoints are the committed checkpoint steps (checkpoint.go).
 	Checkpoints map[string]*Checkpoint `msgpack:"checkpoints,omitempty"`
+	// Groups are coordinated-prep groups by name (groups.go).
+	Groups map[string]*Group `msgpack:"groups"`
 }
 
 func newState() *state {
 	return &state{NextID: 1, Datasets: map[string]*Dataset{}, Pending: map[string]*pending{}, Jobs: map[string]*Job{},
-		Pins: map[string]map[uint64][]string{}}
+		Pins: map[string]map[uint64][]string{}, Groups: map[string]*Group{}}
 }
 
 // fsm applies catalog commands. Readers take the RLock; committed datasets and
@@ -256,6 +261,13 @@ func (f *fsm) apply(index uint64, c *command) any {
 		return st.setQuota(c)
 	case opCheckpoint:
 		return st.applyCheckpoint(index, c.Checkpoint)
+	case opPutGroup:
+		if c.Group == nil {
+			return fmt.Errorf("catalog: a group command without a group")
+		}
+		return f.putGroup(index, c.Group)
+	case opDeleteGroup:
+		return f.deleteGroup(c.Name)
 	}
 	return fmt.Errorf("catalog: unknown op %d", c.Op)
 }
@@ -271,7 +283,7 @@ func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	// Committed entries are immutable, so copying the maps is enough; pending
 	// manifests still grow and are copied whole.
 	cp := &state{NextID: f.st.NextID, Datasets: maps.Clone(f.st.Datasets), Jobs: maps.Clone(f.st.Jobs), Pending: map[string]*pending{},
-		Pins: map[string]map[uint64][]string{}, Checkpoints: maps.Clone(f.st.Checkpoints)}
+		Pins: map[string]map[uint64][]string{}, Checkpoints: maps.Clone(f.st.Checkpoints), Groups: maps.Clone(f.st.Groups)}
 	for j, p := range f.st.Pins {
 		cp.Pins[j] = maps.Clone(p)
 	}
@@ -314,6 +326,9 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	}
 	if st.Pins == nil {
 		st.Pins = map[string]map[uint64][]string{}
+	}
+	if st.Groups == nil {
+		st.Groups = map[string]*Group{}
 	}
 	f.mu.Lock()
 	f.st = st

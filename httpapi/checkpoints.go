@@ -55,7 +55,7 @@ func (s *Server) streamed(next fasthttp.RequestHandler) fasthttp.RequestHandler 
 			s.checkpoints(ctx, seg[1:])
 			return
 		}
-		if !s.readBody(ctx) {
+		if !s.readBody(ctx, s.bodyLimit(seg)) {
 			return
 		}
 		next(ctx)
@@ -64,11 +64,10 @@ func (s *Server) streamed(next fasthttp.RequestHandler) fasthttp.RequestHandler 
 
 // readBody reads a streamed request body whole, refusing one over the
 // server's limit with 413 as the parser did before bodies were streamed.
-func (s *Server) readBody(ctx *fasthttp.RequestCtx) bool {
+func (s *Server) readBody(ctx *fasthttp.RequestCtx, limit int) bool {
 	if !ctx.Request.IsBodyStream() {
 		return true
 	}
-	limit := s.srv.MaxRequestBodySize
 	tooLarge := func() bool {
 		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, fmt.Sprintf("request body over %d bytes", limit))
 		ctx.SetConnectionClose() // the rest of the body is never read

@@ -27,6 +27,7 @@ import (
 
 	"stallfree/api"
 	"stallfree/catalog"
+	"stallfree/groups"
 	"stallfree/listen"
 	"stallfree/node"
 	"stallfree/source"
@@ -54,6 +55,7 @@ type Server struct {
 	// one gets 503 and is closed (0: no bound). Set it before Serve.
 	MaxConns int
 	ckpt     Checkpoints // checkpoints.go
+	groups   *groups.Service // coordinated prep (groups.go); nil: off
 }
 
 // New builds the server; token may be empty (no auth).
@@ -218,6 +220,9 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	switch seg[1] {
+	case "groups":
+		s.groupRoutes(ctx, method, seg[2:])
+		return
 	case "stats":
 		if len(seg) == 2 && method == fasthttp.MethodGet {
 			st := s.node.Stats()

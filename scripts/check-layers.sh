@@ -11,7 +11,7 @@ declare -A layer=(
   [catalog]=1 [transport]=1 [membership]=1
   [locality]=2
   [cluster]=3 [clairvoyant]=3
-  [node]=4 [checkpoint]=4
+  [node]=4 [checkpoint]=4 [groups]=4
   [httpapi]=5 [client]=5
   [stall]=6
   [bench]=7 [integration]=7

@@ -90,6 +90,8 @@ type Store struct {
 	reserved  map[Key]uint64
 	reservedN uint64
 	quotas    quotas // per-dataset limits (quota.go)
+	// claimed is the part of reservedN held outside the store (claim.go).
+	claimed uint64
 }
 
 // Stats is a snapshot of the store's accounting.

@@ -24,6 +24,7 @@ import (
 
 	"github.com/dustin/go-humanize"
 
+	"stallfree/groups"
 	"stallfree/httpapi"
 	"stallfree/node"
 	"stallfree/source"
@@ -91,6 +92,9 @@ func run(args []string) error {
 		ckptPersist = fs.String("checkpoint-persist", "", "persist committed checkpoint steps in the background to dir:///path or s3://bucket/prefix (S3 as for datasets: --s3-endpoint, credentials)")
 		deadGrace   = fs.Duration("dead-grace", 0, "how long a member stays dead before it leaves the raft configuration and its checkpoint parts are copied again (default 1m; 5s with --fast-timers)")
 	)
+	// Coordinated prep (groups, DESIGN §4 v3).
+	groupTimeout := fs.Duration("group-timeout", 30*time.Second, "detach a group's job after this long without a request from it")
+	maxItem := fs.String("max-item-bytes", "64MiB", "largest staged group batch (a PUT body)")
 	fs.Var(&datasets, "dataset", "NAME=SOURCE to register at start (repeatable, idempotent)")
 	fs.Var(&allow, "allow-source", "only sources under this prefix may be registered (repeatable)")
 	// Loader fast path (DESIGN §4 v3): the same API on a Unix socket.
@@ -249,6 +253,16 @@ func run(args []string) error {
 	}
 	defer ckpt.Close()
 	srv.SetCheckpoints(ckpt)
+	maxItemBytes, err := parseSize("max-item-bytes", *maxItem, 1, 1<<30, "a size up to 1GiB, such as 64MiB")
+	if err != nil {
+		return err
+	}
+	if *groupTimeout <= 0 {
+		return fmt.Errorf("--group-timeout %v: want a positive duration", *groupTimeout)
+	}
+	grp := groups.New(n, groups.Config{Timeout: *groupTimeout, MaxBatchBytes: int(maxItemBytes), Token: token, Logger: log})
+	defer grp.Close()
+	srv.EnableGroups(grp)
 	// Half the descriptors for clients, a fifth for peers: a flood on one
 	// port leaves the rest (storage reads, raft, gossip) room to work.
 	srv.MaxConns = max(64, files/2)

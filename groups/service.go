@@ -1,0 +1,467 @@
+package groups
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"stallfree/api"
+	"stallfree/catalog"
+)
+
+// Errors beyond the catalog's (catalog.ErrNotFound: 404, ErrConflict: 409);
+// httpapi maps each to its status.
+var (
+	// ErrBadRequest: a malformed request (400).
+	ErrBadRequest = errors.New("bad request")
+	// ErrDetached: the job is detached from its group (410).
+	ErrDetached = errors.New("detached")
+	// ErrNotStaged: the batch is not staged (404 once the wait is over).
+	ErrNotStaged = errors.New("not staged")
+	// ErrFull: the group's staging bound or the node's memory stayed full
+	// for the whole wait (503).
+	ErrFull = errors.New("staging full")
+	// ErrTooLarge: a batch over --max-item-bytes (413).
+	ErrTooLarge = errors.New("batch too large")
+)
+
+// maxEpoch bounds epochs in requests, as for jobs.
+const maxEpoch = 1 << 20
+
+// Host is the node as groups sees it.
+type Host interface {
+	Name() string
+	// Group, Groups and HasDataset read the local catalog replica.
+	Group(name string) (*catalog.Group, bool)
+	Groups() []*catalog.Group
+	HasDataset(name string) bool
+	// PutGroup and DeleteGroup write through the raft leader and return once
+	// this node's catalog shows the write.
+	PutGroup(ctx context.Context, g catalog.Group) (*catalog.Group, error)
+	DeleteGroup(ctx context.Context, name string) error
+	// GroupOwner is the member staging a group's batches: its HTTP address,
+	// and whether it is this node.
+	GroupOwner(group string) (addr string, self bool)
+	// ClaimMemory charges staged bytes against --memory (false: no room);
+	// UnclaimMemory gives them back.
+	ClaimMemory(n uint64) bool
+	UnclaimMemory(n uint64)
+}
+
+// Config of the group service.
+type Config struct {
+	// Timeout detaches a job that made no request for this long
+	// (--group-timeout; 0: 30 s).
+	Timeout time.Duration
+	// MaxBatchBytes bounds one staged batch (--max-item-bytes).
+	MaxBatchBytes int
+	// Token is the API's bearer token, presented to the owner when this node
+	// asks it about a group.
+	Token  string
+	Logger *slog.Logger
+}
+
+// Service serves groups on one node: definitions for every group, and the
+// staging of the groups this node owns. Safe for concurrent use.
+type Service struct {
+	host Host
+	cfg  Config
+	http *fasthttp.Client
+
+	mu     sync.Mutex
+	stages map[string]*stage
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// New starts the service's clock (the group timeout); Close stops it.
+func New(host Host, cfg Config) *Service {
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 30 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Service{host: host, cfg: cfg, stages: map[string]*stage{}, cancel: cancel,
+		http: &fasthttp.Client{Name: "stallfree-groups", ReadTimeout: 30 * time.Second}}
+	s.wg.Add(1)
+	go s.clock(ctx)
+	return s
+}
+
+// Close stops the clock and frees every staged batch.
+func (s *Service) Close() {
+	s.cancel()
+	s.wg.Wait()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for name, st := range s.stages {
+		s.release(name, st)
+	}
+}
+
+// Owner is where a group's batches are staged.
+func (s *Service) Owner(group string) (addr string, self bool) { return s.host.GroupOwner(group) }
+
+// MaxBatchBytes is the largest batch a PUT may carry.
+func (s *Service) MaxBatchBytes() int { return s.cfg.MaxBatchBytes }
+
+// clock detaches jobs silent for longer than the timeout, and frees the
+// stages of groups that were deleted or redefined.
+func (s *Service) clock(ctx context.Context) {
+	defer s.wg.Done()
+	t := time.NewTicker(min(max(s.cfg.Timeout/8, 10*time.Millisecond), time.Second))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		s.tick(time.Now())
+	}
+}
+
+func (s *Service) tick(now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for name, st := range s.stages {
+		if g, ok := s.host.Group(name); !ok || g.Version != st.spec.Version {
+			s.release(name, st)
+			continue
+		}
+		for j := range st.jobs {
+			js := &st.jobs[j]
+			if !js.detached && js.inflight == 0 && now.Sub(js.last) > s.cfg.Timeout {
+				st.detach(j, fmt.Sprintf("no request for %v", s.cfg.Timeout))
+			}
+		}
+		s.sweep(st)
+	}
+}
+
+// sweep drops what every attached job has (after a detachment) and gives
+// its memory back. Caller holds s.mu.
+func (s *Service) sweep(st *stage) {
+	if freed := st.sweep(); freed > 0 {
+		s.host.UnclaimMemory(freed)
+	}
+}
+
+// release drops a stage and everything staged in it; waiters see the group
+// gone. Caller holds s.mu.
+func (s *Service) release(name string, st *stage) {
+	s.host.UnclaimMemory(st.bytes)
+	st.staged, st.bytes = map[uint64]*batch{}, 0
+	delete(s.stages, name)
+	st.notify()
+}
+
+// stageOf returns the group's stage here, made on first use, and the
+// catalog's definition. Caller holds s.mu.
+func (s *Service) stageOf(name string) (*stage, error) {
+	g, ok := s.host.Group(name)
+	if !ok {
+		return nil, fmt.Errorf("%w: group %q", catalog.ErrNotFound, name)
+	}
+	st, ok := s.stages[name]
+	if ok && st.spec.Version == g.Version {
+		return st, nil
+	}
+	if ok {
+		s.release(name, st)
+	}
+	st = newStage(g, time.Now())
+	s.stages[name] = st
+	return st, nil
+}
+
+// Put defines group name (PUT /v1/groups/{g}). The same definition again
+// changes nothing (created false); a different one is refused while any job
+// is attached.
+func (s *Service) Put(ctx context.Context, name string, spec api.GroupSpec) (info api.GroupInfo, created bool, err error) {
+	if err := spec.Validate(); err != nil {
+		return info, false, fmt.Errorf("%w: %w", ErrBadRequest, err)
+	}
+	want := catalog.Group{Name: name, Dataset: spec.Dataset, Seed: spec.Seed, BatchSize: spec.BatchSize,
+		Jobs: spec.Jobs, Window: *spec.Window}
+	if old, ok := s.host.Group(name); ok && old.SameSpec(&want) {
+		info, err := s.Info(ctx, name)
+		return info, false, err
+	}
+	if !s.host.HasDataset(spec.Dataset) {
+		return info, false, fmt.Errorf("%w: dataset %q", catalog.ErrNotFound, spec.Dataset)
+	}
+	if _, ok := s.host.Group(name); ok {
+		cur, err := s.Info(ctx, name)
+		if err != nil {
+			return info, false, err
+		}
+		for _, j := range cur.Jobs {
+			if j.Seen && !j.Detached {
+				return info, false, fmt.Errorf("%w: group %q is defined otherwise and job %d is attached; delete it first or wait until its jobs are done",
+					catalog.ErrConflict, name, j.Job)
+			}
+		}
+	}
+	if _, err := s.host.PutGroup(ctx, want); err != nil {
+		return info, false, err
+	}
+	info, err = s.Info(ctx, name)
+	return info, true, err
+}
+
+// Delete ends a group; its owner frees what is staged on its next tick.
+func (s *Service) Delete(ctx context.Context, name string) error {
+	if _, ok := s.host.Group(name); !ok {
+		return fmt.Errorf("%w: group %q", catalog.ErrNotFound, name)
+	}
+	return s.host.DeleteGroup(ctx, name)
+}
+
+// List is every group's definition, by name, with its jobs as not seen: the
+// jobs' state lives at each group's owner (Info).
+func (s *Service) List() []api.GroupInfo {
+	out := []api.GroupInfo{}
+	for _, g := range s.host.Groups() {
+		out = append(out, newStage(g, time.Time{}).info(g.Name, ""))
+	}
+	return out
+}
+
+// Info is GET /v1/groups/{g}: the owner's view, asked of the owner when this
+// node is not it, so every node answers alike.
+func (s *Service) Info(ctx context.Context, name string) (api.GroupInfo, error) {
+	if addr, self := s.host.GroupOwner(name); !self {
+		return s.remoteInfo(ctx, addr, name)
+	}
+	return s.LocalInfo(name)
+}
+
+// LocalInfo is this node's view of a group it owns.
+func (s *Service) LocalInfo(name string) (api.GroupInfo, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st, err := s.stageOf(name)
+	if err != nil {
+		return api.GroupInfo{}, err
+	}
+	return st.info(name, s.host.Name()), nil
+}
+
+func (s *Service) remoteInfo(ctx context.Context, addr, name string) (api.GroupInfo, error) {
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + addr + "/v1/groups/" + url.PathEscape(name))
+	req.Header.Set(api.HeaderForwarded, s.host.Name())
+	if s.cfg.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+s.cfg.Token)
+	}
+	timeout := 10 * time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = min(timeout, time.Until(dl))
+	}
+	var info api.GroupInfo
+	if err := s.http.DoTimeout(req, resp, timeout); err != nil {
+		return info, &api.Error{Status: fasthttp.StatusServiceUnavailable, Message: fmt.Sprintf("group %q: its owner at %s: %v", name, addr, err)}
+	}
+	if resp.StatusCode() != fasthttp.StatusOK {
+		e := &api.Error{Status: resp.StatusCode()}
+		if json.Unmarshal(resp.Body(), e) != nil || e.Message == "" {
+			e.Message = string(resp.Body())
+		}
+		return info, e
+	}
+	if err := json.Unmarshal(resp.Body(), &info); err != nil {
+		return info, fmt.Errorf("group %q: its owner's answer: %w", name, err)
+	}
+	return info, nil
+}
+
+// Batch names one batch of a group as a job asks for it.
+type Batch struct {
+	Group string
+	Job   int
+	Epoch uint64
+	Index int
+}
+
+// position checks the request against the group and returns the batch's
+// position. Caller holds s.mu.
+func (b Batch) position(st *stage) (uint64, error) {
+	if b.Job < 0 || b.Job >= st.spec.Jobs {
+		return 0, fmt.Errorf("%w: job %d: group %q has jobs 0..%d (query parameter job)", ErrBadRequest, b.Job, b.Group, st.spec.Jobs-1)
+	}
+	if b.Epoch > maxEpoch {
+		return 0, fmt.Errorf("%w: epoch %d out of range", ErrBadRequest, b.Epoch)
+	}
+	if nb := st.spec.Batches(); b.Index < 0 || b.Index >= nb {
+		return 0, fmt.Errorf("%w: batch %d: an epoch of group %q has batches 0..%d", ErrBadRequest, b.Index, b.Group, nb-1)
+	}
+	if st.jobs[b.Job].detached {
+		return 0, fmt.Errorf("%w: job %d of group %q: %s; prepare every batch yourself", ErrDetached, b.Job, b.Group, st.jobs[b.Job].why)
+	}
+	return b.Epoch*uint64(st.spec.Batches()) + uint64(b.Index), nil
+}
+
+// begin marks a request of a job in flight (a waiting job is alive); the
+// returned func ends it.
+func (s *Service) begin(st *stage, j int) func() {
+	st.jobs[j].inflight++
+	return func() {
+		st.jobs[j].inflight--
+		st.jobs[j].last = time.Now()
+	}
+}
+
+// Get returns a staged batch, waiting up to wait for it. A job that is
+// itself the batch's producer is answered at once (ErrNotStaged): it, not
+// the stage, has to make the batch. producer is the job preparing the batch
+// (by the rule in Producer) when the answer is ErrNotStaged.
+func (s *Service) Get(ctx context.Context, b Batch, wait time.Duration) (data []byte, producer int, err error) {
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st, err := s.stageOf(b.Group)
+	if err != nil {
+		return nil, -1, err
+	}
+	pos, err := b.position(st)
+	if err != nil {
+		return nil, -1, err
+	}
+	defer s.begin(st, b.Job)()
+	st.touch(b.Job, pos)
+	s.sweep(st)
+	for {
+		if st.jobs[b.Job].detached {
+			_, err := b.position(st)
+			return nil, -1, err
+		}
+		if bt, ok := st.staged[pos]; ok {
+			if !bt.has[b.Job] {
+				bt.has[b.Job] = true
+				st.jobs[b.Job].served++
+			}
+			data := bt.data
+			if st.complete(bt) {
+				s.host.UnclaimMemory(st.drop(pos, bt))
+			}
+			return data, b.Job, nil
+		}
+		p := st.producer(pos)
+		if _, done := st.done[pos]; done {
+			return nil, -1, fmt.Errorf("%w: batch %d of epoch %d of group %q was served to every attached job and dropped", ErrNotStaged, b.Index, b.Epoch, b.Group)
+		}
+		if p == b.Job {
+			return nil, p, fmt.Errorf("%w: batch %d of epoch %d of group %q is not staged; job %d (the asker) prepares it", ErrNotStaged, b.Index, b.Epoch, b.Group, p)
+		}
+		if !s.await(ctx, st) {
+			return nil, p, fmt.Errorf("%w: batch %d of epoch %d of group %q is not staged (waited %v; job %d prepares it)", ErrNotStaged, b.Index, b.Epoch, b.Group, wait, p)
+		}
+		if cur, ok := s.stages[b.Group]; !ok || cur != st {
+			return nil, -1, fmt.Errorf("%w: group %q was deleted or redefined", catalog.ErrNotFound, b.Group)
+		}
+	}
+}
+
+// await waits, with s.mu released, until the stage changes or ctx ends; it
+// reports whether the stage changed.
+func (s *Service) await(ctx context.Context, st *stage) bool {
+	ch := st.changed
+	s.mu.Unlock()
+	defer s.mu.Lock()
+	select {
+	case <-ch:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// Put stages a batch (PUT .../batches/{b}). The same bytes again are fine;
+// other bytes are ErrConflict and the first stay. Past the group's bound
+// (W × J × batch bytes) or the node's memory the producer waits up to wait,
+// then gets ErrFull. created reports whether these bytes were staged now.
+func (s *Service) PutBatch(ctx context.Context, b Batch, data []byte, wait time.Duration) (created bool, err error) {
+	if s.cfg.MaxBatchBytes > 0 && len(data) > s.cfg.MaxBatchBytes {
+		return false, fmt.Errorf("%w: %d bytes; --max-item-bytes is %d", ErrTooLarge, len(data), s.cfg.MaxBatchBytes)
+	}
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st, err := s.stageOf(b.Group)
+	if err != nil {
+		return false, err
+	}
+	pos, err := b.position(st)
+	if err != nil {
+		return false, err
+	}
+	defer s.begin(st, b.Job)()
+	// The job's position moves only once its batch is in: a PUT refused
+	// (409 aside: the batch is there) changes nothing.
+	defer func() {
+		if err == nil || errors.Is(err, catalog.ErrConflict) {
+			st.touch(b.Job, pos)
+			s.sweep(st)
+		}
+	}()
+	n := uint64(len(data))
+	for {
+		if st.jobs[b.Job].detached {
+			_, err := b.position(st)
+			return false, err
+		}
+		if staged, same := st.sameBytes(pos, data); staged {
+			st.putDone(b.Job, pos)
+			if !same {
+				return false, fmt.Errorf("%w: batch %d of epoch %d of group %q is staged with other bytes; they stay (read them)", catalog.ErrConflict, b.Index, b.Epoch, b.Group)
+			}
+			bt := st.staged[pos]
+			bt.has[b.Job] = true
+			if st.complete(bt) {
+				s.host.UnclaimMemory(st.drop(pos, bt))
+			}
+			return false, nil
+		}
+		if _, done := st.done[pos]; done {
+			st.putDone(b.Job, pos)
+			return false, nil // every attached job has it already
+		}
+		if st.fits(n) && s.host.ClaimMemory(n) {
+			break
+		}
+		if !s.await(ctx, st) {
+			return false, fmt.Errorf("%w: group %q holds %d staged bytes (bound W×J×batch = %d×%d×%d) or the node's memory is full; waited %v",
+				ErrFull, b.Group, st.bytes, st.spec.Window, st.spec.Jobs, max(st.largest, n), wait)
+		}
+		if cur, ok := s.stages[b.Group]; !ok || cur != st {
+			return false, fmt.Errorf("%w: group %q was deleted or redefined", catalog.ErrNotFound, b.Group)
+		}
+	}
+	bt := &batch{data: append([]byte(nil), data...), has: make([]bool, st.spec.Jobs)}
+	bt.has[b.Job] = true
+	st.staged[pos] = bt
+	st.bytes += n
+	st.largest = max(st.largest, n)
+	st.jobs[b.Job].prepared++
+	st.putDone(b.Job, pos)
+	st.notify()
+	if st.complete(bt) {
+		s.host.UnclaimMemory(st.drop(pos, bt))
+	}
+	return true, nil
+}

@@ -1,0 +1,204 @@
+package groups
+
+import (
+	"bytes"
+	"fmt"
+	"slices"
+	"time"
+
+	"stallfree/api"
+	"stallfree/catalog"
+)
+
+// keptDone bounds the positions remembered as served to every attached job,
+// per group: a late PUT of one of them is acknowledged instead of staged
+// again (nobody would read it, and it would hold room for ever).
+const keptDone = 1 << 14
+
+// stage is one group at its owner: what is staged and what each job did.
+// Every field is guarded by Service.mu.
+type stage struct {
+	spec    *catalog.Group
+	jobs    []jobState
+	staged  map[uint64]*batch
+	bytes   uint64
+	largest uint64 // the largest batch staged so far: the bound's "batch bytes"
+	done    map[uint64]struct{}
+	doneQ   []uint64
+	// changed is closed and replaced whenever a batch is staged or dropped
+	// or a job detached: waiting requests look again.
+	changed chan struct{}
+}
+
+type jobState struct {
+	seen     bool
+	pos      uint64 // furthest position asked for or staged, valid when seen
+	staged   bool   // has staged a batch; lastPut is valid
+	lastPut  uint64
+	detached bool
+	from     uint64
+	why      string
+	prepared uint64
+	served   uint64
+	last     time.Time // last request's end (or the stage's start)
+	inflight int
+}
+
+type batch struct {
+	data []byte
+	has  []bool // job j staged or read it
+}
+
+func newStage(spec *catalog.Group, now time.Time) *stage {
+	st := &stage{spec: spec, jobs: make([]jobState, spec.Jobs), staged: map[uint64]*batch{},
+		done: map[uint64]struct{}{}, changed: make(chan struct{})}
+	for j := range st.jobs {
+		st.jobs[j].last = now
+	}
+	return st
+}
+
+func (st *stage) notify() {
+	close(st.changed)
+	st.changed = make(chan struct{})
+}
+
+func (st *stage) detachedList() []Detached {
+	var d []Detached
+	for j, js := range st.jobs {
+		if js.detached {
+			d = append(d, Detached{Job: j, From: js.from})
+		}
+	}
+	return d
+}
+
+func (st *stage) producer(pos uint64) int {
+	return Producer(st.spec.Jobs, st.spec.Batches(), st.detachedList(), pos)
+}
+
+// touch records a request of job j at pos and applies the window: a job more
+// than W batches behind the furthest job is detached.
+func (st *stage) touch(j int, pos uint64) {
+	js := &st.jobs[j]
+	if !js.seen || pos > js.pos {
+		js.pos = pos
+	}
+	js.seen = true
+	var fastest uint64
+	for _, o := range st.jobs {
+		if o.seen && !o.detached {
+			fastest = max(fastest, o.pos)
+		}
+	}
+	w := uint64(st.spec.Window)
+	for k := range st.jobs {
+		if o := &st.jobs[k]; o.seen && !o.detached && fastest-o.pos > w {
+			st.detach(k, fmt.Sprintf("more than %d batches behind the fastest job (at %d, fastest at %d)", w, o.pos, fastest))
+		}
+	}
+}
+
+// detach detaches job j for good: its share goes to the attached jobs from
+// one past its last staged batch, and batches only it had yet to read are
+// dropped.
+func (st *stage) detach(j int, why string) {
+	js := &st.jobs[j]
+	if js.detached {
+		return
+	}
+	js.detached, js.why, js.from = true, why, 0
+	if js.staged {
+		js.from = js.lastPut + 1
+	}
+	st.notify()
+}
+
+// putDone records that job j's PUT of pos ended with the batch staged (by
+// it or by another job): its share up to pos is done.
+func (st *stage) putDone(j int, pos uint64) {
+	js := &st.jobs[j]
+	if !js.staged || pos > js.lastPut {
+		js.lastPut = pos
+	}
+	js.staged = true
+}
+
+// complete reports whether every attached job has batch b.
+func (st *stage) complete(b *batch) bool {
+	for j, js := range st.jobs {
+		if !js.detached && !b.has[j] {
+			return false
+		}
+	}
+	return true
+}
+
+// sweep drops every staged batch that all attached jobs have, and returns
+// the bytes freed.
+func (st *stage) sweep() uint64 {
+	var freed uint64
+	for pos, b := range st.staged {
+		if st.complete(b) {
+			freed += st.drop(pos, b)
+		}
+	}
+	return freed
+}
+
+func (st *stage) drop(pos uint64, b *batch) uint64 {
+	delete(st.staged, pos)
+	n := uint64(len(b.data))
+	st.bytes -= n
+	st.markDone(pos)
+	st.notify()
+	return n
+}
+
+func (st *stage) markDone(pos uint64) {
+	if _, ok := st.done[pos]; ok {
+		return
+	}
+	st.done[pos] = struct{}{}
+	st.doneQ = append(st.doneQ, pos)
+	if len(st.doneQ) > keptDone {
+		delete(st.done, st.doneQ[0])
+		st.doneQ = st.doneQ[1:]
+	}
+}
+
+// bound is W × J × batch bytes, with the largest batch seen (n included)
+// standing for "batch bytes".
+func (st *stage) fits(n uint64) bool {
+	bound := uint64(st.spec.Window) * uint64(st.spec.Jobs) * max(st.largest, n)
+	return st.bytes+n <= bound
+}
+
+func (st *stage) sameBytes(pos uint64, data []byte) (staged, same bool) {
+	b, ok := st.staged[pos]
+	if !ok {
+		return false, false
+	}
+	return true, bytes.Equal(b.data, data)
+}
+
+func (st *stage) info(name, owner string) api.GroupInfo {
+	g := st.spec
+	in := api.GroupInfo{Name: name, Dataset: g.Dataset, Seed: g.Seed, BatchSize: g.BatchSize, Window: g.Window,
+		Samples: g.Samples, Batches: g.Batches(), Version: g.Version, Jobs: make([]api.GroupJob, len(st.jobs)),
+		StagedBatches: len(st.staged), StagedBytes: st.bytes, Owner: owner}
+	nb := uint64(max(g.Batches(), 1))
+	for j, js := range st.jobs {
+		gj := api.GroupJob{Job: j, Detached: js.detached, Prepared: js.prepared, Served: js.served, Seen: js.seen, Why: js.why}
+		if js.seen {
+			gj.Epoch, gj.Batch = js.pos/nb, int(js.pos%nb)
+		}
+		if js.detached {
+			from := js.from
+			gj.From = &from
+		}
+		in.Jobs[j] = gj
+	}
+	slices.SortFunc(in.Jobs, func(a, b api.GroupJob) int { return a.Job - b.Job })
+	return in
+}
