@@ -6,6 +6,7 @@ import torch.utils.data
 from .client import Client
 from .batchloader import BatchLoader  # noqa: F401  (stallfree.torch.BatchLoader, DESIGN §4 v3)
 from .meter import StallMeter  # noqa: F401 - stallfree.torch.StallMeter (DESIGN §6)
+from .coordinated import CoordinatedLoader  # noqa: F401  (stallfree.torch.CoordinatedLoader, DESIGN §4 v3)
 
 
 class CachedDataset(torch.utils.data.Dataset):
