@@ -1,0 +1,334 @@
+package groups
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"stallfree/api"
+	"stallfree/catalog"
+)
+
+// fakeHost is a one-node catalog with a memory budget, counting claims.
+type fakeHost struct {
+	mu      sync.Mutex
+	groups  map[string]*catalog.Group
+	budget  uint64
+	claimed uint64
+	version uint64
+}
+
+func newFakeHost(budget uint64) *fakeHost {
+	return &fakeHost{groups: map[string]*catalog.Group{}, budget: budget}
+}
+
+func (h *fakeHost) Name() string { return "self" }
+func (h *fakeHost) Group(name string) (*catalog.Group, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	g, ok := h.groups[name]
+	return g, ok
+}
+func (h *fakeHost) Groups() []*catalog.Group { return nil }
+func (h *fakeHost) HasDataset(name string) bool { return name == "ds" }
+func (h *fakeHost) PutGroup(_ context.Context, g catalog.Group) (*catalog.Group, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.version++
+	g.Version, g.Samples = h.version, 40
+	h.groups[g.Name] = &g
+	return &g, nil
+}
+func (h *fakeHost) DeleteGroup(_ context.Context, name string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.groups, name)
+	return nil
+}
+func (h *fakeHost) GroupOwner(string) (string, bool) { return "", true }
+func (h *fakeHost) ClaimMemory(n uint64) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.claimed+n > h.budget {
+		return false
+	}
+	h.claimed += n
+	return true
+}
+func (h *fakeHost) UnclaimMemory(n uint64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.claimed -= n
+}
+func (h *fakeHost) held() uint64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.claimed
+}
+
+func newService(t *testing.T, budget uint64, jobs, window int) (*Service, *fakeHost) {
+	t.Helper()
+	h := newFakeHost(budget)
+	s := New(h, Config{Timeout: time.Hour, MaxBatchBytes: 1 << 20})
+	t.Cleanup(s.Close)
+	w := window
+	if _, _, err := s.Put(context.Background(), "g", api.GroupSpec{Dataset: "ds", Seed: 1, BatchSize: 4, Jobs: jobs, Window: &w}); err != nil {
+		t.Fatal(err)
+	}
+	return s, h
+}
+
+func TestProducerCoversEveryBatchOnceAndSpreadsTakeovers(t *testing.T) {
+	const jobs, batches = 4, 40
+	none := []Detached(nil)
+	for b := range batches {
+		if p := Producer(jobs, batches, none, uint64(b)); p != b%jobs {
+			t.Fatalf("batch %d: producer %d, want b mod J = %d", b, p, b%jobs)
+		}
+	}
+	// Job 1 detached from position 10, job 3 from 20: every batch from
+	// there has an attached producer, and the taken-over share is spread
+	// over both attached jobs.
+	det := []Detached{{Job: 1, From: 10}, {Job: 3, From: 20}}
+	counts := map[int]int{}
+	for pos := uint64(0); pos < 3*batches; pos++ {
+		p := Producer(jobs, batches, det, pos)
+		base := int(pos%batches) % jobs
+		switch {
+		case base == 1 && pos >= 10, base == 3 && pos >= 20:
+			if p != 0 && p != 2 {
+				t.Fatalf("pos %d: taken over by %d, want an attached job", pos, p)
+			}
+			counts[p]++
+		case p != base:
+			t.Fatalf("pos %d: producer %d, want %d (not taken over)", pos, p, base)
+		}
+	}
+	if counts[0] == 0 || counts[2] == 0 || max(counts[0], counts[2])-min(counts[0], counts[2]) > 2 {
+		t.Fatalf("takeovers spread %v, want about even over jobs 0 and 2", counts)
+	}
+	if p := Producer(2, 10, []Detached{{0, 0}, {1, 0}}, 3); p != -1 {
+		t.Fatalf("every job detached: producer %d, want -1", p)
+	}
+}
+
+func TestStagedBatchIsServedToEveryJobThenDropped(t *testing.T) {
+	s, h := newService(t, 1<<20, 3, 4)
+	ctx := context.Background()
+	if created, err := s.PutBatch(ctx, Batch{Group: "g", Job: 0, Index: 0}, []byte("first"), time.Second); err != nil || !created {
+		t.Fatalf("put: %v %v", created, err)
+	}
+	if _, err := s.PutBatch(ctx, Batch{Group: "g", Job: 1, Index: 0}, []byte("other"), time.Second); !errors.Is(err, catalog.ErrConflict) {
+		t.Fatalf("other bytes: %v, want a conflict", err)
+	}
+	if _, err := s.PutBatch(ctx, Batch{Group: "g", Job: 0, Index: 0}, []byte("first"), time.Second); err != nil {
+		t.Fatalf("same bytes again: %v", err)
+	}
+	for j := 1; j < 3; j++ {
+		data, _, err := s.Get(ctx, Batch{Group: "g", Job: j, Index: 0}, 0)
+		if err != nil || string(data) != "first" {
+			t.Fatalf("job %d reads %q, %v", j, data, err)
+		}
+	}
+	info, _ := s.LocalInfo("g")
+	if info.StagedBatches != 0 || h.held() != 0 {
+		t.Fatalf("after every job read it: %d staged, %d bytes claimed; want none", info.StagedBatches, h.held())
+	}
+	// A late PUT of a dropped batch is acknowledged, not staged again.
+	if created, err := s.PutBatch(ctx, Batch{Group: "g", Job: 2, Index: 0}, []byte("late"), time.Second); err != nil || created {
+		t.Fatalf("late put: %v %v", created, err)
+	}
+	if info, _ := s.LocalInfo("g"); info.StagedBatches != 0 || info.Jobs[0].Prepared != 1 || info.Jobs[1].Served != 1 {
+		t.Fatalf("info %+v", info)
+	}
+}
+
+func TestWaitingReaderGetsTheBatchWhenStaged(t *testing.T) {
+	s, _ := newService(t, 1<<20, 2, 4)
+	ctx := context.Background()
+	got := make(chan string, 1)
+	go func() {
+		data, _, err := s.Get(ctx, Batch{Group: "g", Job: 1, Index: 0}, time.Minute)
+		got <- fmt.Sprintf("%s %v", data, err)
+	}()
+	if _, err := s.PutBatch(ctx, Batch{Group: "g", Job: 0, Index: 0}, []byte("b0"), time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if g := <-got; g != "b0 <nil>" {
+		t.Fatalf("waiting reader got %q", g)
+	}
+	// The producer asking for its own batch is told at once.
+	if _, p, err := s.Get(ctx, Batch{Group: "g", Job: 0, Index: 2}, time.Minute); !errors.Is(err, ErrNotStaged) || p != 0 {
+		t.Fatalf("producer's own batch: producer %d, %v", p, err)
+	}
+}
+
+func TestProducerPastTheBoundWaitsThenFails(t *testing.T) {
+	s, h := newService(t, 1<<20, 2, 1) // bound: W × J = 2 batches
+	ctx := context.Background()
+	for j := range 2 {
+		if _, err := s.PutBatch(ctx, Batch{Group: "g", Job: j, Index: j}, []byte("xxxx"), time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.PutBatch(ctx, Batch{Group: "g", Job: 0, Index: 2}, []byte("xxxx"), 50*time.Millisecond); !errors.Is(err, ErrFull) {
+		t.Fatalf("past the bound: %v, want ErrFull", err)
+	}
+	info, _ := s.LocalInfo("g")
+	if info.StagedBatches != 2 || info.Jobs[0].Batch != 0 || info.Jobs[0].Prepared != 1 || info.Jobs[1].Detached || h.held() != 8 {
+		t.Fatalf("a refused put changed the group: %+v, %d claimed", info, h.held())
+	}
+	// Once job 1 reads batch 0, the waiting producer gets in.
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.PutBatch(ctx, Batch{Group: "g", Job: 0, Index: 2}, []byte("xxxx"), time.Minute)
+		done <- err
+	}()
+	if _, _, err := s.Get(ctx, Batch{Group: "g", Job: 1, Index: 0}, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("waiting producer: %v", err)
+	}
+}
+
+func TestMemoryBudgetBoundsStaging(t *testing.T) {
+	s, _ := newService(t, 6, 2, 4)
+	ctx := context.Background()
+	if _, err := s.PutBatch(ctx, Batch{Group: "g", Job: 0, Index: 0}, []byte("xxxx"), time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.PutBatch(ctx, Batch{Group: "g", Job: 0, Index: 2}, []byte("xxxx"), 20*time.Millisecond); !errors.Is(err, ErrFull) {
+		t.Fatalf("past the node's memory: %v, want ErrFull", err)
+	}
+}
+
+func TestLaggingJobIsDetachedAndItsShareTakenOver(t *testing.T) {
+	s, h := newService(t, 1<<20, 3, 2)
+	ctx := context.Background()
+	put := func(j, b int, data string) {
+		t.Helper()
+		if _, err := s.PutBatch(ctx, Batch{Group: "g", Job: j, Index: b}, []byte(data), time.Second); err != nil {
+			t.Fatalf("job %d puts %d: %v", j, b, err)
+		}
+	}
+	get := func(j, b int) {
+		t.Helper()
+		if _, _, err := s.Get(ctx, Batch{Group: "g", Job: j, Index: b}, 0); err != nil {
+			t.Fatalf("job %d gets %d: %v", j, b, err)
+		}
+	}
+	// Batches 0..2, each made by its job and read by the two others.
+	for j := range 3 {
+		put(j, j, "x")
+	}
+	for j := range 3 {
+		get(j, (j+1)%3)
+		get(j, (j+2)%3)
+	}
+	if info, _ := s.LocalInfo("g"); info.StagedBatches != 0 {
+		t.Fatalf("batches read by all still staged: %d", info.StagedBatches)
+	}
+	// Jobs 0 and 1 move on; job 2 stays at 2: at 6 it is more than W=2 behind.
+	put(0, 3, "b3")
+	put(1, 4, "b4")
+	put(0, 6, "b6")
+	info, _ := s.LocalInfo("g")
+	if j2 := info.Jobs[2]; !j2.Detached || j2.From == nil || *j2.From != 3 || info.Jobs[1].Detached {
+		t.Fatalf("jobs %+v; want job 2 alone detached, from 3 (one past its last batch)", info.Jobs)
+	}
+	if _, _, err := s.Get(ctx, Batch{Group: "g", Job: 2, Index: 3}, 0); !errors.Is(err, ErrDetached) {
+		t.Fatalf("detached job reads: %v, want ErrDetached", err)
+	}
+	// Batch 5 was job 2's; job 1 (round-robin over 0 and 1) prepares it now,
+	// and is told so at once when it asks.
+	if p := Producer(3, 10, []Detached{{Job: 2, From: 3}}, 5); p != 1 {
+		t.Fatalf("producer of 5 after the takeover: %d, want 1", p)
+	}
+	if _, p, err := s.Get(ctx, Batch{Group: "g", Job: 1, Index: 5}, time.Minute); !errors.Is(err, ErrNotStaged) || p != 1 {
+		t.Fatalf("taker asks for batch 5: producer %d, %v", p, err)
+	}
+	get(1, 3) // complete without job 2: dropped
+	if info, _ := s.LocalInfo("g"); info.StagedBatches != 2 || h.held() != 4 {
+		t.Fatalf("staged %d (%d bytes claimed), want batches 4 and 6 only", info.StagedBatches, h.held())
+	}
+}
+
+func TestSilentJobIsDetachedAfterTheTimeoutAndWaitersWake(t *testing.T) {
+	s, _ := newService(t, 1<<20, 2, 4)
+	ctx := context.Background()
+	res := make(chan error, 1)
+	go func() {
+		// Job 0 waits for job 1's batch 1; job 1 never comes.
+		_, _, err := s.Get(ctx, Batch{Group: "g", Job: 0, Index: 1}, time.Minute)
+		res <- err
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for info, _ := s.LocalInfo("g"); !info.Jobs[0].Seen; info, _ = s.LocalInfo("g") {
+		if time.Now().After(deadline) {
+			t.Fatal("job 0 never asked")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	for {
+		s.tick(time.Now().Add(2 * time.Hour)) // past the timeout for anyone not waiting
+		info, _ := s.LocalInfo("g")
+		if info.Jobs[1].Detached {
+			if info.Jobs[0].Detached {
+				t.Fatal("a waiting job was detached as silent")
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("job 1 never detached")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := <-res; !errors.Is(err, ErrNotStaged) {
+		t.Fatalf("the waiter: %v, want told it prepares the batch now", err)
+	}
+}
+
+func TestRedefiningAGroupWithAttachedJobsConflicts(t *testing.T) {
+	s, _ := newService(t, 1<<20, 2, 4)
+	ctx := context.Background()
+	w := 4
+	same := api.GroupSpec{Dataset: "ds", Seed: 1, BatchSize: 4, Jobs: 2, Window: &w}
+	if _, created, err := s.Put(ctx, "g", same); err != nil || created {
+		t.Fatalf("same spec again: created %v, %v", created, err)
+	}
+	if _, err := s.PutBatch(ctx, Batch{Group: "g", Job: 0, Index: 0}, []byte("x"), time.Second); err != nil {
+		t.Fatal(err)
+	}
+	other := same
+	other.Seed = 2
+	if _, _, err := s.Put(ctx, "g", other); !errors.Is(err, catalog.ErrConflict) {
+		t.Fatalf("other spec with job 0 attached: %v", err)
+	}
+	for _, bad := range []api.GroupSpec{{Dataset: "ds", BatchSize: 4, Jobs: 0}, {Dataset: "ds", BatchSize: 0, Jobs: 1},
+		{Dataset: "ds", BatchSize: 4, Jobs: 1, Window: new(int)}} {
+		if _, _, err := s.Put(ctx, "h", bad); !errors.Is(err, ErrBadRequest) {
+			t.Fatalf("%+v: %v, want ErrBadRequest", bad, err)
+		}
+	}
+	if _, _, err := s.Put(ctx, "h", api.GroupSpec{Dataset: "gone", BatchSize: 4, Jobs: 1}); !errors.Is(err, catalog.ErrNotFound) {
+		t.Fatalf("unknown dataset: %v", err)
+	}
+	if _, err := s.PutBatch(ctx, Batch{Group: "g", Job: 2, Index: 0}, []byte("x"), 0); !errors.Is(err, ErrBadRequest) {
+		t.Fatalf("job out of range: %v", err)
+	}
+	if _, err := s.PutBatch(ctx, Batch{Group: "g", Job: 0, Index: 10}, []byte("x"), 0); !errors.Is(err, ErrBadRequest) {
+		t.Fatalf("batch out of range (10 batches of 4 in 40): %v", err)
+	}
+	if got := slices.Collect(func(yield func(string) bool) {
+		for _, g := range s.host.Groups() {
+			yield(g.Name)
+		}
+	}); len(got) != 0 {
+		t.Fatalf("groups %v", got)
+	}
+}
