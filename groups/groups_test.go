@@ -33,7 +33,7 @@ func (h *fakeHost) Group(name string) (*catalog.Group, bool) {
 	g, ok := h.groups[name]
 	return g, ok
 }
-func (h *fakeHost) Groups() []*catalog.Group { return nil }
+func (h *fakeHost) Groups() []*catalog.Group    { return nil }
 func (h *fakeHost) HasDataset(name string) bool { return name == "ds" }
 func (h *fakeHost) PutGroup(_ context.Context, g catalog.Group) (*catalog.Group, error) {
 	h.mu.Lock()
