@@ -33,15 +33,16 @@ func (h *fakeHost) Group(name string) (*catalog.Group, bool) {
 	g, ok := h.groups[name]
 	return g, ok
 }
-func (h *fakeHost) Groups() []*catalog.Group    { return nil }
-func (h *fakeHost) HasDataset(name string) bool { return name == "ds" }
-func (h *fakeHost) PutGroup(_ context.Context, g catalog.Group) (*catalog.Group, error) {
+func (h *fakeHost) Groups() []*catalog.Group                              { return nil }
+func (h *fakeHost) HasDataset(name string) bool                           { return name == "ds" }
+func (h *fakeHost) AwaitCatalog(_ context.Context, cond func() bool) bool { return cond() }
+func (h *fakeHost) PutGroup(_ context.Context, g catalog.Group) (*catalog.Group, bool, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.version++
 	g.Version, g.Samples = h.version, 40
 	h.groups[g.Name] = &g
-	return &g, nil
+	return &g, true, nil
 }
 func (h *fakeHost) DeleteGroup(_ context.Context, name string) error {
 	h.mu.Lock()

@@ -42,9 +42,12 @@ type Host interface {
 	Group(name string) (*catalog.Group, bool)
 	Groups() []*catalog.Group
 	HasDataset(name string) bool
+	// AwaitCatalog waits until cond holds on the local catalog or ctx ends.
+	AwaitCatalog(ctx context.Context, cond func() bool) bool
 	// PutGroup and DeleteGroup write through the raft leader and return once
 	// this node's catalog shows the write.
-	PutGroup(ctx context.Context, g catalog.Group) (*catalog.Group, error)
+	// created is false when the group was defined so already.
+	PutGroup(ctx context.Context, g catalog.Group) (_ *catalog.Group, created bool, _ error)
 	DeleteGroup(ctx context.Context, name string) error
 	// GroupOwner is the member staging a group's batches: its HTTP address,
 	// and whether it is this node.
@@ -166,6 +169,18 @@ func (s *Service) release(name string, st *stage) {
 	st.notify()
 }
 
+// catalogGrace is how long a request naming a group this node's catalog
+// does not show waits for it: the group may have been defined through
+// another node a moment ago, and raft brings it here a moment later.
+const catalogGrace = 2 * time.Second
+
+// await gives the local catalog a moment to learn of a group.
+func (s *Service) awaitGroup(ctx context.Context, name string) {
+	ctx, cancel := context.WithTimeout(ctx, catalogGrace)
+	defer cancel()
+	s.host.AwaitCatalog(ctx, func() bool { _, ok := s.host.Group(name); return ok })
+}
+
 // stageOf returns the group's stage here, made on first use, and the
 // catalog's definition. Caller holds s.mu.
 func (s *Service) stageOf(name string) (*stage, error) {
@@ -213,11 +228,12 @@ func (s *Service) Put(ctx context.Context, name string, spec api.GroupSpec) (inf
 			}
 		}
 	}
-	if _, err := s.host.PutGroup(ctx, want); err != nil {
+	_, created, err = s.host.PutGroup(ctx, want)
+	if err != nil {
 		return info, false, err
 	}
 	info, err = s.Info(ctx, name)
-	return info, true, err
+	return info, created, err
 }
 
 // Delete ends a group; its owner frees what is staged on its next tick.
@@ -244,6 +260,7 @@ func (s *Service) Info(ctx context.Context, name string) (api.GroupInfo, error) 
 	if addr, self := s.host.GroupOwner(name); !self {
 		return s.remoteInfo(ctx, addr, name)
 	}
+	s.awaitGroup(ctx, name)
 	return s.LocalInfo(name)
 }
 
@@ -329,6 +346,7 @@ func (s *Service) begin(st *stage, j int) func() {
 // the stage, has to make the batch. producer is the job preparing the batch
 // (by the rule in Producer) when the answer is ErrNotStaged.
 func (s *Service) Get(ctx context.Context, b Batch, wait time.Duration) (data []byte, producer int, err error) {
+	s.awaitGroup(ctx, b.Group)
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	s.mu.Lock()
@@ -398,6 +416,7 @@ func (s *Service) PutBatch(ctx context.Context, b Batch, data []byte, wait time.
 	if s.cfg.MaxBatchBytes > 0 && len(data) > s.cfg.MaxBatchBytes {
 		return false, fmt.Errorf("%w: %d bytes; --max-item-bytes is %d", ErrTooLarge, len(data), s.cfg.MaxBatchBytes)
 	}
+	s.awaitGroup(ctx, b.Group)
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	s.mu.Lock()

@@ -28,21 +28,28 @@ func (n *Node) Group(name string) (*catalog.Group, bool) { return n.cat.Group(na
 func (n *Node) Groups() []*catalog.Group { return n.cat.Groups() }
 
 // PutGroup defines a group through the raft leader and waits until this
-// node's catalog holds the leader's answer.
-func (n *Node) PutGroup(ctx context.Context, g catalog.Group) (*catalog.Group, error) {
+// node's catalog holds the leader's answer; created is false when the group
+// was defined so already.
+func (n *Node) PutGroup(ctx context.Context, g catalog.Group) (_ *catalog.Group, created bool, _ error) {
 	if n.cat.IsLeader() {
-		return n.cat.PutGroup(g)
+		old, had := n.cat.Group(g.Name)
+		got, err := n.cat.PutGroup(g)
+		if err != nil {
+			return nil, false, err
+		}
+		return got, !had || old.Version != got.Version, nil
 	}
 	w := g.Window
 	body := api.GroupSpec{Dataset: g.Dataset, Seed: g.Seed, BatchSize: g.BatchSize, Jobs: g.Jobs, Window: &w}
-	if _, err := n.forward(ctx, fasthttp.MethodPut, "/v1/groups/"+url.PathEscape(g.Name), body, nil, 30*time.Second); err != nil {
-		return nil, err
+	code, err := n.forward(ctx, fasthttp.MethodPut, "/v1/groups/"+url.PathEscape(g.Name), body, nil, 30*time.Second)
+	if err != nil {
+		return nil, false, err
 	}
 	got, ok := n.cat.Group(g.Name)
 	if !ok || !got.SameSpec(&g) {
-		return nil, &api.Error{Status: fasthttp.StatusServiceUnavailable, Message: fmt.Sprintf("group %q: the leader's write has not reached this node yet; retry", g.Name)}
+		return nil, false, &api.Error{Status: fasthttp.StatusServiceUnavailable, Message: fmt.Sprintf("group %q: the leader's write has not reached this node yet; retry", g.Name)}
 	}
-	return got, nil
+	return got, code == fasthttp.StatusCreated, nil
 }
 
 // DeleteGroup ends a group through the raft leader.
@@ -73,3 +80,9 @@ func (n *Node) ClaimMemory(b uint64) bool { return n.store.Claim(b) }
 
 // UnclaimMemory gives back bytes of an earlier ClaimMemory.
 func (n *Node) UnclaimMemory(b uint64) { n.store.Unclaim(b) }
+
+// AwaitCatalog waits until cond holds on this node's catalog (checked at
+// every applied change) or ctx ends, and reports whether it holds.
+func (n *Node) AwaitCatalog(ctx context.Context, cond func() bool) bool {
+	return n.cat.WaitFor(ctx, cond)
+}

@@ -154,6 +154,19 @@ class _Prep:
         self.transform, self.collate_fn, self.seed = transform, collate_fn, seed
         self._client = None
         self._pid = None
+        # The generators are the process's own: two threads preparing at
+        # once would draw from them in turn and make each other's batches
+        # irreproducible, so one batch is transformed at a time per process.
+        self._seeded = threading.Lock()
+
+    def __getstate__(self):
+        s = dict(self.__dict__)
+        s["_client"], s["_seeded"] = None, None
+        return s
+
+    def __setstate__(self, s):
+        self.__dict__.update(s)
+        self._seeded = threading.Lock()
 
     @property
     def client(self):
@@ -167,13 +180,14 @@ class _Prep:
         else:
             raw = [d for _, d in self.client.batch(self.dataset, indices)]
         s = batch_seed(self.seed, epoch, b)
-        random.seed(s)
-        if np is not None:
-            np.random.seed(s % (2 ** 32))
-        torch = sys.modules.get("torch")
-        if torch is not None:
-            torch.manual_seed(s)
-        samples = [self.transform(x) for x in raw] if self.transform else raw
+        with self._seeded:
+            random.seed(s)
+            if np is not None:
+                np.random.seed(s % (2 ** 32))
+            torch = sys.modules.get("torch")
+            if torch is not None:
+                torch.manual_seed(s)
+            samples = [self.transform(x) for x in raw] if self.transform else raw
         return encode_batch(self.collate_fn(samples))
 
 

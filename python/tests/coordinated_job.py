@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import random
+import signal
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -24,6 +25,7 @@ def main():
     for a, d in (("job", 0), ("jobs", 1), ("batch", 4), ("window", 4), ("epochs", 1), ("workers", 0)):
         ap.add_argument("--" + a, type=int, default=d)
     ap.add_argument("--wait", type=float, default=30.0)
+    ap.add_argument("--stop-after", type=int, default=0, help="SIGSTOP this process after that many batches")
     args = ap.parse_args()
 
     def transform(data):
@@ -43,6 +45,8 @@ def main():
                        "digest": hashlib.sha256(encode_batch(batch)).hexdigest(), "alone": loader.alone}
                 out.write(json.dumps(rec) + "\n")
                 out.flush()
+                if epoch == 0 and b + 1 == args.stop_after:
+                    os.kill(os.getpid(), signal.SIGSTOP)
         out.write(json.dumps({"done": True, "alone": loader.alone, "len": len(loader)}) + "\n")
     loader.close()
 

@@ -1,0 +1,234 @@
+"""Coordinated prep on a real two-node cluster: jobs are separate processes
+(coordinated_job.py) running CoordinatedLoader; the group's batches are staged
+at its owner node, which one of the two nodes relays to."""
+
+import http.client
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import unittest
+import urllib.parse
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from stallfree import Client  # noqa: E402
+
+from harness import Cluster, wait_until  # noqa: E402
+
+JOB = os.path.join(os.path.dirname(__file__), "coordinated_job.py")
+N, BATCH = 96, 4  # 24 batches an epoch
+
+
+def raw(url, method, path, body=None):
+    """(status, headers, body) of one request, whatever the status."""
+    u = urllib.parse.urlsplit(url)
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+    try:
+        if isinstance(body, (dict, list)):
+            body = json.dumps(body).encode()
+        c.request(method, path, body=body)
+        r = c.getresponse()
+        return r.status, dict(r.getheaders()), r.read()
+    finally:
+        c.close()
+
+
+class GroupCase(unittest.TestCase):
+    """One cluster per class; a dataset of N items whose first six bytes are
+    their index."""
+
+    timeout = None  # --group-timeout; None: the default (30s)
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="stallfree-group")
+        cls.data = os.path.join(cls.tmp, "data")
+        os.makedirs(cls.data)
+        for i in range(N):
+            with open(os.path.join(cls.data, f"s{i:04d}"), "wb") as f:
+                f.write(b"%06d" % i + os.urandom(64 + i))
+        if cls.timeout:
+            os.environ["STALLFREE_GROUP_TIMEOUT"] = cls.timeout
+        try:
+            cls.cluster = Cluster(cls.tmp)
+        finally:
+            os.environ.pop("STALLFREE_GROUP_TIMEOUT", None)
+        cls.urls = [u for _, u in cls.cluster.nodes]
+        c = Client(cls.urls[1])
+        wait_until(lambda: c.json("PUT", "/v1/datasets/ds", {"source": cls.data}), 30, "registration")
+        wait_until(lambda: Client(cls.urls[0]).dataset("ds"), 30, "the dataset on both nodes")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.cluster.stop()
+        if not os.environ.get("STALLFREE_KEEP"):
+            shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def start_jobs(self, group, jobs, epochs=1, window=8, extra=None):
+        """Starts job processes, alternating between the nodes; job 0 uses two
+        worker processes, the others prepare in threads."""
+        self.calls = os.path.join(self.tmp, group + ".calls")
+        procs = []
+        for j in range(jobs):
+            args = [sys.executable, JOB, "--url", self.urls[j % 2], "--group", group, "--dataset", "ds",
+                    "--out", os.path.join(self.tmp, f"{group}.{j}.out"), "--calls", self.calls, "--job", str(j),
+                    "--jobs", str(jobs), "--batch", str(BATCH), "--window", str(window), "--epochs", str(epochs),
+                    "--workers", "2" if j == 0 else "0"] + (extra or {}).get(j, [])
+            procs.append(subprocess.Popen(args, stderr=open(os.path.join(self.tmp, f"{group}.{j}.err"), "w")))
+        self.addCleanup(lambda: [p.kill() for p in procs if p.poll() is None])
+        return procs
+
+    def records(self, group, j):
+        with open(os.path.join(self.tmp, f"{group}.{j}.out")) as f:
+            return [json.loads(line) for line in f]
+
+    def assert_each_once(self, recs, epochs, who):
+        batches = [r for r in recs if "batch" in r]
+        for e in range(epochs):
+            idx = sorted(i for r in batches if r["epoch"] == e for i in r["indices"])
+            self.assertEqual(idx, list(range(N)), f"{who}, epoch {e}: each index exactly once")
+        self.assertEqual([(r["epoch"], r["batch"]) for r in batches],
+                         [(e, b) for e in range(epochs) for b in range(N // BATCH)], f"{who}: batches in order")
+
+    def finish(self, procs, timeout=120):
+        for p in procs:
+            self.assertEqual(p.wait(timeout=timeout), 0)
+
+    def transform_calls(self):
+        with open(self.calls) as f:
+            return sum(1 for _ in f)
+
+    def group(self, url, name):
+        return Client(url).json("GET", f"/v1/groups/{name}")
+
+
+class ThreeJobsTest(GroupCase):
+    def test_three_jobs_share_every_batch(self):
+        epochs = 2
+        self.finish(self.start_jobs("hp", 3, epochs=epochs))
+        recs = [self.records("hp", j) for j in range(3)]
+        for j in range(3):
+            self.assert_each_once(recs[j], epochs, f"job {j}")
+            self.assertFalse(recs[j][-1]["alone"], f"job {j} was detached")
+        digests = [[r["digest"] for r in rs if "batch" in r] for rs in recs]
+        self.assertEqual(digests[0], digests[1], "jobs 0 and 1 saw the same batches")
+        self.assertEqual(digests[0], digests[2], "jobs 0 and 2 saw the same batches")
+        calls = self.transform_calls()
+        self.assertLessEqual(calls, 1.1 * N * epochs, "the transform ran about once per sample, not J times")
+        self.assertGreaterEqual(calls, N * epochs)
+        a, b = self.group(self.urls[0], "hp"), self.group(self.urls[1], "hp")
+        self.assertEqual(a, b, "every node shows the group alike")
+        self.assertEqual(sum(j["prepared"] for j in a["jobs"]), epochs * N // BATCH)
+        self.assertEqual(sum(j["served"] for j in a["jobs"]), 2 * epochs * N // BATCH)
+
+
+class BadInputTest(GroupCase):
+    def assert_error(self, status, got, what):
+        code, _, body = got
+        self.assertEqual(code, status, f"{what}: {body!r}")
+        self.assertIn("error", json.loads(body), what)
+
+    def groups(self):
+        return sorted((g["name"], g["version"]) for g in Client(self.urls[0]).json("GET", "/v1/groups"))
+
+    def test_malformed_and_refused(self):
+        u0, u1 = self.urls
+        spec = {"dataset": "ds", "seed": 1, "batch_size": BATCH, "jobs": 2, "window": 1}
+        self.assertEqual(raw(u1, "PUT", "/v1/groups/g", spec)[0], 201)
+        self.assertEqual(raw(u0, "PUT", "/v1/groups/g", spec)[0], 200, "the same body again")
+        before = self.groups()
+        for body, status, what in [
+            (b'{"dataset": "ds",', 400, "truncated JSON"),
+            ({**spec, "extra": 1}, 400, "unknown field"),
+            ({**spec, "jobs": 0}, 400, "J < 1"),
+            ({**spec, "window": 0}, 400, "W < 1"),
+            ({**spec, "batch_size": 0}, 400, "batch_size < 1"),
+            ({**spec, "dataset": "nope"}, 404, "unknown dataset"),
+        ]:
+            self.assert_error(status, raw(u0, "PUT", "/v1/groups/other", body), what)
+        # A group over a deleted dataset.
+        c = Client(u1)
+        c.json("PUT", "/v1/datasets/gone", {"source": self.data})
+        c.request("DELETE", "/v1/datasets/gone")
+        self.assert_error(404, raw(u0, "PUT", "/v1/groups/other", {**spec, "dataset": "gone"}), "deleted dataset")
+        self.assertEqual(self.groups(), before, "refused definitions changed nothing")
+
+        p = "/v1/groups/g/epochs/0/batches/"
+        self.assertEqual(raw(u0, "PUT", p + "0?job=0", b"first")[0], 201)
+        self.assertEqual(raw(u1, "PUT", p + "0?job=0", b"first")[0], 200, "the same bytes again")
+        self.assert_error(409, raw(u1, "PUT", p + "0?job=1", b"other"), "other bytes")
+        self.assertEqual(raw(u0, "PUT", p + "1?job=1", b"one")[0], 201)
+        # Bound W x J = 2 batches: batch 2 waits for room, then 503.
+        self.assert_error(503, raw(u1, "PUT", p + "2?job=0&wait=0.3s", b"two"), "past the bound")
+        for q, what in [("0", "no job"), ("0?job=2", "job out of range"), ("24?job=0", "batch out of range"),
+                        ("x?job=0", "batch not a number"), ("0?job=0&wait=forever", "bad wait")]:
+            self.assert_error(400, raw(u0, "GET", p + q), what)
+        self.assert_error(409, raw(u0, "PUT", "/v1/groups/g", {**spec, "seed": 2}), "redefined while attached")
+        info = self.group(u0, "g")
+        self.assertEqual(info, self.group(u1, "g"))
+        self.assertEqual((info["staged_batches"], info["seed"]), (2, 1), "refused requests changed nothing")
+        self.assertEqual([(j["epoch"], j["batch"], j["detached"], j["prepared"]) for j in info["jobs"]],
+                         [(0, 0, False, 1), (0, 1, False, 1)])
+        code, _, body = raw(u1, "GET", p + "0?job=1")
+        self.assertEqual((code, body), (200, b"first"), "the first bytes stay")
+
+        # A read waits, then 404 (another group: a read moves its job, and
+        # W=1 would detach the other).
+        self.assertEqual(raw(u0, "PUT", "/v1/groups/w", {**spec, "window": 8})[0], 201)
+        self.assert_error(404, raw(u0, "GET", "/v1/groups/w/epochs/0/batches/1?job=0&wait=0.2s"), "not staged")
+
+        self.assertEqual(raw(u1, "DELETE", "/v1/groups/g")[0], 204)
+        wait_until(lambda: all(raw(u, "GET", "/v1/groups/g")[0] == 404 for u in self.urls), 30, "the group gone")
+        self.assert_error(404, raw(u0, "GET", "/v1/groups/g"), "deleted group")
+        wait_until(lambda: raw(u0, "GET", p + "1?job=0")[0] == 404, 30, "its batches gone")
+        self.assert_error(404, raw(u1, "GET", p + "1?job=0"), "batch of a deleted group")
+
+
+class DetachTest(GroupCase):
+    timeout = "2s"
+
+    def stopped(self, pid):
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+    def detached_everywhere(self, group, j):
+        return all(self.group(u, group)["jobs"][j]["detached"] for u in self.urls)
+
+    def test_stopped_job_is_detached_and_finishes_alone(self):
+        # Job 2 stops itself after its third batch (SIGSTOP), for longer
+        # than the window and the group timeout.
+        procs = self.start_jobs("st", 3, window=2, extra={2: ["--stop-after", "3"]})
+        wait_until(lambda: self.stopped(procs[2].pid), 60, "job 2 stopped")
+        wait_until(lambda: self.detached_everywhere("st", 2), 60, "job 2 detached on every node")
+        self.finish(procs[:2])
+        procs[2].send_signal(signal.SIGCONT)
+        self.finish(procs[2:])
+        recs = [self.records("st", j) for j in range(3)]
+        for j in range(3):
+            self.assert_each_once(recs[j], 1, f"job {j}")
+        self.assertTrue(recs[2][-1]["alone"], "job 2 went on alone")
+        # Seeded augmentation: the batches job 2 made alone are the ones the
+        # others read.
+        digests = [[r["digest"] for r in rs if "batch" in r] for rs in recs]
+        self.assertEqual(digests[0], digests[1])
+        self.assertEqual(digests[0], digests[2])
+
+    def test_killed_job_is_detached_and_the_others_finish(self):
+        procs = self.start_jobs("kl", 3, window=8, extra={1: ["--stop-after", "2"]})
+        wait_until(lambda: self.stopped(procs[1].pid), 60, "job 1 stopped")
+        procs[1].kill()
+        procs[1].wait()
+        wait_until(lambda: self.detached_everywhere("kl", 1), 60, "job 1 detached on every node")
+        self.finish([procs[0], procs[2]])
+        for j in (0, 2):
+            self.assert_each_once(self.records("kl", j), 1, f"job {j}")
+        info = self.group(self.urls[0], "kl")
+        self.assertIn("no request", info["jobs"][1]["why"])
+
+
+if __name__ == "__main__":
+    unittest.main()
