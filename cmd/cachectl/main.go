@@ -33,6 +33,7 @@ commands:
   stats                        per-node cache statistics, cluster-wide
   jobs add|ls|rm|resize        training jobs (see cachectl jobs add -h; resize JOB --world-size N --ranks ...)
   sample JOB --epoch E --rank R   a rank's locality-aware order
+  groups ls|show NAME|rm NAME  coordinated-prep groups: definitions, each job's position and state
   epoch NAME [--epochs N --workers W --verify DIR]
                                read a dataset in random order like a loader; report throughput and hit mix
   bench JOB [--epochs N --workers W --gpu-time 20ms]
@@ -117,6 +118,8 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return a.jobs(ctx, rest[1:])
 	case "sample":
 		return a.sample(ctx, rest[1:])
+	case "groups":
+		return a.groups(ctx, rest[1:])
 	case "epoch":
 		return a.epoch(ctx, rest[1:])
 	case "gendata":

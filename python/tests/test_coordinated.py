@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from stallfree import Client  # noqa: E402
 
-from harness import Cluster, wait_until  # noqa: E402
+from harness import BIN, Cluster, wait_until  # noqa: E402
 
 JOB = os.path.join(os.path.dirname(__file__), "coordinated_job.py")
 N, BATCH = 96, 4  # 24 batches an epoch
@@ -124,6 +124,14 @@ class ThreeJobsTest(GroupCase):
         self.assertEqual(a, b, "every node shows the group alike")
         self.assertEqual(sum(j["prepared"] for j in a["jobs"]), epochs * N // BATCH)
         self.assertEqual(sum(j["served"] for j in a["jobs"]), 2 * epochs * N // BATCH)
+
+        ctl = [os.path.join(os.path.dirname(BIN), "cachectl"), "--node", self.urls[1]]
+        ls = subprocess.run(ctl + ["groups", "ls"], capture_output=True, text=True, check=True).stdout
+        self.assertRegex(ls, r"(?m)^hp\s+ds\s+7\s+4\s+8\s+3\s")
+        shown = json.loads(subprocess.run(ctl + ["--json", "groups", "show", "hp"], capture_output=True, text=True, check=True).stdout)
+        self.assertEqual(shown["jobs"], self.group(self.urls[1], "hp")["jobs"])
+        subprocess.run(ctl + ["groups", "rm", "hp"], check=True)
+        wait_until(lambda: all(raw(u, "GET", "/v1/groups/hp")[0] == 404 for u in self.urls), 30, "the group removed")
 
 
 class BadInputTest(GroupCase):
