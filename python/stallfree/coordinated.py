@@ -322,9 +322,11 @@ class CoordinatedLoader:
         epoch, start = self.epoch, self._start
         self._start = 0
         self._ensure_pools()
-        # Batches in flight: enough to keep the workers busy, never more than
-        # W, so that read-ahead alone cannot put this job W batches ahead.
-        depth = max(1, min(self.window, max(2, 2 * self.num_workers)))
+        # Batches in flight (asked for, or being prepared here): half the
+        # window. The group prepares about that many batches at once, and
+        # the other half is slack for jobs drifting apart, so read-ahead
+        # alone does not put a job more than W batches ahead of another.
+        depth = max(1, self.window // 2)
         pending = collections.deque()
         nxt = start
         try:
@@ -411,7 +413,7 @@ class CoordinatedLoader:
             self._pool = ctx.Pool(self.num_workers, initializer=_worker_init, initargs=(self._prep,))
         if self._io is None:
             self._io = concurrent.futures.ThreadPoolExecutor(
-                max_workers=max(2, min(self.window, max(2, 2 * self.num_workers))) + 1,
+                max_workers=max(1, self.window // 2) + 1,
                 thread_name_prefix="stallfree-group")
 
     def _conn(self):
