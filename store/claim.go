@@ -5,10 +5,14 @@ package store
 // evicting the policy's victims and, when the policy keeps everything (MinIO
 // once full), any unpinned item: a staged batch is wanted within moments by
 // jobs that are waiting for it, while a cached item can be read from storage
-// again. False when n cannot fit even in an empty store.
+// again. False when n cannot fit even in an empty store (nothing is evicted
+// then).
 func (s *Store) Claim(n uint64) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.reservedN+n > s.capacity {
+		return false // could not fit with every item gone: evict nothing
+	}
 	for s.used-s.dying+s.reservedN+n > s.capacity {
 		victim, ok := s.policy.Victim(Key(^uint64(0)))
 		if !ok || !s.slots[victim].live {
