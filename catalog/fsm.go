@@ -97,7 +97,7 @@ type command struct {
 	Quota *uint64 `msgpack:"quota,omitempty"`
 	// Checkpoint carries opCheckpoint (checkpoint.go).
 	Checkpoint *checkpointCmd `msgpack:"checkpoint,omitempty"`
-	Group   *Group   `msgpack:"group,omitempty"`
+	Group      *Group         `msgpack:"group,omitempty"`
 }
 
 type pending struct {

@@ -19,6 +19,10 @@ const maxGroupWait = 5 * time.Minute
 // Serve.
 func (s *Server) EnableGroups(g *groups.Service) {
 	s.groups = g
+	// Relayed reads wait as long as their ?wait=, longer than s.relayer's
+	// timeout allows.
+	s.groupRelay = &fasthttp.Client{Name: "stallfree-group-relay", ReadTimeout: maxGroupWait + 30*time.Second,
+		MaxResponseBodySize: max(MaxBodySize, g.MaxBatchBytes())}
 }
 
 // bodyLimit is the largest request body a route takes: a group's batch as
@@ -162,7 +166,7 @@ func (s *Server) relayToOwner(ctx *fasthttp.RequestCtx, addr string, wait time.D
 	req.SetRequestURI("http://" + addr + string(ctx.URI().RequestURI()))
 	req.SetHost(addr)
 	req.Header.Set(api.HeaderForwarded, s.node.Name())
-	if err := s.relayer.DoTimeout(req, resp, wait+30*time.Second); err != nil {
+	if err := s.groupRelay.DoTimeout(req, resp, wait+30*time.Second); err != nil {
 		writeError(ctx, fasthttp.StatusServiceUnavailable, fmt.Sprintf("the group's owner at %s: %v", addr, err))
 		return
 	}

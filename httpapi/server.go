@@ -53,9 +53,10 @@ type Server struct {
 	SendBuffer int
 	// MaxConns bounds the client connections open at once; beyond it a new
 	// one gets 503 and is closed (0: no bound). Set it before Serve.
-	MaxConns int
-	ckpt     Checkpoints // checkpoints.go
-	groups   *groups.Service // coordinated prep (groups.go); nil: off
+	MaxConns   int
+	ckpt       Checkpoints     // checkpoints.go
+	groups     *groups.Service // coordinated prep (groups.go); nil: off
+	groupRelay *fasthttp.Client
 }
 
 // New builds the server; token may be empty (no auth).

@@ -349,6 +349,7 @@ class CoordinatedLoader:
     def _obtain(self, epoch, b):
         """The bytes of batch b: read from the stage, or prepared here (and
         staged for the others when this job is its producer)."""
+        waited = 0  # reads of this batch that waited in vain
         while True:
             if self.alone:
                 return self._prepare(epoch, b)
@@ -367,6 +368,14 @@ class CoordinatedLoader:
                 if a.producer == -1:  # dropped, or nobody left: make it here
                     return self._prepare(epoch, b)
                 if a.producer != self.job:
+                    waited += 1
+                    if waited >= 3:
+                        # Its producer is alive (not detached) but the batch
+                        # never came: staged at an owner that has since changed
+                        # (a node joined or left). Make it here; the seeded
+                        # augmentation gives the same bytes, and a copy staged
+                        # meanwhile wins (409).
+                        return self._stage(epoch, b, self._prepare(epoch, b))
                     self._refresh()
                     continue
                 # The node says this job prepares it (it took over a detached
