@@ -34,9 +34,13 @@ func (h *fakeHost) Group(name string) (*catalog.Group, bool) {
 	return g, ok
 }
 func (h *fakeHost) Groups() []*catalog.Group                              { return nil }
-func (h *fakeHost) HasDataset(name string) bool                           { return name == "ds" }
 func (h *fakeHost) AwaitCatalog(_ context.Context, cond func() bool) bool { return cond() }
+func (h *fakeHost) AppliedIndex() uint64                                  { return 0 }
+func (h *fakeHost) AwaitApplied(context.Context, uint64) bool             { return true }
 func (h *fakeHost) PutGroup(_ context.Context, g catalog.Group) (*catalog.Group, bool, error) {
+	if g.Dataset != "ds" {
+		return nil, false, fmt.Errorf("%w: dataset %q", catalog.ErrNotFound, g.Dataset)
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.version++

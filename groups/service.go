@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"strconv"
 	"sync"
 	"time"
 
@@ -38,12 +39,16 @@ const maxEpoch = 1 << 20
 // Host is the node as groups sees it.
 type Host interface {
 	Name() string
-	// Group, Groups and HasDataset read the local catalog replica.
+	// Group and Groups read the local catalog replica.
 	Group(name string) (*catalog.Group, bool)
 	Groups() []*catalog.Group
-	HasDataset(name string) bool
-	// AwaitCatalog waits until cond holds on the local catalog or ctx ends.
+	// AwaitCatalog waits until cond holds on the local catalog, or the
+	// catalog has caught up with the leader, or ctx ends.
 	AwaitCatalog(ctx context.Context, cond func() bool) bool
+	// AppliedIndex is the raft index the local catalog has applied;
+	// AwaitApplied waits until it reaches idx or ctx ends.
+	AppliedIndex() uint64
+	AwaitApplied(ctx context.Context, idx uint64) bool
 	// PutGroup and DeleteGroup write through the raft leader and return once
 	// this node's catalog shows the write.
 	// created is false when the group was defined so already.
@@ -169,15 +174,25 @@ func (s *Service) release(name string, st *stage) {
 	st.notify()
 }
 
-// catalogGrace is how long a request naming a group this node's catalog
-// does not show waits for it: the group may have been defined through
-// another node a moment ago, and raft brings it here a moment later.
-const catalogGrace = 2 * time.Second
+// catalogGrace bounds how long a request naming a group this node's catalog
+// does not show waits for the catalog to catch up with the leader: the group
+// may have been defined through another node a moment ago, and raft brings
+// it here a moment later (seconds, on a loaded machine).
+const catalogGrace = 15 * time.Second
 
-// await gives the local catalog a moment to learn of a group.
-func (s *Service) awaitGroup(ctx context.Context, name string) {
+// awaitGroup gives the local catalog a moment to learn of a group: first
+// everything the asking node had applied (after: the raft index a relaying
+// node sent, 0 for a client), then whatever this node knows the leader
+// committed.
+func (s *Service) awaitGroup(ctx context.Context, name string, after uint64) {
+	if _, ok := s.host.Group(name); ok {
+		return
+	}
 	ctx, cancel := context.WithTimeout(ctx, catalogGrace)
 	defer cancel()
+	if after > 0 {
+		s.host.AwaitApplied(ctx, after)
+	}
 	s.host.AwaitCatalog(ctx, func() bool { _, ok := s.host.Group(name); return ok })
 }
 
@@ -210,14 +225,13 @@ func (s *Service) Put(ctx context.Context, name string, spec api.GroupSpec) (inf
 	want := catalog.Group{Name: name, Dataset: spec.Dataset, Seed: spec.Seed, BatchSize: spec.BatchSize,
 		Jobs: spec.Jobs, Window: *spec.Window}
 	if old, ok := s.host.Group(name); ok && old.SameSpec(&want) {
-		info, err := s.Info(ctx, name)
+		info, err := s.Info(ctx, name, 0)
 		return info, false, err
 	}
-	if !s.host.HasDataset(spec.Dataset) {
-		return info, false, fmt.Errorf("%w: dataset %q", catalog.ErrNotFound, spec.Dataset)
-	}
+	// Whether the dataset exists is the catalog's to say (on the leader): this
+	// node's replica may not have applied it yet.
 	if _, ok := s.host.Group(name); ok {
-		cur, err := s.Info(ctx, name)
+		cur, err := s.Info(ctx, name, 0)
 		if err != nil {
 			return info, false, err
 		}
@@ -232,7 +246,7 @@ func (s *Service) Put(ctx context.Context, name string, spec api.GroupSpec) (inf
 	if err != nil {
 		return info, false, err
 	}
-	info, err = s.Info(ctx, name)
+	info, err = s.Info(ctx, name, 0)
 	return info, created, err
 }
 
@@ -256,11 +270,12 @@ func (s *Service) List() []api.GroupInfo {
 
 // Info is GET /v1/groups/{g}: the owner's view, asked of the owner when this
 // node is not it, so every node answers alike.
-func (s *Service) Info(ctx context.Context, name string) (api.GroupInfo, error) {
-	if addr, self := s.host.GroupOwner(name); !self {
+// after is the raft index a relaying node had applied (0: none).
+func (s *Service) Info(ctx context.Context, name string, after uint64) (api.GroupInfo, error) {
+	if addr, self := s.host.GroupOwner(name); !self && after == 0 {
 		return s.remoteInfo(ctx, addr, name)
 	}
-	s.awaitGroup(ctx, name)
+	s.awaitGroup(ctx, name, after)
 	return s.LocalInfo(name)
 }
 
@@ -281,6 +296,7 @@ func (s *Service) remoteInfo(ctx context.Context, addr, name string) (api.GroupI
 	defer fasthttp.ReleaseResponse(resp)
 	req.SetRequestURI("http://" + addr + "/v1/groups/" + url.PathEscape(name))
 	req.Header.Set(api.HeaderForwarded, s.host.Name())
+	req.Header.Set(api.HeaderApplied, strconv.FormatUint(s.host.AppliedIndex(), 10))
 	if s.cfg.Token != "" {
 		req.Header.Set("Authorization", "Bearer "+s.cfg.Token)
 	}
@@ -311,6 +327,9 @@ type Batch struct {
 	Job   int
 	Epoch uint64
 	Index int
+	// After is the raft index the node that relayed the request had
+	// applied (0: not relayed): the group it names is waited for that long.
+	After uint64
 }
 
 // position checks the request against the group and returns the batch's
@@ -346,7 +365,7 @@ func (s *Service) begin(st *stage, j int) func() {
 // the stage, has to make the batch. producer is the job preparing the batch
 // (by the rule in Producer) when the answer is ErrNotStaged.
 func (s *Service) Get(ctx context.Context, b Batch, wait time.Duration) (data []byte, producer int, err error) {
-	s.awaitGroup(ctx, b.Group)
+	s.awaitGroup(ctx, b.Group, b.After)
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	s.mu.Lock()
@@ -416,7 +435,7 @@ func (s *Service) PutBatch(ctx context.Context, b Batch, data []byte, wait time.
 	if s.cfg.MaxBatchBytes > 0 && len(data) > s.cfg.MaxBatchBytes {
 		return false, fmt.Errorf("%w: %d bytes; --max-item-bytes is %d", ErrTooLarge, len(data), s.cfg.MaxBatchBytes)
 	}
-	s.awaitGroup(ctx, b.Group)
+	s.awaitGroup(ctx, b.Group, b.After)
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	s.mu.Lock()

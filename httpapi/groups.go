@@ -59,7 +59,7 @@ func (s *Server) groupRoutes(ctx *fasthttp.RequestCtx, method string, seg []stri
 	if len(seg) == 1 {
 		switch method {
 		case fasthttp.MethodGet:
-			info, err := s.groups.Info(rctx, name)
+			info, err := s.groups.Info(rctx, name, relayedIndex(ctx))
 			if err != nil {
 				groupFail(ctx, err)
 				return
@@ -131,7 +131,7 @@ func (s *Server) groupBatch(ctx *fasthttp.RequestCtx, method, name, epochSeg, ba
 	}
 	rctx, cancel := reqContext(ctx, wait+time.Second)
 	defer cancel()
-	bt := groups.Batch{Group: name, Job: job, Epoch: epoch, Index: b}
+	bt := groups.Batch{Group: name, Job: job, Epoch: epoch, Index: b, After: relayedIndex(ctx)}
 	if method == fasthttp.MethodPut {
 		created, err := s.groups.PutBatch(rctx, bt, ctx.PostBody(), wait)
 		if err != nil {
@@ -146,12 +146,14 @@ func (s *Server) groupBatch(ctx *fasthttp.RequestCtx, method, name, epochSeg, ba
 		return
 	}
 	data, producer, err := s.groups.Get(rctx, bt, wait)
-	ctx.Response.Header.Set(api.HeaderGroupProducer, strconv.Itoa(producer))
 	if err != nil {
 		groupFail(ctx, err)
-		ctx.Response.Header.Set(api.HeaderGroupProducer, strconv.Itoa(producer)) // groupFail resets the response
+		if errors.Is(err, groups.ErrNotStaged) { // after groupFail, which resets the response
+			ctx.Response.Header.Set(api.HeaderGroupProducer, strconv.Itoa(producer))
+		}
 		return
 	}
+	ctx.Response.Header.Set(api.HeaderGroupProducer, strconv.Itoa(producer))
 	ctx.SetContentType("application/octet-stream")
 	ctx.Response.SetBodyRaw(data) // staged bytes are never changed, only dropped
 }
@@ -166,11 +168,24 @@ func (s *Server) relayToOwner(ctx *fasthttp.RequestCtx, addr string, wait time.D
 	req.SetRequestURI("http://" + addr + string(ctx.URI().RequestURI()))
 	req.SetHost(addr)
 	req.Header.Set(api.HeaderForwarded, s.node.Name())
+	// What this node has applied: the owner waits for it before it says a
+	// group defined through this node does not exist.
+	req.Header.Set(api.HeaderApplied, strconv.FormatUint(s.node.AppliedIndex(), 10))
 	if err := s.groupRelay.DoTimeout(req, resp, wait+30*time.Second); err != nil {
 		writeError(ctx, fasthttp.StatusServiceUnavailable, fmt.Sprintf("the group's owner at %s: %v", addr, err))
 		return
 	}
 	resp.CopyTo(&ctx.Response)
+}
+
+// relayedIndex is the raft index a relaying node had applied (0: the request
+// was not relayed).
+func relayedIndex(ctx *fasthttp.RequestCtx) uint64 {
+	if !relayed(ctx) {
+		return 0
+	}
+	idx, _ := strconv.ParseUint(string(ctx.Request.Header.Peek(api.HeaderApplied)), 10, 64)
+	return idx
 }
 
 // parseWait reads ?wait= as a Go duration ("30s") or seconds ("2.5").

@@ -81,8 +81,35 @@ func (n *Node) ClaimMemory(b uint64) bool { return n.store.Claim(b) }
 // UnclaimMemory gives back bytes of an earlier ClaimMemory.
 func (n *Node) UnclaimMemory(b uint64) { n.store.Unclaim(b) }
 
-// AwaitCatalog waits until cond holds on this node's catalog (checked at
-// every applied change) or ctx ends, and reports whether it holds.
+// AwaitCatalog waits until cond holds on this node's catalog, or the
+// catalog has applied everything this node knows the leader committed (so a
+// cond still false is false cluster-wide), or ctx ends; it reports whether
+// cond holds.
 func (n *Node) AwaitCatalog(ctx context.Context, cond func() bool) bool {
-	return n.cat.WaitFor(ctx, cond)
+	// Polled as well as woken by changes: raft's own entries (no-ops,
+	// configuration) move the commit index without a change of the catalog.
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		changed := n.cat.Updated()
+		if cond() {
+			return true
+		}
+		if caughtUp, _ := n.cat.CaughtUp(); caughtUp {
+			return cond()
+		}
+		select {
+		case <-ctx.Done():
+			return cond()
+		case <-changed:
+		case <-t.C:
+		}
+	}
+}
+
+// AwaitApplied waits until this node's catalog has applied raft index idx
+// (what another node had applied when it relayed a request here), or ctx
+// ends.
+func (n *Node) AwaitApplied(ctx context.Context, idx uint64) bool {
+	return n.cat.WaitFor(ctx, func() bool { return n.cat.AppliedIndex() >= idx })
 }

@@ -36,6 +36,7 @@ import os
 import random
 import sys
 import threading
+import time
 import urllib.parse
 
 import msgpack
@@ -246,13 +247,12 @@ class CoordinatedLoader:
         self._lock = threading.Lock()
         gq = urllib.parse.quote(group, safe="")
         self._gpath = f"/v1/groups/{gq}"
+        spec = None
         if jobs is not None:
             spec = {"dataset": dataset, "seed": int(seed), "batch_size": self.batch_size, "jobs": int(jobs)}
             if window is not None:
                 spec["window"] = int(window)
-            info = self.client.json("PUT", self._gpath, spec)
-        else:
-            info = self.client.json("GET", self._gpath)
+        info = self._define(spec)
         if info["dataset"] != dataset or info["batch_size"] != self.batch_size:
             raise ValueError(f"group {group!r} reads {info['dataset']!r} in batches of {info['batch_size']}, "
                              f"not {dataset!r} in batches of {self.batch_size}")
@@ -275,6 +275,23 @@ class CoordinatedLoader:
         self._host, self._port = u.hostname, u.port or 80
 
     # -- group state ---------------------------------------------------------
+
+    def _define(self, spec, patience=60.0):
+        """PUTs the group (spec) or reads it (None); a cluster without a
+        leader for a moment (503) is waited for, up to patience seconds."""
+        deadline = time.monotonic() + patience
+        while True:
+            try:
+                if spec is None:
+                    return self.client.json("GET", self._gpath)
+                return self.client.json("PUT", self._gpath, spec)
+            except StallfreeError as e:
+                if e.status != 503 or time.monotonic() > deadline:
+                    raise
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+            time.sleep(0.2)
 
     def _apply(self, info):
         with self._lock:
@@ -363,6 +380,9 @@ class CoordinatedLoader:
                 if a.status == 410:
                     self.alone = True
                     continue
+                if a.status == 503:  # the owner or the leader is out of reach a moment
+                    time.sleep(0.2)
+                    continue
                 if a.status != 404:
                     raise StallfreeError(a.status, a.message) from None
                 if a.producer == -1:  # dropped, or nobody left: make it here
@@ -400,7 +420,8 @@ class CoordinatedLoader:
                 if a.status == 410:
                     self.alone = True
                     return data
-                if a.status == 503:  # the stage is full: the others are reading; wait on
+                if a.status == 503:  # the stage is full (the others are reading) or out of reach a moment
+                    time.sleep(0.05)
                     continue
                 raise StallfreeError(a.status, a.message) from None
 

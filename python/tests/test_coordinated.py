@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 import urllib.parse
 
@@ -37,6 +38,18 @@ def raw(url, method, path, body=None):
         c.close()
 
 
+def write(url, method, path, body=None):
+    """raw() of a catalog write, retried while the cluster answers 503 (no raft
+    leader for a moment: a loaded machine can make the fast test timers elect
+    again)."""
+    deadline = time.time() + 60
+    while True:
+        got = raw(url, method, path, body)
+        if got[0] != 503 or time.time() > deadline:
+            return got
+        time.sleep(0.1)
+
+
 class GroupCase(unittest.TestCase):
     """One cluster per class; a dataset of N items whose first six bytes are
     their index."""
@@ -60,7 +73,7 @@ class GroupCase(unittest.TestCase):
         cls.urls = [u for _, u in cls.cluster.nodes]
         c = Client(cls.urls[1])
         wait_until(lambda: c.json("PUT", "/v1/datasets/ds", {"source": cls.data}), 30, "registration")
-        wait_until(lambda: Client(cls.urls[0]).dataset("ds"), 30, "the dataset on both nodes")
+        wait_until(lambda: all(Client(u).dataset("ds") for u in cls.urls), 30, "the dataset on both nodes")
 
     @classmethod
     def tearDownClass(cls):
@@ -146,8 +159,9 @@ class BadInputTest(GroupCase):
     def test_malformed_and_refused(self):
         u0, u1 = self.urls
         spec = {"dataset": "ds", "seed": 1, "batch_size": BATCH, "jobs": 2, "window": 1}
-        self.assertEqual(raw(u1, "PUT", "/v1/groups/g", spec)[0], 201)
-        self.assertEqual(raw(u0, "PUT", "/v1/groups/g", spec)[0], 200, "the same body again")
+        got = write(u1, "PUT", "/v1/groups/g", spec)
+        self.assertEqual(got[0], 201, got[2])
+        self.assertEqual(write(u0, "PUT", "/v1/groups/g", spec)[0], 200, "the same body again")
         before = self.groups()
         for body, status, what in [
             (b'{"dataset": "ds",', 400, "truncated JSON"),
@@ -157,12 +171,11 @@ class BadInputTest(GroupCase):
             ({**spec, "batch_size": 0}, 400, "batch_size < 1"),
             ({**spec, "dataset": "nope"}, 404, "unknown dataset"),
         ]:
-            self.assert_error(status, raw(u0, "PUT", "/v1/groups/other", body), what)
+            self.assert_error(status, write(u0, "PUT", "/v1/groups/other", body), what)
         # A group over a deleted dataset.
-        c = Client(u1)
-        c.json("PUT", "/v1/datasets/gone", {"source": self.data})
-        c.request("DELETE", "/v1/datasets/gone")
-        self.assert_error(404, raw(u0, "PUT", "/v1/groups/other", {**spec, "dataset": "gone"}), "deleted dataset")
+        self.assertEqual(write(u1, "PUT", "/v1/datasets/gone", {"source": self.data})[0], 201)
+        self.assertEqual(write(u1, "DELETE", "/v1/datasets/gone")[0], 204)
+        self.assert_error(404, write(u0, "PUT", "/v1/groups/other", {**spec, "dataset": "gone"}), "deleted dataset")
         self.assertEqual(self.groups(), before, "refused definitions changed nothing")
 
         p = "/v1/groups/g/epochs/0/batches/"
@@ -175,7 +188,7 @@ class BadInputTest(GroupCase):
         for q, what in [("0", "no job"), ("0?job=2", "job out of range"), ("24?job=0", "batch out of range"),
                         ("x?job=0", "batch not a number"), ("0?job=0&wait=forever", "bad wait")]:
             self.assert_error(400, raw(u0, "GET", p + q), what)
-        self.assert_error(409, raw(u0, "PUT", "/v1/groups/g", {**spec, "seed": 2}), "redefined while attached")
+        self.assert_error(409, write(u0, "PUT", "/v1/groups/g", {**spec, "seed": 2}), "redefined while attached")
         info = self.group(u0, "g")
         self.assertEqual(info, self.group(u1, "g"))
         self.assertEqual((info["staged_batches"], info["seed"]), (2, 1), "refused requests changed nothing")
@@ -186,10 +199,10 @@ class BadInputTest(GroupCase):
 
         # A read waits, then 404 (another group: a read moves its job, and
         # W=1 would detach the other).
-        self.assertEqual(raw(u0, "PUT", "/v1/groups/w", {**spec, "window": 8})[0], 201)
+        self.assertEqual(write(u0, "PUT", "/v1/groups/w", {**spec, "window": 8})[0], 201)
         self.assert_error(404, raw(u0, "GET", "/v1/groups/w/epochs/0/batches/1?job=0&wait=0.2s"), "not staged")
 
-        self.assertEqual(raw(u1, "DELETE", "/v1/groups/g")[0], 204)
+        self.assertEqual(write(u1, "DELETE", "/v1/groups/g")[0], 204)
         wait_until(lambda: all(raw(u, "GET", "/v1/groups/g")[0] == 404 for u in self.urls), 30, "the group gone")
         self.assert_error(404, raw(u0, "GET", "/v1/groups/g"), "deleted group")
         wait_until(lambda: raw(u0, "GET", p + "1?job=0")[0] == 404, 30, "its batches gone")
@@ -199,9 +212,18 @@ class BadInputTest(GroupCase):
 class DetachTest(GroupCase):
     timeout = "2s"
 
-    def stopped(self, pid):
-        with open(f"/proc/{pid}/stat") as f:
+    def stopped(self, proc, group, j):
+        if proc.poll() is not None:
+            with open(os.path.join(self.tmp, f"{group}.{j}.err")) as f:
+                raise AssertionError(f"job {j} exited ({proc.returncode}) before stopping: {f.read()}")
+        with open(f"/proc/{proc.pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+    def await_stopped(self, proc, group, j):
+        deadline = time.time() + 60
+        while not self.stopped(proc, group, j):
+            self.assertLess(time.time(), deadline, f"job {j} never stopped")
+            time.sleep(0.05)
 
     def detached_everywhere(self, group, j):
         return all(self.group(u, group)["jobs"][j]["detached"] for u in self.urls)
@@ -210,7 +232,7 @@ class DetachTest(GroupCase):
         # Job 2 stops itself after its third batch (SIGSTOP), for longer
         # than the window and the group timeout.
         procs = self.start_jobs("st", 3, window=2, extra={2: ["--stop-after", "3"]})
-        wait_until(lambda: self.stopped(procs[2].pid), 60, "job 2 stopped")
+        self.await_stopped(procs[2], "st", 2)
         wait_until(lambda: self.detached_everywhere("st", 2), 60, "job 2 detached on every node")
         self.finish(procs[:2])
         procs[2].send_signal(signal.SIGCONT)
@@ -227,7 +249,7 @@ class DetachTest(GroupCase):
 
     def test_killed_job_is_detached_and_the_others_finish(self):
         procs = self.start_jobs("kl", 3, window=8, extra={1: ["--stop-after", "2"]})
-        wait_until(lambda: self.stopped(procs[1].pid), 60, "job 1 stopped")
+        self.await_stopped(procs[1], "kl", 1)
         procs[1].kill()
         procs[1].wait()
         wait_until(lambda: self.detached_everywhere("kl", 1), 60, "job 1 detached on every node")
