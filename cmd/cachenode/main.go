@@ -118,6 +118,14 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
+	// Coordinated prep's flags, checked before anything starts.
+	maxItemBytes, err := parseSize("max-item-bytes", *maxItem, 1, 1<<30, "a size up to 1GiB, such as 64MiB")
+	if err != nil {
+		return err
+	}
+	if *groupTimeout <= 0 {
+		return fmt.Errorf("--group-timeout %v: want a positive duration", *groupTimeout)
+	}
 	sndbuf, err := parseSize("send-buffer", *sendBuf, 0, 1<<30, "a size up to 1GiB, such as 512KiB (0: autotuning)")
 	if err != nil {
 		return err
@@ -253,13 +261,6 @@ func run(args []string) error {
 	}
 	defer ckpt.Close()
 	srv.SetCheckpoints(ckpt)
-	maxItemBytes, err := parseSize("max-item-bytes", *maxItem, 1, 1<<30, "a size up to 1GiB, such as 64MiB")
-	if err != nil {
-		return err
-	}
-	if *groupTimeout <= 0 {
-		return fmt.Errorf("--group-timeout %v: want a positive duration", *groupTimeout)
-	}
 	grp := groups.New(n, groups.Config{Timeout: *groupTimeout, MaxBatchBytes: int(maxItemBytes), Token: token, Logger: log})
 	defer grp.Close()
 	srv.EnableGroups(grp)

@@ -30,6 +30,8 @@ func TestBadFlagsFailBeforeStarting(t *testing.T) {
 		{"--name=", "--name: a node needs a name"},
 		{"--log-level loud", "--log-level"},
 		{"--storage-timeout 0s", "--storage-timeout 0s: want a positive duration"},
+		{"--group-timeout 0s", "--group-timeout 0s: want a positive duration"},
+		{"--max-item-bytes 2GiB", `--max-item-bytes "2GiB": want a size up to 1GiB`},
 		{"--max-inflight-bytes 12", `--max-inflight-bytes "12": want a size of at least 1MiB`},
 		{"--gossip 0.0.0.0:0", "--gossip 0.0.0.0:0: binding gossip, peer or raft beyond loopback needs --cluster-key-file"},
 		{"--peer 0.0.0.0:0", "--peer 0.0.0.0:0: binding gossip, peer or raft beyond loopback needs --cluster-key-file"},
