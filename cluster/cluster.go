@@ -19,6 +19,7 @@ import (
 
 	"stallfree/catalog"
 	"stallfree/clusterauth"
+	"stallfree/discovery"
 	"stallfree/listen"
 	"stallfree/membership"
 	"stallfree/partition"
@@ -66,6 +67,8 @@ type Config struct {
 	Logger                             *slog.Logger
 	// MaxPeerConns bounds the peer connections this node accepts at once.
 	MaxPeerConns int
+	// Resolver looks up host names among the Join seeds (nil: the system's).
+	Resolver discovery.Resolver
 }
 
 // Stats are the cluster's cumulative figures.
@@ -159,7 +162,7 @@ func (c *Cluster) Start() error {
 
 	raftAdv := cfg.RaftAdvert
 	ml, err := membership.Join(membership.Config{
-		Name: cfg.Name, Bind: cfg.GossipBind, Advertise: cfg.Advertise, Join: cfg.Join,
+		Name: cfg.Name, Bind: cfg.GossipBind, Advertise: cfg.Advertise, Join: cfg.Join, Resolver: cfg.Resolver,
 		SecretKey: clusterauth.Derive(cfg.ClusterKey, "gossip"), Fast: cfg.Fast, Logger: c.log,
 		Meta: membership.Meta{Incarnation: time.Now().UnixNano(), HTTP: cfg.HTTPAdvert, Peer: cfg.PeerAdvert,
 			Raft: raftAdv, Capacity: cfg.Capacity},

@@ -3,6 +3,7 @@
 package membership
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net"
@@ -14,6 +15,8 @@ import (
 
 	"github.com/hashicorp/memberlist"
 	"github.com/vmihailenco/msgpack/v5"
+
+	"stallfree/discovery"
 )
 
 // Meta is what a node tells the others about itself (msgpack, well under
@@ -59,6 +62,10 @@ type Config struct {
 	// RejoinInterval re-contacts seeds and lost members so a cluster heals
 	// after a partition longer than memberlist remembers the dead.
 	RejoinInterval time.Duration
+	// Resolver looks up the host names among the Join seeds (host:port),
+	// again on every attempt; a name joins every address it resolves to.
+	// nil: the system's resolver.
+	Resolver discovery.Resolver
 }
 
 // Membership is safe for concurrent use.
@@ -133,9 +140,9 @@ func Join(cfg Config) (*Membership, error) {
 		return nil, fmt.Errorf("membership: %w", err)
 	}
 	m.ml = ml
-	if len(cfg.Join) > 0 {
-		if _, err := ml.Join(cfg.Join); err != nil {
-			m.log.Warn("joining seeds failed; will retry", "seeds", cfg.Join, "err", err)
+	if seeds := m.seeds(); len(seeds) > 0 {
+		if _, err := ml.Join(seeds); err != nil {
+			m.log.Warn("joining seeds failed; will retry", "seeds", seeds, "err", err)
 		}
 	}
 	if m.cfg.RejoinInterval == 0 {
@@ -285,7 +292,7 @@ func (m *Membership) rejoinLoop() {
 			alive[n.Address()] = true
 		}
 		var targets []string
-		for _, s := range m.cfg.Join {
+		for _, s := range m.seeds() {
 			if !alive[s] {
 				targets = append(targets, s)
 			}
@@ -303,6 +310,23 @@ func (m *Membership) rejoinLoop() {
 			}
 		}
 	}
+}
+
+// seeds resolves Join now: a name (a Kubernetes headless Service) stands
+// for every member behind it at this moment, so it is looked up again on
+// every attempt. This node's own address is left out. memberlist contacts
+// each and counts those that answer; one that does not (a pod gone, an
+// address no one serves yet) costs a refused connection.
+func (m *Membership) seeds() []string {
+	if len(m.cfg.Join) == 0 {
+		return nil
+	}
+	addrs, err := discovery.Expand(context.Background(), m.cfg.Resolver, m.cfg.Join)
+	if err != nil {
+		m.log.Debug("resolving seeds", "err", err)
+	}
+	self := m.ml.LocalNode().Address()
+	return slices.DeleteFunc(addrs, func(a string) bool { return a == self })
 }
 
 type delegate struct{ m *Membership }

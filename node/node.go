@@ -25,6 +25,7 @@ import (
 	"stallfree/clairvoyant"
 	"stallfree/cluster"
 	"stallfree/clusterauth"
+	"stallfree/discovery"
 	"stallfree/locality"
 	"stallfree/source"
 	"stallfree/store"
@@ -82,6 +83,8 @@ type Config struct {
 	// Socket is the Unix socket the API is also served on ("" none), shown
 	// as the self member's "socket" in GET /v1/cluster.
 	Socket string
+	// Resolver looks up host names among the Join seeds (nil: the system's).
+	Resolver discovery.Resolver
 }
 
 // Node is safe for concurrent use.
@@ -187,7 +190,7 @@ func New(cfg Config) (*Node, error) {
 		cl := cluster.New(cluster.Config{Name: cfg.Name, GossipBind: cfg.GossipBind, Advertise: cfg.Advertise,
 			Join: cfg.Join, PeerBind: cfg.PeerBind, ClusterKey: cfg.ClusterKey, HTTPAdvert: cfg.HTTPAdvert,
 			PeerAdvert: cfg.PeerAdvert, RaftAdvert: cfg.RaftAdvert, Capacity: cfg.Memory, PeerTimeout: cfg.PeerTimeout,
-			DeadGrace: cfg.DeadGrace, Fast: cfg.FastRaft, Logger: cfg.Logger, MaxPeerConns: cfg.MaxPeerConns},
+			DeadGrace: cfg.DeadGrace, Fast: cfg.FastRaft, Logger: cfg.Logger, MaxPeerConns: cfg.MaxPeerConns, Resolver: cfg.Resolver},
 			forPeers{n}, cat, st)
 		n.peers = cl
 		if err := cl.Start(); err != nil {

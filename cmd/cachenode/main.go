@@ -24,6 +24,7 @@ import (
 
 	"github.com/dustin/go-humanize"
 
+	"stallfree/discovery"
 	"stallfree/groups"
 	"stallfree/httpapi"
 	"stallfree/node"
@@ -95,6 +96,9 @@ func run(args []string) error {
 	// Coordinated prep (groups, DESIGN §4 v3).
 	groupTimeout := fs.Duration("group-timeout", 30*time.Second, "detach a group's job after this long without a request from it")
 	maxItem := fs.String("max-item-bytes", "64MiB", "largest staged group batch (a PUT body)")
+	// Kubernetes (docs/kubernetes.md): a StatefulSet's pods share one spec, so
+	// which of them bootstraps is decided from the pod name.
+	byOrdinal := fs.Bool("bootstrap-ordinal-zero", false, "StatefulSet rule: bootstrap when --name ends in -0 and the data dir is empty, otherwise join (needs --join; not with --bootstrap)")
 	fs.Var(&datasets, "dataset", "NAME=SOURCE to register at start (repeatable, idempotent)")
 	fs.Var(&allow, "allow-source", "only sources under this prefix may be registered (repeatable)")
 	// Loader fast path (DESIGN §4 v3): the same API on a Unix socket.
@@ -189,6 +193,22 @@ func run(args []string) error {
 		if s = strings.TrimSpace(s); s != "" {
 			seeds = append(seeds, s)
 		}
+	}
+	if *byOrdinal {
+		if *bootstrap {
+			return errors.New("--bootstrap-ordinal-zero decides whether to bootstrap: give it or --bootstrap, not both")
+		}
+		if len(seeds) == 0 {
+			return errors.New("--bootstrap-ordinal-zero needs --join (the others' address, e.g. the headless Service)")
+		}
+		first, err := discovery.BootstrapsByOrdinal(*name)
+		if err != nil {
+			return fmt.Errorf("--bootstrap-ordinal-zero: --name: %w", err)
+		}
+		// The catalog bootstraps only an empty data dir: with state on disk
+		// ordinal 0 comes back as the member it was.
+		*bootstrap = first
+		log.Info("StatefulSet rule: ordinal 0 bootstraps an empty data dir, the others join", "bootstrap", first)
 	}
 	advIP, err := advertiseIP(*advertise, *gossip)
 	if err != nil {
