@@ -14,6 +14,7 @@ build:
 PYTHON ?= /usr/bin/python3
 test: build test-deps
 	STALLFREE_MINIO=$$(./scripts/minio.sh) CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 20m ./...
+	cd deploy/kubernetes && $(GO) test -count=1 ./...  # the manifests (a module of its own: docs/kubernetes.md)
 	$(PYTHON) -W ignore::ResourceWarning -m unittest discover -s python/tests -v
 
 # Installs what `make test` needs when it is missing: as root through
@@ -48,6 +49,7 @@ mutate:
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	cd deploy/kubernetes && $(GO) vet ./...
 	./scripts/check-layers.sh
 
 demo: build
