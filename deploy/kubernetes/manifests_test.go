@@ -102,15 +102,15 @@ func decode(rendered []byte) (*objects, error) {
 		var err error
 		switch head.APIVersion + " " + head.Kind {
 		case "apps/v1 StatefulSet":
-			o.sts = append(o.sts, strict[appsv1.StatefulSet](doc, &err))
+			err = strictInto(&o.sts, doc)
 		case "v1 Service":
-			o.services = append(o.services, strict[corev1.Service](doc, &err))
+			err = strictInto(&o.services, doc)
 		case "policy/v1 PodDisruptionBudget":
-			o.pdbs = append(o.pdbs, strict[policyv1.PodDisruptionBudget](doc, &err))
+			err = strictInto(&o.pdbs, doc)
 		case "networking.k8s.io/v1 NetworkPolicy":
-			o.policies = append(o.policies, strict[networkingv1.NetworkPolicy](doc, &err))
+			err = strictInto(&o.policies, doc)
 		case "v1 Secret":
-			o.secrets = append(o.secrets, strict[corev1.Secret](doc, &err))
+			err = strictInto(&o.secrets, doc)
 		default:
 			return nil, fmt.Errorf("unexpected object %s %s: add its type and rules to the test", head.APIVersion, head.Kind)
 		}
@@ -121,10 +121,15 @@ func decode(rendered []byte) (*objects, error) {
 	return o, nil
 }
 
-func strict[T any](doc string, err *error) *T {
+// strictInto decodes doc into a new T, refusing unknown and duplicate
+// fields, and appends it to list.
+func strictInto[T any](list *[]*T, doc string) error {
 	v := new(T)
-	*err = yaml.UnmarshalStrict([]byte(doc), v)
-	return v
+	if err := yaml.UnmarshalStrict([]byte(doc), v); err != nil {
+		return err
+	}
+	*list = append(*list, v)
+	return nil
 }
 
 func TestBase(t *testing.T) {
@@ -165,7 +170,7 @@ func TestChecksCatchBrokenManifests(t *testing.T) {
 	}
 	for _, c := range []struct {
 		want   string
-		break_ func(o *objects)
+		mutate func(o *objects)
 	}{
 		{"podManagementPolicy", func(o *objects) { o.sts[0].Spec.PodManagementPolicy = appsv1.OrderedReadyPodManagement }},
 		{"serviceName", func(o *objects) { o.sts[0].Spec.ServiceName = "stallfree" }},
@@ -180,12 +185,25 @@ func TestChecksCatchBrokenManifests(t *testing.T) {
 		{"PodDisruptionBudget", func(o *objects) { v := intstr.FromInt32(2); o.pdbs[0].Spec.MaxUnavailable = &v }},
 		{"NetworkPolicy", func(o *objects) { o.policies[0].Spec.Ingress[0].From[0].PodSelector = &metav1.LabelSelector{} }},
 		{"preStop", func(o *objects) { o.container().Lifecycle = nil }},
+		{"terminationGracePeriodSeconds", func(o *objects) { g := int64(5); o.sts[0].Spec.Template.Spec.TerminationGracePeriodSeconds = &g }},
+		{"bootstrap", func(o *objects) { o.container().Args = append(o.container().Args, "--bootstrap") }},
+		{"--advertise", func(o *objects) {
+			o.container().Env = slices.DeleteFunc(o.container().Env, isEnv("STALLFREE_ADVERTISE"))
+		}},
+		{"--name", func(o *objects) { setEnv(o.container(), "STALLFREE_NAME", "stallfree-0") }},
+		{"--data-dir", func(o *objects) { o.container().Args[4] = "--data-dir=/tmp/state" }},
+		{"--http", func(o *objects) { o.container().Args[0] = "--http=0.0.0.0:8080" }},
+		{"--cluster-key-file", func(o *objects) {
+			o.secrets[0].Data["cluster-key"] = o.secrets[0].Data["cluster.key"]
+			delete(o.secrets[0].Data, "cluster.key")
+		}},
+		{"Service stallfree port http", func(o *objects) { o.services[1].Spec.Ports[0].TargetPort = intstr.FromString("peer") }},
 	} {
 		o, err := decode(good)
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.break_(o)
+		c.mutate(o)
 		errs := o.rules()
 		if !slices.ContainsFunc(errs, func(e error) bool { return strings.Contains(e.Error(), c.want) }) {
 			t.Errorf("breaking %s went unnoticed (reported: %v)", c.want, errs)
@@ -193,10 +211,41 @@ func TestChecksCatchBrokenManifests(t *testing.T) {
 	}
 }
 
+// The overlay's own rules fail too when what they are about is broken.
+func TestChecksCatchBrokenNodeLocalOverlay(t *testing.T) {
+	good := render(t, "node-local")
+	for _, c := range []struct {
+		want   string
+		mutate func(o *objects)
+	}{
+		{"published on the host", func(o *objects) { o.container().Ports[0].HostPort = 0 }},
+		{"internalTrafficPolicy Local", func(o *objects) {
+			o.services = slices.DeleteFunc(o.services, func(s *corev1.Service) bool { return s.Name == "stallfree-local" })
+		}},
+		{"--socket", func(o *objects) { setEnv(o.container(), "STALLFREE_SOCKET", "/tmp/stallfree.sock") }},
+		{"same path", func(o *objects) { o.sts[0].Spec.Template.Spec.Volumes[0].HostPath.Path = "/var/run/sf" }},
+		{"drop every capability", func(o *objects) { o.container().SecurityContext.Capabilities.Drop = nil }},
+	} {
+		o, err := decode(good)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.mutate(o)
+		errs := o.nodeLocalRules()
+		if !slices.ContainsFunc(errs, func(e error) bool { return strings.Contains(e.Error(), c.want) }) {
+			t.Errorf("breaking %q went unnoticed (reported: %v)", c.want, errs)
+		}
+	}
+}
+
+func isEnv(name string) func(corev1.EnvVar) bool {
+	return func(e corev1.EnvVar) bool { return e.Name == name }
+}
+
 func setEnv(c *corev1.Container, name, value string) {
 	for i := range c.Env {
 		if c.Env[i].Name == name {
-			c.Env[i].Value = value
+			c.Env[i] = corev1.EnvVar{Name: name, Value: value}
 		}
 	}
 }
@@ -297,7 +346,11 @@ func (o *objects) rules() []error {
 	if c == nil {
 		return append(errs, fmt.Errorf("StatefulSet: no container named cachenode"))
 	}
-	if c.Image != "stallfree:local" && !strings.HasSuffix(strings.Split(c.Image, ":")[0], "/stallfree") {
+	repo := c.Image
+	if i := strings.LastIndexByte(repo, ':'); i > strings.LastIndexByte(repo, '/') {
+		repo = repo[:i] // the tag
+	}
+	if repo != "stallfree" && !strings.HasSuffix(repo, "/stallfree") {
 		bad("image %q: want the image deploy/Dockerfile builds (stallfree:local, or pushed as REGISTRY/stallfree)", c.Image)
 	}
 	f := flags(c)
@@ -493,7 +546,7 @@ func (o *objects) policyRules(podLabels map[string]string, f map[string]string) 
 		for _, from := range rule.From {
 			podsHere := from.NamespaceSelector == nil && from.IPBlock == nil && from.PodSelector != nil
 			all := podsHere && len(from.PodSelector.MatchLabels) == 0 && len(from.PodSelector.MatchExpressions) == 0
-			own := podsHere && !all && len(from.PodSelector.MatchExpressions) == 0 && subset(from.PodSelector.MatchLabels, podLabels)
+			own := podsHere && !all && len(from.PodSelector.MatchExpressions) == 0 && selects(from.PodSelector.MatchLabels, podLabels)
 			ownOnly = ownOnly && own
 			namespace = namespace || all
 		}
@@ -528,15 +581,6 @@ func (o *objects) policyRules(podLabels map[string]string, f map[string]string) 
 		}
 	}
 	return errs
-}
-
-func subset(sel, set map[string]string) bool {
-	for k, v := range sel {
-		if set[k] != v {
-			return false
-		}
-	}
-	return true
 }
 
 // nodeLocalRules: the overlay reaches a host's node from its own host.
