@@ -140,7 +140,12 @@ func Join(cfg Config) (*Membership, error) {
 		return nil, fmt.Errorf("membership: %w", err)
 	}
 	m.ml = ml
-	if seeds := m.seeds(); len(seeds) > 0 {
+	seeds, err := m.seeds()
+	if err != nil {
+		// Usual while a headless Service has no pods yet; lasting, a typo.
+		m.log.Warn("resolving --join; will retry", "err", err)
+	}
+	if len(seeds) > 0 {
 		if _, err := ml.Join(seeds); err != nil {
 			m.log.Warn("joining seeds failed; will retry", "seeds", seeds, "err", err)
 		}
@@ -291,8 +296,12 @@ func (m *Membership) rejoinLoop() {
 		for _, n := range m.ml.Members() {
 			alive[n.Address()] = true
 		}
+		seeds, err := m.seeds()
+		if err != nil {
+			m.log.Debug("resolving --join", "err", err)
+		}
 		var targets []string
-		for _, s := range m.seeds() {
+		for _, s := range seeds {
 			if !alive[s] {
 				targets = append(targets, s)
 			}
@@ -316,17 +325,25 @@ func (m *Membership) rejoinLoop() {
 // for every member behind it at this moment, so it is looked up again on
 // every attempt. This node's own address is left out. memberlist contacts
 // each and counts those that answer; one that does not (a pod gone, an
-// address no one serves yet) costs a refused connection.
-func (m *Membership) seeds() []string {
+// address no one serves yet) costs a refused connection. A seed that does
+// not resolve is reported beside the addresses the others gave.
+func (m *Membership) seeds() ([]string, error) {
 	if len(m.cfg.Join) == 0 {
-		return nil
+		return nil, nil
 	}
-	addrs, err := discovery.Expand(context.Background(), m.cfg.Resolver, m.cfg.Join)
-	if err != nil {
-		m.log.Debug("resolving seeds", "err", err)
-	}
+	// A lookup hung on DNS must not hold up Leave.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-m.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	addrs, err := discovery.Expand(ctx, m.cfg.Resolver, m.cfg.Join)
 	self := m.ml.LocalNode().Address()
-	return slices.DeleteFunc(addrs, func(a string) bool { return a == self })
+	return slices.DeleteFunc(addrs, func(a string) bool { return a == self }), err
 }
 
 type delegate struct{ m *Membership }
