@@ -185,6 +185,7 @@ func TestChecksCatchBrokenManifests(t *testing.T) {
 		{"PodDisruptionBudget", func(o *objects) { v := intstr.FromInt32(2); o.pdbs[0].Spec.MaxUnavailable = &v }},
 		{"NetworkPolicy", func(o *objects) { o.policies[0].Spec.Ingress[0].From[0].PodSelector = &metav1.LabelSelector{} }},
 		{"preStop", func(o *objects) { o.container().Lifecycle = nil }},
+		{"replicas", func(o *objects) { r := int32(1); o.sts[0].Spec.Replicas = &r }},
 		{"terminationGracePeriodSeconds", func(o *objects) { g := int64(5); o.sts[0].Spec.Template.Spec.TerminationGracePeriodSeconds = &g }},
 		{"bootstrap", func(o *objects) { o.container().Args = append(o.container().Args, "--bootstrap") }},
 		{"--advertise", func(o *objects) {
@@ -338,6 +339,11 @@ func (o *objects) rules() []error {
 	podLabels := sts.Spec.Template.Labels
 	if sts.Spec.Selector == nil || !selects(sts.Spec.Selector.MatchLabels, podLabels) {
 		bad("StatefulSet: its selector does not match its pods")
+	}
+	// Three raft voters survive one pod down (the PDB's one); a lone node
+	// with --join is never ready (it waits to see another member).
+	if r := sts.Spec.Replicas; r == nil || *r < 3 {
+		bad("StatefulSet: replicas under 3: raft would not survive the one pod the PDB lets go")
 	}
 	if sts.Spec.PodManagementPolicy != appsv1.ParallelPodManagement {
 		bad("StatefulSet: podManagementPolicy %q, want Parallel (pods find each other before any is ready)", sts.Spec.PodManagementPolicy)
