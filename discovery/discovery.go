@@ -20,8 +20,8 @@ type Resolver interface {
 	LookupHost(ctx context.Context, host string) ([]string, error)
 }
 
-// LookupTimeout bounds one seed's lookup, so a slow DNS server delays a
-// join attempt, never the gossip it retries from.
+// LookupTimeout bounds one seed's lookup: a DNS server that does not answer
+// delays one join attempt by at most this, and the next attempt asks again.
 const LookupTimeout = 5 * time.Second
 
 // Expand resolves each host:port seed to an ip:port for every address its
