@@ -26,6 +26,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
@@ -137,7 +138,7 @@ func TestBase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, err := range o.rules() {
+	for _, err := range append(o.rules(), o.names()...) {
 		t.Error(err)
 	}
 	if len(o.services) != 2 || len(o.sts) != 1 || len(o.pdbs) != 1 || len(o.policies) != 1 || len(o.secrets) != 1 {
@@ -152,7 +153,7 @@ func TestNodeLocalOverlay(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The base's rules hold in the overlay too.
-	for _, err := range o.rules() {
+	for _, err := range append(o.rules(), o.names()...) {
 		t.Error(err)
 	}
 	for _, err := range o.nodeLocalRules() {
@@ -199,13 +200,14 @@ func TestChecksCatchBrokenManifests(t *testing.T) {
 			delete(o.secrets[0].Data, "cluster.key")
 		}},
 		{"Service stallfree port http", func(o *objects) { o.services[1].Spec.Ports[0].TargetPort = intstr.FromString("peer") }},
+		{`Service port name "gossip-udp-ports"`, func(o *objects) { o.headless().Spec.Ports[4].Name = "gossip-udp-ports" }},
 	} {
 		o, err := decode(good)
 		if err != nil {
 			t.Fatal(err)
 		}
 		c.mutate(o)
-		errs := o.rules()
+		errs := append(o.rules(), o.names()...)
 		if !slices.ContainsFunc(errs, func(e error) bool { return strings.Contains(e.Error(), c.want) }) {
 			t.Errorf("breaking %s went unnoticed (reported: %v)", c.want, errs)
 		}
@@ -585,6 +587,59 @@ func (o *objects) policyRules(podLabels map[string]string, f map[string]string) 
 		if !opened[pp] {
 			bad("port %s/%s is not opened to those who need it (peer, raft, gossip: the cache's pods; HTTP: the namespace)", pp.port, pp.proto)
 		}
+	}
+	return errs
+}
+
+// names checks what the API server's validation would refuse and strict
+// decoding cannot see: object names (Services are DNS labels, since they
+// become host names), port names (at most 15 characters), port numbers,
+// label keys and values, environment variable names, Secret keys.
+func (o *objects) names() []error {
+	var errs []error
+	check := func(what, value string, problems []string) {
+		for _, p := range problems {
+			errs = append(errs, fmt.Errorf("%s %q: %s", what, value, p))
+		}
+	}
+	labelSet := func(what string, m map[string]string) {
+		for k, v := range m {
+			check(what+" label key", k, validation.IsQualifiedName(k))
+			check(what+" label value", v, validation.IsValidLabelValue(v))
+		}
+	}
+	for _, s := range o.services {
+		check("Service name", s.Name, validation.IsDNS1035Label(s.Name))
+		labelSet("Service "+s.Name, s.Labels)
+		for _, p := range s.Spec.Ports {
+			check("Service port name", p.Name, validation.IsValidPortName(p.Name))
+			check("Service port", fmt.Sprint(p.Port), validation.IsValidPortNum(int(p.Port)))
+		}
+	}
+	for _, sts := range o.sts {
+		check("StatefulSet name", sts.Name, validation.IsDNS1123Subdomain(sts.Name))
+		labelSet("pod", sts.Spec.Template.Labels)
+		for _, c := range sts.Spec.Template.Spec.Containers {
+			for _, p := range c.Ports {
+				check("container port name", p.Name, validation.IsValidPortName(p.Name))
+				check("container port", fmt.Sprint(p.ContainerPort), validation.IsValidPortNum(int(p.ContainerPort)))
+			}
+			for _, e := range c.Env {
+				check("env", e.Name, validation.IsEnvVarName(e.Name))
+			}
+		}
+	}
+	for _, sec := range o.secrets {
+		check("Secret name", sec.Name, validation.IsDNS1123Subdomain(sec.Name))
+		for k := range sec.Data {
+			check("Secret key", k, validation.IsConfigMapKey(k))
+		}
+	}
+	for _, x := range o.pdbs {
+		check("PodDisruptionBudget name", x.Name, validation.IsDNS1123Subdomain(x.Name))
+	}
+	for _, x := range o.policies {
+		check("NetworkPolicy name", x.Name, validation.IsDNS1123Subdomain(x.Name))
 	}
 	return errs
 }
