@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"stallfree/api"
+	"stallfree/client"
 	"stallfree/discovery"
 	"stallfree/httpapi"
 	"stallfree/node"
@@ -90,7 +92,7 @@ func sharedGossipPort(t *testing.T, ips ...string) int {
 
 // pod starts a member on its own loopback IP with the StatefulSet's flags:
 // --join NAME:PORT and the bootstrap rule decided from its name.
-func pod(t *testing.T, name, ip string, port int, seed string, dns *dnsTable) *node.Node {
+func pod(t *testing.T, name, ip string, port int, seed string, dns *dnsTable) (*node.Node, *client.Client) {
 	t.Helper()
 	first, err := discovery.BootstrapsByOrdinal(name)
 	if err != nil {
@@ -117,7 +119,7 @@ func pod(t *testing.T, name, ip string, port int, seed string, dns *dnsTable) *n
 		srv.Shutdown(ctx)
 		n.Close()
 	})
-	return n
+	return n, client.New(ln.Addr().String(), "")
 }
 
 func TestPodsJoinThroughANameOfManyAddresses(t *testing.T) {
@@ -130,17 +132,26 @@ func TestPodsJoinThroughANameOfManyAddresses(t *testing.T) {
 	dns.set("stallfree-headless", dead...)
 
 	// Parallel pod management: the joiners may start before ordinal 0.
-	p2 := pod(t, "stallfree-2", live[2], port, seed, dns)
-	p1 := pod(t, "stallfree-1", live[1], port, seed, dns)
-	p0 := pod(t, "stallfree-0", live[0], port, seed, dns)
-	pods := []*node.Node{p0, p1, p2}
-	node.Await(t, "ordinal 0 to lead the cluster it bootstrapped", p0.IsLeader)
-	if p1.IsLeader() || p2.IsLeader() {
-		t.Fatal("a joining pod formed a cluster of its own")
+	// The test reads the cluster as users do, over each member's HTTP API.
+	p2, c2 := pod(t, "stallfree-2", live[2], port, seed, dns)
+	p1, c1 := pod(t, "stallfree-1", live[1], port, seed, dns)
+	p0, c0 := pod(t, "stallfree-0", live[0], port, seed, dns)
+	pods, clients := []*node.Node{p0, p1, p2}, []*client.Client{c0, c1, c2}
+	ctx := context.Background()
+	view := func(c *client.Client) api.Cluster {
+		cl, err := c.Cluster(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cl
 	}
-	for _, p := range pods[1:] {
+	node.Await(t, "ordinal 0 to lead the cluster it bootstrapped", func() bool { return view(c0).Leader == "stallfree-0" })
+	for i, p := range pods[1:] {
 		if ok, _ := p.Ready(); ok {
 			t.Fatalf("%s is ready though the name lists none of its peers", p.Name())
+		}
+		if l := view(clients[i+1]).Leader; l != "" {
+			t.Fatalf("%s follows %q before it could reach anyone: it formed a cluster of its own", p.Name(), l)
 		}
 	}
 
@@ -154,28 +165,29 @@ func TestPodsJoinThroughANameOfManyAddresses(t *testing.T) {
 		t.Fatal("the name was not looked up again after the first attempt")
 	}
 	names := []string{"stallfree-0", "stallfree-1", "stallfree-2"}
-	for _, p := range pods {
-		node.Await(t, p.Name()+" to see all three as alive voters", func() bool {
+	for i, c := range clients {
+		node.Await(t, names[i]+" to see all three as alive voters of one leader's cluster", func() bool {
+			cl := view(c)
 			var got []string
-			for _, m := range p.Cluster().Members {
+			for _, m := range cl.Members {
 				if m.State == "alive" && m.Raft == "voter" {
 					got = append(got, m.Name)
 				}
 			}
 			slices.Sort(got)
-			return slices.Equal(got, names)
+			return cl.Leader != "" && slices.Equal(got, names)
 		})
 	}
 
 	// One cluster: a write made through the last pod is read on the others.
 	dir, _ := files(t, 12, 100)
-	if _, _, err := p2.PutDataset(context.Background(), "ds", dir); err != nil {
+	if _, err := c2.PutDataset(ctx, "ds", dir); err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range pods {
-		node.Await(t, p.Name()+" to see the dataset", func() bool { return p.HasDataset("ds") })
-		if d, err := p.Dataset(context.Background(), "ds"); err != nil || d.Manifest.Len() != 12 {
-			t.Fatalf("%s: dataset %v, %v", p.Name(), d, err)
-		}
+	for i, c := range clients {
+		node.Await(t, names[i]+" to list the dataset", func() bool {
+			ds, err := c.Datasets(ctx)
+			return err == nil && len(ds) == 1 && ds[0].Name == "ds" && ds[0].Items == 12
+		})
 	}
 }
