@@ -78,6 +78,8 @@ type Membership struct {
 	changed chan struct{}
 	stop    chan struct{}
 	wg      sync.WaitGroup
+	// self is this node's gossip address as the others dial it.
+	self string
 	// leaving holds members that said goodbye and have not gone yet.
 	// memberlist's leave event does not tell a leave from a failure (the
 	// Node it hands over never carries StateLeft), so a leaving node tells
@@ -133,6 +135,7 @@ func Join(cfg Config) (*Membership, error) {
 	mc.DeadNodeReclaimTime = 10 * time.Second
 	mc.Logger = slog.NewLogLogger(cfg.Logger.With("component", "memberlist").Handler(), slog.LevelDebug)
 	m := &Membership{cfg: cfg, log: cfg.Logger, members: map[string]*Member{}, leaving: map[string]bool{}, changed: make(chan struct{}, 1), stop: make(chan struct{})}
+	m.self = net.JoinHostPort(net.ParseIP(adv).String(), portStr)
 	mc.Delegate = delegate{m}
 	mc.Events = events{m}
 	ml, err := memberlist.Create(mc)
@@ -238,11 +241,21 @@ const goodbye = "stallfree-leaving:"
 // failure instead, which costs it a few rejoin attempts, nothing more.
 func (m *Membership) sayGoodbye(timeout time.Duration) {
 	msg := []byte(goodbye + m.cfg.Name)
-	var wg sync.WaitGroup
-	for _, n := range m.ml.Members() {
-		if n.Name == m.cfg.Name {
+	// Copies of the members, not memberlist's own Nodes: gossip rewrites
+	// those under its lock while these sends read them.
+	var to []*memberlist.Node
+	m.mu.Lock()
+	for _, mem := range m.members {
+		host, port, err := net.SplitHostPort(mem.Addr)
+		p, perr := strconv.Atoi(port)
+		if mem.Name == m.cfg.Name || mem.State != Alive || err != nil || perr != nil {
 			continue
 		}
+		to = append(to, &memberlist.Node{Name: mem.Name, Addr: net.ParseIP(host), Port: uint16(p)})
+	}
+	m.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, n := range to {
 		wg.Go(func() {
 			if err := m.ml.SendReliable(n, msg); err != nil {
 				m.log.Debug("saying goodbye", "member", n.Name, "err", err)
@@ -292,10 +305,17 @@ func (m *Membership) rejoinLoop() {
 			continue
 		}
 		last = time.Now()
-		alive := map[string]bool{}
-		for _, n := range m.ml.Members() {
-			alive[n.Address()] = true
+		// From this package's own view: the Nodes memberlist hands out are
+		// its live state, written under its lock, so reading their
+		// addresses here would race with gossip.
+		alive := map[string]bool{m.self: true}
+		m.mu.Lock()
+		for _, mem := range m.members {
+			if mem.State == Alive {
+				alive[mem.Addr] = true
+			}
 		}
+		m.mu.Unlock()
 		seeds, err := m.seeds()
 		if err != nil {
 			m.log.Debug("resolving --join", "err", err)
@@ -342,8 +362,7 @@ func (m *Membership) seeds() ([]string, error) {
 		}
 	}()
 	addrs, err := discovery.Expand(ctx, m.cfg.Resolver, m.cfg.Join)
-	self := m.ml.LocalNode().Address()
-	return slices.DeleteFunc(addrs, func(a string) bool { return a == self }), err
+	return slices.DeleteFunc(addrs, func(a string) bool { return a == m.self }), err
 }
 
 type delegate struct{ m *Membership }
