@@ -14,6 +14,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -159,6 +160,54 @@ func TestNodeLocalOverlay(t *testing.T) {
 	for _, err := range o.nodeLocalRules() {
 		t.Error(err)
 	}
+}
+
+// cachenode ignores a STALLFREE_ variable that names no flag (the
+// environment holds many), so a misspelt one would pass unnoticed in a
+// pod: every variable and argument the manifests set must name a flag that
+// cmd/cachenode defines.
+func TestEveryFlagIsCachenodes(t *testing.T) {
+	defined := cachenodeFlags(t)
+	for _, dir := range []string{"base", "node-local"} {
+		o, err := decode(render(t, dir))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for flag := range flags(o.container()) {
+			if !defined[flag] {
+				t.Errorf("%s: --%s (or STALLFREE_%s) is no flag of cachenode", dir, flag, strings.ToUpper(strings.ReplaceAll(flag, "-", "_")))
+			}
+		}
+	}
+	if defined["no-such-flag"] || !defined["bootstrap-ordinal-zero"] || !defined["socket"] {
+		t.Fatalf("reading cachenode's flags went wrong: %v", defined)
+	}
+}
+
+// cachenodeFlags reads the flag names cmd/cachenode defines from its
+// source (fs.String("name", ...), fs.Var(&v, "name", ...)): this module
+// cannot import a command of another.
+func cachenodeFlags(t *testing.T) map[string]bool {
+	t.Helper()
+	files, err := filepath.Glob("../../cmd/cachenode/*.go")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("cmd/cachenode sources: %v", err)
+	}
+	def := regexp.MustCompile(`fs\.(?:String|Bool|Duration|Int|Int64|Uint|Uint64|Float64|Var)\((?:&\w+, )?"([a-z0-9-]+)"`)
+	out := map[string]bool{}
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range def.FindAllSubmatch(b, -1) {
+			out[string(m[1])] = true
+		}
+	}
+	return out
 }
 
 // The checks can fail: a misspelt field is refused by the strict decoding,
