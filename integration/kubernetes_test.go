@@ -2,7 +2,9 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -25,7 +27,8 @@ func TestStatefulSetBootstrapRule(t *testing.T) {
 	}
 	env := []string{"STALLFREE_BOOTSTRAP_ORDINAL_ZERO=true"}
 	pod := func(i int) *proc {
-		return startNode(t, nodeOpts{name: names[i], gossip: gossip[i], join: join, env: env})
+		// info: the node logs the rule's decision.
+		return startNode(t, nodeOpts{name: names[i], gossip: gossip[i], join: join, env: env, logLevel: "info"})
 	}
 	p2, p1 := pod(2), pod(1)
 	// They find each other, but neither may bootstrap: no leader, not ready.
@@ -73,8 +76,25 @@ func TestStatefulSetBootstrapRule(t *testing.T) {
 	waitMembers(t, nodes, names)
 	waitFor(t, 30*time.Second, "one cluster of three voters after ordinal 0 restarted", threeVoters)
 	waitReady(t, p0)
-	ds, err := p0.c.Datasets(context.Background())
-	if err != nil || len(ds) != 1 || ds[0].Name != "ds" || ds[0].Items != 20 {
-		t.Fatalf("ordinal 0 after its restart lists %+v, %v; want the cluster's dataset", ds, err)
+	// A restarted follower may answer ready before the leader's next append
+	// tells it the commit index (TestRestartedFollowerNeverAnswers404), so
+	// its own listing is awaited: a second cluster would never list it.
+	waitFor(t, 30*time.Second, "ordinal 0 to list the cluster's dataset after its restart", func() bool {
+		ds, err := p0.c.Datasets(context.Background())
+		return err == nil && len(ds) == 1 && ds[0].Name == "ds" && ds[0].Items == 20
+	})
+	if d, err := p0.c.Dataset(context.Background(), "ds"); err != nil || d.Items != 20 {
+		t.Fatalf("ordinal 0 answers for the dataset with %+v, %v", d, err)
+	}
+
+	// Empty clusters founded side by side can merge, so the outcome alone
+	// would not show a joiner that bootstrapped: each node says what it
+	// decided (read once it has exited, when its log is complete).
+	for i, p := range []*proc{p0, p1, p2} {
+		p.stop()
+		want := fmt.Sprintf("bootstrap=%t", i == 0)
+		if !strings.Contains(p.log.String(), "StatefulSet rule") || !strings.Contains(p.log.String(), want) {
+			t.Errorf("%s did not log the StatefulSet rule with %s", p.name, want)
+		}
 	}
 }

@@ -208,7 +208,7 @@ func run(args []string) error {
 		// The catalog bootstraps only an empty data dir: with state on disk
 		// ordinal 0 comes back as the member it was.
 		*bootstrap = first
-		log.Info("StatefulSet rule: ordinal 0 bootstraps an empty data dir, the others join", "bootstrap", first)
+		log.Info("StatefulSet rule: ordinal 0 bootstraps an empty data dir, the others join", "bootstrap", *bootstrap)
 	}
 	advIP, err := advertiseIP(*advertise, *gossip)
 	if err != nil {
