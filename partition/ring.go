@@ -51,11 +51,8 @@ func New(members []string) (*Ring, error) {
 	if len(ms) == 0 {
 		return r, nil
 	}
-	// consistent panics when ceil(P/N*Load)*N < P (integer division first);
-	// with Load > 1 that happens only beyond P members
-	// (TestEveryMemberCountUpToPartitionsFits checks the constants).
-	if n := len(ms); n > PartitionCount {
-		return nil, fmt.Errorf("partition: %d members do not fit %d partitions", n, PartitionCount)
+	if err := fits(len(ms)); err != nil {
+		return nil, err
 	}
 	cms := make([]consistent.Member, len(ms))
 	for i, m := range ms {
@@ -63,6 +60,18 @@ func New(members []string) (*Ring, error) {
 	}
 	r.c = consistent.New(cms, consistent.Config{PartitionCount: PartitionCount, ReplicationFactor: ReplicationFactor, Load: Load, Hasher: hasher{}})
 	return r, nil
+}
+
+// fits refuses more members than partitions. consistent panics when
+// ceil(P/N*Load)*N < P (integer division first); with Load > 1 that happens
+// only beyond P members (TestEveryMemberCountUpToPartitionsFits checks the
+// constants). A function of its own so that its bound is tested at P
+// exactly, which a ring of P members takes minutes to show.
+func fits(members int) error {
+	if members > PartitionCount {
+		return fmt.Errorf("partition: %d members do not fit %d partitions", members, PartitionCount)
+	}
+	return nil
 }
 
 // Version identifies the member set: equal sets give equal versions on every node.
@@ -81,10 +90,11 @@ func (r *Ring) Empty() bool { return r.c == nil }
 
 // ItemKey is what is hashed for (dataset, key).
 func ItemKey(dataset, key string) []byte {
-	b := make([]byte, 0, len(dataset)+1+len(key))
-	b = append(b, dataset...)
-	b = append(b, 0)
-	return append(b, key...)
+	b := make([]byte, len(dataset)+1+len(key))
+	n := copy(b, dataset)
+	b[n] = 0 // a separator no dataset name contains
+	copy(b[n+1:], key)
+	return b
 }
 
 // Owner returns the member owning (dataset, key), or "" for an empty ring.

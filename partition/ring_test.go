@@ -125,8 +125,21 @@ func TestMemberLimit(t *testing.T) {
 	if _, err := New(ms); err == nil {
 		t.Fatalf("%d members accepted", len(ms))
 	}
+	if fits(PartitionCount) != nil || fits(PartitionCount+1) == nil {
+		t.Fatalf("the member bound is not exactly %d: %v, %v", PartitionCount, fits(PartitionCount), fits(PartitionCount+1))
+	}
 	empty, err := New(nil)
 	if err != nil || !empty.Empty() || empty.Owner("d", "k") != "" || len(empty.Shares()) != 0 {
 		t.Fatalf("empty ring: %v, owner %q, shares %v", err, empty.Owner("d", "k"), empty.Shares())
+	}
+}
+
+// The hashed key is the dataset's name, a NUL and the item's key, byte for
+// byte: every node must hash the same bytes, or owners differ between them.
+func TestItemKey(t *testing.T) {
+	for _, c := range []struct{ ds, key, want string }{{"ds", "a/b.jpg", "ds\x00a/b.jpg"}, {"", "k", "\x00k"}, {"d", "", "d\x00"}} {
+		if got := ItemKey(c.ds, c.key); string(got) != c.want || len(got) != cap(got) {
+			t.Fatalf("ItemKey(%q, %q) = %q (cap %d), want %q", c.ds, c.key, got, cap(got), c.want)
+		}
 	}
 }
