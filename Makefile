@@ -13,7 +13,7 @@ build:
 # (they belong to /usr/bin/python3, not to a pyenv python3 earlier on PATH).
 PYTHON ?= /usr/bin/python3
 test: build test-deps
-	STALLFREE_MINIO=$$(./scripts/minio.sh) CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 20m ./...
+	STALLFREE_MINIO=$$(./scripts/minio.sh) CGO_ENABLED=1 $(GO) test -race -count=1 -tags minio -timeout 20m ./...
 	cd deploy/kubernetes && $(GO) test -count=1 ./...  # the manifests (a module of its own: docs/kubernetes.md)
 	$(PYTHON) -W ignore::ResourceWarning -m unittest discover -s python/tests -v
 

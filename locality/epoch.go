@@ -121,6 +121,9 @@ func ResumeEpoch(prev *EpochPlan, position int, j *catalog.Job, members []string
 	if position < 0 || len(prev.Ranks) == 0 || position > len(prev.Ranks[0]) {
 		return nil, fmt.Errorf("%w: position %d outside the interrupted epoch's %d samples per rank", ErrInvalidJob, position, len(prev.Ranks[0]))
 	}
+	if j.WorldSize < 1 || j.BatchSize < 1 {
+		return nil, fmt.Errorf("%w: world size %d and batch size %d must be positive", ErrInvalidJob, j.WorldSize, j.BatchSize)
+	}
 	var rest []int32
 	for s := position; s < len(prev.Ranks[0]); s++ {
 		for _, order := range prev.Ranks {
@@ -131,9 +134,7 @@ func ResumeEpoch(prev *EpochPlan, position int, j *catalog.Job, members []string
 	if err != nil {
 		return nil, err
 	}
-	if j.WorldSize >= 1 && j.BatchSize >= 1 && len(j.Ranks) == j.WorldSize {
-		rest = byOwner(rest, j.WorldSize*j.BatchSize, rankDemand(j.Ranks, j.BatchSize), owner)
-	}
+	rest = byOwner(rest, j.WorldSize*j.BatchSize, rankDemand(j.Ranks, j.BatchSize), owner)
 	return assignEpoch(j, prev.Data, prev.Epoch, members, rest)
 }
 

@@ -218,6 +218,16 @@ func TestResumeEpoch(t *testing.T) {
 			t.Fatalf("position %d of 30: %v, want ErrInvalidJob", pos, err)
 		}
 	}
+	// The smallest layout resumes; an empty one is refused.
+	one := &catalog.Job{Name: "j", Dataset: "ds", Seed: 4, WorldSize: 1, BatchSize: 1, Ranks: threeNodes[:1]}
+	if ep, err := ResumeEpoch(prev, 10, one, threeNodes); err != nil || len(ep.Ranks[0]) != 4*20 {
+		t.Fatalf("resumed at world 1, batch 1: %v", err)
+	}
+	for _, bad := range []catalog.Job{{WorldSize: 0, BatchSize: 5}, {WorldSize: 3, BatchSize: 0}} {
+		if _, err := ResumeEpoch(prev, 10, &bad, threeNodes); !errors.Is(err, ErrInvalidJob) {
+			t.Fatalf("resumed at world %d, batch %d: %v, want ErrInvalidJob", bad.WorldSize, bad.BatchSize, err)
+		}
+	}
 	bad := &catalog.Job{Name: "j", Dataset: "ds", Seed: 4, WorldSize: 2, BatchSize: 5, Ranks: threeNodes}
 	if _, err := PlanEpoch(bad, d, 0, threeNodes); !errors.Is(err, ErrInvalidJob) {
 		t.Fatalf("3 rank nodes for a world of 2: %v, want ErrInvalidJob", err)
@@ -281,11 +291,34 @@ func TestResumeEpochKeepsLocality(t *testing.T) {
 		}
 		fr := float64(remote) / float64(total)
 		worst = max(worst, fr)
-		if fr > 0.10 || fr > 1.25*model {
-			t.Fatalf("seed %d: %.1f%% of the resumed remainder is remote; want at most 10%% and 1.25 x the model's %.1f%%", seed, 100*fr, 100*model)
+		// The bound is 10% and 1.25 x the model; regrouping by owner
+		// does better, and this holds it to that (half the model): a
+		// regrouping that lost its per-node demand would fall back to about
+		// the model's figure.
+		if fr > 0.10 || fr > 0.5*model {
+			t.Fatalf("seed %d: %.1f%% of the resumed remainder is remote; want at most 10%% and half the model's %.1f%%", seed, 100*fr, 100*model)
 		}
 	}
 	t.Logf("worst of 20 seeds: %.2f%% remote; plain-epoch model %.2f%%", 100*worst, 100*model)
+}
+
+// byOwner's order, exactly, on a case where the fill's choice matters: a
+// and b run ranks taking 2 units a step each, c runs none. Step 0: a has
+// only one unit, b gives two, and the fill comes from c (3 to spare against
+// b's 4-2 = 2). Step 1: b gives two; the fill ties b and c at 2 to spare and
+// takes the first owner seen (b), then c. The partial last step keeps the
+// rest in owner order.
+func TestByOwnerOrder(t *testing.T) {
+	names := map[int32]string{}
+	var units []int32
+	for i, o := range []string{"a", "b", "b", "c", "b", "c", "b", "c", "b", "b"} {
+		names[int32(i)] = o
+		units = append(units, int32(i))
+	}
+	got := byOwner(units, 4, map[string]int{"a": 2, "b": 2}, func(u int32) string { return names[u] })
+	if want := []int32{0, 1, 2, 3, 4, 6, 8, 5, 9, 7}; !slices.Equal(got, want) {
+		t.Fatalf("byOwner: %v, want %v", got, want)
+	}
 }
 
 // byOwner keeps every unit once and gives each node as many of its own

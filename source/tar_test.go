@@ -252,9 +252,10 @@ func TestTarSpecs(t *testing.T) {
 
 // The same shards in a real S3 server: indexed with one streaming GET per
 // shard, members read by ranged GETs.
-func TestTarS3ListsAndReadsMembers(t *testing.T) {
+func TestTarS3ListsAndReadsMembers(t *testing.T) { forEachS3(t, testTarS3ListsAndReadsMembers) }
+
+func testTarS3ListsAndReadsMembers(t *testing.T, srv s3Backend) {
 	root, want := shardsDir(t)
-	srv := miniotest.Start(t)
 	srv.Bucket("wds")
 	objs := map[string][]byte{}
 	for _, name := range []string{"a/train-0.tar", "b.tar", "notes.txt"} {
