@@ -9,8 +9,10 @@ build:
 	$(GO) build -o $(BIN)/ ./cmd/cachenode ./cmd/cachectl
 
 # -race needs cgo; the binaries themselves are static. The Python loader
-# tests run on Debian's python3-torch, python3-msgpack and python3-numpy
-# (they belong to /usr/bin/python3, not to a pyenv python3 earlier on PATH).
+# tests run on Debian's python3-torch, python3-msgpack, python3-numpy and
+# python3-pil (they belong to /usr/bin/python3, not to a pyenv python3
+# earlier on PATH). Pillow is installed so that the image decode path is
+# always tested; test_decode also runs a child without it.
 PYTHON ?= /usr/bin/python3
 test: build test-deps
 	STALLFREE_MINIO=$$(./scripts/minio.sh) CGO_ENABLED=1 $(GO) test -race -count=1 -tags minio -timeout 20m ./...
@@ -19,7 +21,7 @@ test: build test-deps
 
 # Installs what `make test` needs when it is missing: as root through
 # apt-get, otherwise it stops with the one command to run.
-TEST_DEBS := gcc libc6-dev python3-torch python3-msgpack python3-numpy
+TEST_DEBS := gcc libc6-dev python3-torch python3-msgpack python3-numpy python3-pil
 test-deps:
 	@./scripts/test-deps.sh $(PYTHON) $(TEST_DEBS)
 

@@ -153,9 +153,40 @@ func Open(cfg Config) (*Catalog, error) {
 				c.Close()
 				return nil, fmt.Errorf("catalog: bootstrap: %w", err)
 			}
+		} else if err := c.resumeOrRefuse(cfg); err != nil {
+			c.Close()
+			return nil, err
 		}
 	}
 	return c, nil
+}
+
+// resumeOrRefuse decides what --bootstrap means on a data directory that
+// already holds raft state (an earlier run's, say): when this node is a
+// member of the cluster recorded there, it resumes that cluster and says so
+// once; otherwise the state belongs to a cluster this node is not part of,
+// and mixing the two would be silent corruption, so it refuses, naming the
+// directory and the way out.
+func (c *Catalog) resumeOrRefuse(cfg Config) error {
+	f := c.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return fmt.Errorf("catalog: reading the raft configuration in %s: %w", cfg.Dir, err)
+	}
+	var names []string
+	member := false
+	for _, s := range f.Configuration().Servers {
+		names = append(names, string(s.ID))
+		member = member || string(s.ID) == cfg.NodeID
+	}
+	slices.Sort(names)
+	if !member {
+		return fmt.Errorf("catalog: --data-dir %s holds raft state of a cluster this node (%s) is not a member of (members: [%s]); "+
+			"to start a new cluster remove that directory (rm -r %s) or give --data-dir a fresh one; to rejoin that cluster "+
+			"start it with --join and no --bootstrap", cfg.Dir, cfg.NodeID, strings.Join(names, " "), cfg.Dir)
+	}
+	c.log.Info("--bootstrap: resuming the cluster recorded in --data-dir (remove the directory to start a new one)",
+		"data_dir", cfg.Dir, "members", names, "last_index", c.raft.LastIndex())
+	return nil
 }
 
 // Close stops raft and closes its stores.

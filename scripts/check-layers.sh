@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 declare -A layer=(
-  [miniotest]=-1 [api]=0 [bufpool]=0 [clusterauth]=0 [discovery]=0 [listen]=0 [partition]=0 [source]=0 [store]=0
+  [miniotest]=-1 [api]=0 [bufpool]=0 [catchup]=0 [clusterauth]=0 [datadir]=0 [discovery]=0 [listen]=0 [logbridge]=0 [partition]=0 [source]=0 [store]=0
   [planner]=0 [split]=1
   [catalog]=1 [transport]=1 [membership]=1
   [locality]=2

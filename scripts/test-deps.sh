@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages `make test` needs when they are missing:
-# a C toolchain for `go test -race` and the Python loader's torch, msgpack
-# and numpy for Debian's own python3. As root it runs apt-get; otherwise it
+# a C toolchain for `go test -race` and the Python loader's torch, msgpack,
+# numpy and Pillow for Debian's own python3. As root it runs apt-get; otherwise it
 # stops and prints the one command that would.
 # Usage: test-deps.sh PYTHON PACKAGE...
 set -euo pipefail
@@ -11,6 +11,7 @@ for pkg in "$@"; do
   case $pkg in
     gcc) command -v gcc >/dev/null || missing+=(gcc) ;;
     libc6-dev) [ -e /usr/include/stdio.h ] || missing+=(libc6-dev) ;;
+    python3-pil) "$python" -c "import PIL.Image" 2>/dev/null || missing+=("$pkg") ;;   # Pillow imports as PIL
     python3-*) "$python" -c "import ${pkg#python3-}" 2>/dev/null || missing+=("$pkg") ;;
     *) dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg") ;;
   esac

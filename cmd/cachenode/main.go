@@ -24,6 +24,7 @@ import (
 
 	"github.com/dustin/go-humanize"
 
+	"stallfree/datadir"
 	"stallfree/discovery"
 	"stallfree/groups"
 	"stallfree/httpapi"
@@ -237,6 +238,14 @@ func run(args []string) error {
 	if err != nil {
 		return fmt.Errorf("--raft: %w", err)
 	}
+
+	// One process per data directory: a second node on it would write the
+	// same raft log. Released when the process ends, however it ends.
+	lock, err := datadir.Acquire(*dataDir)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
 
 	// Loader fast path: bound before the node starts, so GET /v1/cluster
 	// names only a socket that exists.

@@ -23,6 +23,7 @@ from stallfree import Client, StallfreeError, decode  # noqa: E402
 from stallfree.torch import CachedDataset, LocalitySampler, StallMeter  # noqa: E402
 
 from harness import BIN, ROOT, Cluster, ClusterCase, free_port, wait_until  # noqa: E402,F401
+from images import JPEGS, PNGS, check_decoded_images  # noqa: E402
 
 
 class LoaderTest(ClusterCase):
@@ -172,8 +173,10 @@ class TarLoaderTest(ClusterCase):
             with tarfile.open(os.path.join(self.data, name), "w") as tf:
                 for j in range(37):
                     key = f"s{shard}_{j:03d}"
-                    parts = {"jpg": rnd.randbytes(200 + rnd.randrange(2000)), "cls": str(j % 5).encode(),
-                             "json": json.dumps({"j": j}).encode()}
+                    # Real images (python/tests/images, written by Pillow): the
+                    # loader's decode path opens them when Pillow is installed.
+                    parts = {"jpg": JPEGS[(shard + j) % len(JPEGS)][1], "png": PNGS[j % len(PNGS)][1],
+                             "cls": str(j % 5).encode(), "json": json.dumps({"j": j}).encode()}
                     for ext, b in parts.items():
                         info = tarfile.TarInfo(f"{key}.{ext}")
                         info.size = len(b)
@@ -186,11 +189,12 @@ class TarLoaderTest(ClusterCase):
         c = Client(url1)
         wait_until(lambda: c.json("PUT", "/v1/datasets/wds", {"source": "tar+dir://" + self.data}), 30, "registration")
         info = c.dataset("wds")
-        self.assertEqual((info["samples"], info["items"], info["shards"]), (len(self.samples), 3 * len(self.samples), 3))
+        self.assertEqual((info["samples"], info["items"], info["shards"]), (len(self.samples), 4 * len(self.samples), 3))
         self.assertEqual(c.sample("wds", 40), self.samples[40])
         self.assertEqual(c.samples("wds", [100, 2]), [self.samples[100], self.samples[2]])
-        d = decode(self.samples[7])
+        d = decode(c.sample("wds", 7))
         self.assertEqual((d["cls"], d["json"], d["__key__"]), (2, {"j": 7}, self.samples[7]["__key__"]))
+        check_decoded_images(self, d, self.samples[7])
 
         c.json("PUT", "/v1/jobs/wtrain", {"dataset": "wds", "seed": 5, "world_size": 2, "batch_size": 8, "ranks": [n1, n2]})
         orders = []
