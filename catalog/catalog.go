@@ -22,11 +22,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"stallfree/logbridge"
 	"stallfree/source"
 )
 
@@ -97,7 +97,7 @@ func Open(cfg Config) (*Catalog, error) {
 	}
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.NodeID)
-	rc.Logger = hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, Output: slogWriter{cfg.Logger}})
+	rc.Logger = logbridge.Raft(cfg.Logger)
 	rc.SnapshotThreshold = 1024
 	// A follower further behind than this gets a snapshot instead of the
 	// log: the log holds manifest chunks, and keeping 10,240 of them (raft's
@@ -262,6 +262,15 @@ func (c *Catalog) CaughtUp() (bool, string) {
 	}
 	return true, ""
 }
+
+// LastIndex is the index of the last entry in this node's raft log.
+func (c *Catalog) LastIndex() uint64 { return c.raft.LastIndex() }
+
+// LogApplied is the index of the last raft entry of any kind (commands,
+// configuration changes, a new term's no-op) this node has applied; a
+// moment ahead of AppliedIndex for commands, and unlike it comparable with
+// LastIndex, which counts every kind.
+func (c *Catalog) LogApplied() uint64 { return c.raft.AppliedIndex() }
 
 // IsLeader reports whether this node is the raft leader.
 func (c *Catalog) IsLeader() bool { return c.raft.State() == raft.Leader }
@@ -440,14 +449,6 @@ func (c *Catalog) Jobs() []*Job {
 	c.fsm.mu.RLock()
 	defer c.fsm.mu.RUnlock()
 	return byName(c.fsm.st.Jobs)
-}
-
-// slogWriter routes raft's hclog lines into the node's structured log.
-type slogWriter struct{ log *slog.Logger }
-
-func (w slogWriter) Write(p []byte) (int, error) {
-	w.log.Warn(strings.TrimSpace(string(p)), "component", "raft")
-	return len(p), nil
 }
 
 // PinEpoch fixes the member set of a job's epoch; the first pin wins and is

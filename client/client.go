@@ -28,6 +28,8 @@ type Client struct {
 	HTTP  *http.Client
 
 	route *ownerRoute // nil: every request goes to Base
+	// busyBackoff is the first wait before retrying a 503 (0: busyBackoff).
+	busyBackoff time.Duration
 }
 
 // ownerRoute is what RouteByOwner keeps: owner tables by dataset and a
@@ -129,11 +131,20 @@ func (c *Client) Do(ctx context.Context, method, path string, body any) (*http.R
 	}
 	setHeaders(req, body != nil, c.Token)
 	resp, err := c.HTTP.Do(req)
-	for try := 0; err == nil && resp.StatusCode == http.StatusServiceUnavailable && try < maxBusyRetries; try++ {
-		wait, ok := retryAfter(resp)
+	backoff, waited := c.busyBackoff, time.Duration(0)
+	if backoff <= 0 {
+		backoff = busyBackoff
+	}
+	for err == nil && resp.StatusCode == http.StatusServiceUnavailable && waited < maxBusyWait {
+		after, ok := retryAfter(resp)
 		if !ok { // a 503 without Retry-After is no leader, not a busy node
 			break
 		}
+		// What the node asked for, and never less than a doubling backoff:
+		// a node catching up its catalog may take seconds.
+		wait := max(after, backoff)
+		backoff = min(2*backoff, 4*time.Second)
+		waited += wait
 		resp.Body.Close()
 		select {
 		case <-ctx.Done():
@@ -164,10 +175,14 @@ func (c *Client) Do(ctx context.Context, method, path string, body any) (*http.R
 	return resp, nil
 }
 
-// maxBusyRetries bounds how often a request told to come back later (503
-// with Retry-After: the node's in-flight bytes are at their bound) is sent
-// again.
-const maxBusyRetries = 8
+// A request told to come back later (503 with Retry-After: the node's
+// in-flight bytes are at their bound, or its catalog is still catching up
+// with the leader's) is sent again after max(Retry-After, a backoff doubling
+// from busyBackoff to 4 s), for at most maxBusyWait in all.
+const (
+	busyBackoff = 100 * time.Millisecond
+	maxBusyWait = 30 * time.Second
+)
 
 func setHeaders(req *http.Request, hasBody bool, token string) {
 	if hasBody {

@@ -220,6 +220,9 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, fasthttp.StatusUnauthorized, "missing or wrong bearer token")
 		return
 	}
+	if s.catalogNotReady(ctx, method, seg) {
+		return
+	}
 	switch seg[1] {
 	case "groups":
 		s.groupRoutes(ctx, method, seg[2:])
@@ -234,6 +237,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	case "cluster":
 		if len(seg) == 2 && method == fasthttp.MethodGet {
 			writeJSON(ctx, 200, s.node.Cluster())
+			s.markApplied(ctx) // a joining node's catch-up target (node.CatalogReady)
 			return
 		}
 	case "datasets":

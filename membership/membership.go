@@ -17,6 +17,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"stallfree/discovery"
+	"stallfree/logbridge"
 )
 
 // Meta is what a node tells the others about itself (msgpack, well under
@@ -133,7 +134,7 @@ func Join(cfg Config) (*Membership, error) {
 	mc.SecretKey = cfg.SecretKey
 	// A node restarted in a container gets a new IP under the same name.
 	mc.DeadNodeReclaimTime = 10 * time.Second
-	mc.Logger = slog.NewLogLogger(cfg.Logger.With("component", "memberlist").Handler(), slog.LevelDebug)
+	mc.Logger = logbridge.Memberlist(cfg.Logger)
 	m := &Membership{cfg: cfg, log: cfg.Logger, members: map[string]*Member{}, leaving: map[string]bool{}, changed: make(chan struct{}, 1), stop: make(chan struct{})}
 	m.self = net.JoinHostPort(net.ParseIP(adv).String(), portStr)
 	mc.Delegate = delegate{m}
@@ -150,7 +151,10 @@ func Join(cfg Config) (*Membership, error) {
 	}
 	if len(seeds) > 0 {
 		if _, err := ml.Join(seeds); err != nil {
-			m.log.Warn("joining seeds failed; will retry", "seeds", seeds, "err", err)
+			// Seeds started a moment later are the rule when a cluster starts
+			// together: the rejoin loop retries every second, and warns once
+			// the node has been alone for longer than a start takes.
+			m.log.Info("seeds not reachable yet; retrying", "seeds", seeds, "err", err)
 		}
 	}
 	if m.cfg.RejoinInterval == 0 {
@@ -285,6 +289,10 @@ func (m *Membership) update(n *memberlist.Node, st State) {
 	m.notify()
 }
 
+// aloneWarning is how long a node with seeds may stay alone before it warns:
+// longer than a cluster started together takes to find itself.
+const aloneWarning = 30 * time.Second
+
 // rejoinLoop re-contacts seeds and every member once seen but now missing.
 // Bare memberlist forgets the other side of a long partition for good.
 func (m *Membership) rejoinLoop() {
@@ -295,11 +303,20 @@ func (m *Membership) rejoinLoop() {
 	t := time.NewTicker(min(time.Second, m.cfg.RejoinInterval))
 	defer t.Stop()
 	last := time.Now()
+	aloneSince, warned := time.Now(), false
 	for {
 		select {
 		case <-m.stop:
 			return
 		case <-t.C:
+		}
+		if len(m.cfg.Join) > 0 && m.ml.NumMembers() <= 1 {
+			if !warned && time.Since(aloneSince) > aloneWarning {
+				m.log.Warn("no seed has answered; still alone, retrying", "seeds", m.cfg.Join, "for", time.Since(aloneSince).Round(time.Second))
+				warned = true
+			}
+		} else {
+			aloneSince, warned = time.Now(), false
 		}
 		if m.ml.NumMembers() > 1 && time.Since(last) < m.cfg.RejoinInterval {
 			continue

@@ -22,6 +22,7 @@ import (
 
 	"stallfree/bufpool"
 	"stallfree/catalog"
+	"stallfree/catchup"
 	"stallfree/clairvoyant"
 	"stallfree/cluster"
 	"stallfree/clusterauth"
@@ -123,6 +124,8 @@ type Node struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+
+	catchup *catchup.Gate // catalog reads wait for it (CatalogReady)
 }
 
 // New opens the catalog and the store, and joins the cluster when
@@ -208,6 +211,8 @@ func New(cfg Config) (*Node, error) {
 	go n.watchCatalog()
 	n.wg.Add(1)
 	go n.quotaLoop()
+	n.catchup = catchup.New(catchupSource{n})
+	n.wg.Go(func() { n.catchup.Run(ctx, 50*time.Millisecond) })
 	if cfg.GossipBind != "" {
 		// Alone, a node owns everything: nothing to move, nothing to rewarm.
 		rehomeEvery := 2 * time.Second
@@ -245,6 +250,9 @@ func (n *Node) Ready() (ok bool, reason string) {
 		return false, "not joined to the cluster yet"
 	}
 	if ok, why := n.cat.CaughtUp(); !ok {
+		return false, why
+	}
+	if ok, why := n.catchup.Ready(); !ok {
 		return false, why
 	}
 	for _, spec := range n.cfg.Datasets {

@@ -100,6 +100,8 @@ func run(args []string) error {
 	// Kubernetes (docs/kubernetes.md): a StatefulSet's pods share one spec, so
 	// which of them bootstraps is decided from the pod name.
 	byOrdinal := fs.Bool("bootstrap-ordinal-zero", false, "StatefulSet rule: bootstrap when --name ends in -0 and the data dir is empty, otherwise join (needs --join; not with --bootstrap)")
+	// One log: the node's, raft's and memberlist's lines in one format.
+	logFormat := fs.String("log-format", "text", "log line format: text or json (raft's and memberlist's lines too)")
 	fs.Var(&datasets, "dataset", "NAME=SOURCE to register at start (repeatable, idempotent)")
 	fs.Var(&allow, "allow-source", "only sources under this prefix may be registered (repeatable)")
 	// Loader fast path (DESIGN §4 v3): the same API on a Unix socket.
@@ -116,7 +118,16 @@ func run(args []string) error {
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("node", *name)
+	var handler slog.Handler
+	switch opts := (&slog.HandlerOptions{Level: level}); *logFormat {
+	case "text":
+		handler = slog.NewTextHandler(os.Stderr, opts)
+	case "json":
+		handler = slog.NewJSONHandler(os.Stderr, opts)
+	default:
+		return fmt.Errorf("--log-format %q: want text or json", *logFormat)
+	}
+	log := slog.New(handler).With("node", *name)
 
 	mem, err := parseSize("memory", *memory, minMemory, math.MaxInt64,
 		"a size of at least 1MiB, such as 512MiB or 4GiB (IEC units; a plain number counts bytes)")

@@ -29,6 +29,7 @@ func TestBadFlagsFailBeforeStarting(t *testing.T) {
 		{"--dataset =/data", `--dataset "=/data": want NAME=SOURCE`},
 		{"--name=", "--name: a node needs a name"},
 		{"--log-level loud", "--log-level"},
+		{"--log-format xml", `--log-format "xml": want text or json`},
 		{"--storage-timeout 0s", "--storage-timeout 0s: want a positive duration"},
 		{"--group-timeout 0s", "--group-timeout 0s: want a positive duration"},
 		{"--max-item-bytes 2GiB", `--max-item-bytes "2GiB": want a size up to 1GiB`},

@@ -248,6 +248,13 @@ class Client:
             raise StallfreeError(r.status, msg, retry_after)
         return r, data
 
+    # A 503 with Retry-After (a node at its in-flight bound, or one whose
+    # catalog is still catching up with the leader's after a restart) is
+    # retried after max(Retry-After, a backoff doubling from busy_backoff to
+    # 4 s), on the next known node, for up to busy_wait seconds in all.
+    busy_backoff = 0.1
+    busy_wait = 30.0
+
     def request(self, method, path, body=None, headers=None):
         """Sends a request; connection failures and 503s are retried on the
         next known node (the others are learned from /v1/cluster on first use)."""
@@ -256,23 +263,33 @@ class Client:
         if not self._peers_loaded:
             self._load_peers()
         last = None
-        for attempt in range(self.retries * len(self.urls)):
-            base = self.urls[attempt % len(self.urls)]
+        attempt, turn = 0, 0
+        backoff, waited = self.busy_backoff, 0.0
+        while True:
+            base = self.urls[turn % len(self.urls)]
+            turn += 1
             try:
                 return self._request_once(base, method, path, body, headers)
             except StallfreeError as e:
                 if e.status != 503:
                     raise
                 last = e
-                if e.retry_after is not None:  # busy, not down: wait as told
-                    time.sleep(e.retry_after)
+                if e.retry_after is not None:  # busy or catching up, not down: wait, backing off
+                    wait = max(e.retry_after, backoff)
+                    backoff = min(2 * backoff, 4.0)
+                    if waited + wait > self.busy_wait:
+                        raise
+                    waited += wait
+                    time.sleep(wait)
                     continue
             except _RETRYABLE as e:
                 last = e
-            time.sleep(min(0.05 * (attempt + 1), 0.5))
-        if isinstance(last, StallfreeError):
-            raise last
-        raise NodeUnreachable(self.urls, last) from last
+            attempt += 1
+            if attempt >= self.retries * len(self.urls):
+                if isinstance(last, StallfreeError):
+                    raise last
+                raise NodeUnreachable(self.urls, last) from last
+            time.sleep(min(0.05 * attempt, 0.5))
 
     def json(self, method, path, body=None):
         _, data = self.request(method, path, body)
