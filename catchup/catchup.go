@@ -40,7 +40,9 @@ type Gate struct {
 }
 
 // New returns a closed gate; Run opens it.
-func New(src Source) *Gate { return &Gate{src: src, why: "catalog not yet compared with the raft leader's"} }
+func New(src Source) *Gate {
+	return &Gate{src: src, why: "catalog not yet compared with the raft leader's"}
+}
 
 // Run asks for the target every interval until it has one (or ctx ends).
 func (g *Gate) Run(ctx context.Context, interval time.Duration) {
