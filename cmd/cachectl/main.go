@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/dustin/go-humanize"
-	"github.com/schollz/progressbar/v3"
 
 	"stallfree/client"
 )
@@ -55,6 +54,7 @@ type app struct {
 	c    *client.Client
 	json bool
 	out  io.Writer
+	tty  bool // progress as a bar (on a terminal) or as plain lines
 }
 
 func main() {
@@ -95,7 +95,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		}
 		token = strings.TrimSpace(string(b))
 	}
-	a := &app{c: client.New(*nodeURL, token), json: *asJSON, out: out}
+	a := &app{c: client.New(*nodeURL, token), json: *asJSON, out: out, tty: out == io.Writer(os.Stdout) && interactive()}
 	rest := fs.Args()
 	if len(rest) == 0 {
 		return usageError{"no command"}
@@ -240,13 +240,17 @@ func (a *app) register(ctx context.Context, name, src string) (client.Dataset, e
 	}()
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
-	var bar *progressbar.ProgressBar
+	var bar *progress
+	start := time.Now()
 	for {
 		select {
 		case r := <-done:
 			if bar != nil {
-				_ = bar.Finish()
-				fmt.Fprintln(os.Stderr)
+				bar.Finish()
+				if r.err == nil { // the last line: count, bytes, time
+					fmt.Fprintf(os.Stderr, "registered %s: %d items, %s in %.1fs\n", name, r.d.Items,
+						humanize.IBytes(uint64(r.d.Bytes)), time.Since(start).Seconds())
+				}
 			}
 			return r.d, r.err
 		case <-tick.C:
@@ -260,21 +264,15 @@ func (a *app) register(ctx context.Context, name, src string) (client.Dataset, e
 		}
 		switch {
 		case p.Shards > 0:
-			if bar == nil || bar.GetMax64() != p.Shards {
-				bar = progressbar.NewOptions64(p.Shards, progressbar.OptionSetDescription("indexing "+name),
-					progressbar.OptionShowCount(), progressbar.OptionSetItsString("shards"), progressbar.OptionShowIts(),
-					progressbar.OptionSetPredictTime(true), progressbar.OptionSetWriter(os.Stderr),
-					progressbar.OptionThrottle(100*time.Millisecond), progressbar.OptionFullWidth())
+			if bar == nil || bar.total != p.Shards {
+				bar = newProgress(os.Stderr, a.tty, "indexing "+name, "shards", p.Shards)
 			}
-			bar.Describe(fmt.Sprintf("indexing %s (%d members, %s)", name, p.Listed, humanize.IBytes(uint64(p.ShardBytes))))
-			_ = bar.Set64(p.ShardsDone)
+			bar.Update(p.ShardsDone, p.ShardBytes, fmt.Sprintf("%d members", p.Listed))
 		default:
 			if bar == nil {
-				bar = progressbar.NewOptions64(-1, progressbar.OptionSetDescription("listing "+name),
-					progressbar.OptionSetWriter(os.Stderr), progressbar.OptionThrottle(100*time.Millisecond))
+				bar = newProgress(os.Stderr, a.tty, "listing "+name, "objects", -1)
 			}
-			bar.Describe(fmt.Sprintf("listing %s: %d objects", name, p.Listed))
-			_ = bar.Set64(p.Listed)
+			bar.Update(p.Listed, -1, "")
 		}
 	}
 }
@@ -317,7 +315,7 @@ func (a *app) warmup(ctx context.Context, name string) error {
 			return err
 		}
 	}
-	var bar *progressbar.ProgressBar
+	var bar *progress
 	start := time.Now()
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
@@ -339,14 +337,10 @@ func (a *app) warmup(ctx context.Context, name string) error {
 			full = full || p.Full
 		}
 		if bar == nil && !a.json {
-			bar = progressbar.NewOptions64(sum.Total, progressbar.OptionSetDescription("warm-up "+name),
-				progressbar.OptionShowCount(), progressbar.OptionShowIts(), progressbar.OptionSetItsString("items"),
-				progressbar.OptionSetPredictTime(true), progressbar.OptionSetWriter(os.Stderr),
-				progressbar.OptionThrottle(100*time.Millisecond), progressbar.OptionFullWidth())
+			bar = newProgress(os.Stderr, a.tty, "warm-up "+name, "items", sum.Total)
 		}
 		if bar != nil {
-			bar.Describe(fmt.Sprintf("warm-up %s (%s)", name, humanize.IBytes(uint64(sum.Bytes))))
-			_ = bar.Set64(sum.Done)
+			bar.Update(sum.Done, sum.Bytes, "")
 		}
 		if !running {
 			el := time.Since(start)
@@ -354,9 +348,9 @@ func (a *app) warmup(ctx context.Context, name string) error {
 				return a.printJSON(map[string]any{"done": sum.Done, "total": sum.Total, "bytes": sum.Bytes, "full": full, "seconds": el.Seconds()})
 			}
 			if bar != nil {
-				_ = bar.Finish()
+				bar.Finish()
 			}
-			fmt.Fprintf(a.out, "\nwarmed %d of %d items (%s) in %.1fs, %s/s\n", sum.Done, sum.Total,
+			fmt.Fprintf(a.out, "warmed %d of %d items (%s) in %.1fs, %s/s\n", sum.Done, sum.Total,
 				humanize.IBytes(uint64(sum.Bytes)), el.Seconds(), humanize.IBytes(uint64(float64(sum.Bytes)/max(el.Seconds(), 1e-3))))
 			if full {
 				fmt.Fprintln(a.out, "the cache is full: the rest is served from storage (MinIO keeps what it holds)")
