@@ -59,7 +59,7 @@ demo: build
 	./scripts/demo.sh
 
 clean:
-	rm -rf $(BIN) demo-data
+	rm -rf $(BIN) demo-data "$${XDG_CACHE_HOME:-$$HOME/.cache}/stallfree/demo"
 
 # --- containers (DESIGN §6) -------------------------------------------------
 COMPOSE ?= docker-compose

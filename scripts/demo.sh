@@ -5,7 +5,9 @@
 # print the statistics and the data-stall analysis. Stops what it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-work=${DEMO_DIR:-demo-data}
+# Data, raft state and the node's log go to a cache directory outside the
+# checkout (git status stays clean); DEMO_DIR puts them elsewhere.
+work=${DEMO_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/stallfree/demo}
 items=${DEMO_ITEMS:-2000}
 size=${DEMO_SIZE:-110KiB}
 http=${DEMO_HTTP:-127.0.0.1:7070}
@@ -13,14 +15,16 @@ rm -rf "$work"
 mkdir -p "$work"
 ctl() { bin/cachectl --node "http://$http" "$@"; }
 
+echo "== demo data, raft state and node log in $work (removed and rewritten by each run)"
 echo "== generating $items items of ~$size in $work/data"
 ctl gendata "$work/data" --items "$items" --size "$size"
 
 echo "== starting cachenode on $http"
 host=${http%:*}
-bin/cachenode --name demo-node --http "$http" --raft "$host:17072" --peer "$host:17071" --gossip "$host:17946" \
+bin/cachenode --name demo-node --http "$http" --raft "${DEMO_RAFT:-$host:17072}" --peer "${DEMO_PEER:-$host:17071}" \
+  --gossip "${DEMO_GOSSIP:-$host:17946}" \
   --bootstrap --data-dir "$work/state" --memory 512MiB --fast-timers --log-level warn --source-rate 150MB \
-  --dataset "demo=$PWD/$work/data" 2>"$work/node.log" &
+  --dataset "demo=$(cd "$work/data" && pwd)" 2>"$work/node.log" &
 pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null || true' EXIT
 for _ in $(seq 100); do
