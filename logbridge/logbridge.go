@@ -85,7 +85,13 @@ func (w *hclogWriter) line(line []byte) {
 	slices.Sort(keys)
 	args := make([]any, 0, 2*len(keys))
 	for _, k := range keys {
-		args = append(args, k, fields[k])
+		name := k
+		switch k {
+		case slog.TimeKey, slog.LevelKey, slog.MessageKey, slog.SourceKey:
+			// raft's own "time" (a duration) must not shadow the line's.
+			name = "raft-" + k
+		}
+		args = append(args, name, fields[k])
 	}
 	w.log.Log(context.Background(), level, msg, args...)
 }

@@ -30,10 +30,13 @@ func TestRaftLinesComeThroughSlogWithMappedLevels(t *testing.T) {
 	r.Warn("heartbeat timeout reached, starting election", "last-leader-addr", "", "last-leader-id", "")
 	r.Warn("appendEntries rejected, sending older logs", "peer", "n2", "next", 1)
 	r.Warn("heartbeat timeout reached, starting election", "last-leader-addr", "127.0.0.1:1", "last-leader-id", "n1")
-	r.Warn("failed to contact", "server-id", "n3")
+	r.Warn("failed to contact", "server-id", "n3", "time", 5e8)
 	r.Error("failed to take snapshot", "error", "disk full")
 	r.Debug("not shown at info")
 	lines := jsonLines(t, &buf)
+	if strings.Count(buf.String(), `"time":`) != len(lines) {
+		t.Errorf("a field named time shadows the line's own:\n%s", buf.String())
+	}
 	want := []struct{ level, msg string }{
 		{"INFO", "heartbeat timeout reached, starting election"}, // the first election: routine
 		{"INFO", "appendEntries rejected, sending older logs"},   // a new follower catching up
@@ -49,7 +52,7 @@ func TestRaftLinesComeThroughSlogWithMappedLevels(t *testing.T) {
 			t.Errorf("line %d: %v, want %s %q component=raft", i, lines[i], w.level, w.msg)
 		}
 	}
-	if lines[3]["server-id"] != "n3" || lines[4]["error"] != "disk full" {
+	if lines[3]["server-id"] != "n3" || lines[3]["raft-time"] != 5e8 || lines[4]["error"] != "disk full" {
 		t.Errorf("fields lost: %v %v", lines[3], lines[4])
 	}
 	if _, ok := lines[0]["@timestamp"]; ok {
