@@ -17,11 +17,14 @@ class CachedDataset(torch.utils.data.Dataset):
     Safe in DataLoader worker processes: each process opens its own
     connections on first use. ``transform`` turns the item's bytes (or the
     sample dict) into a training sample (decode, augment); by default they
-    are returned as they are.
+    are returned as they are. With ``with_key=True`` an item comes with its
+    key, ``(key, bytes)``, and ``transform`` is called as
+    ``transform(key, bytes)`` (labels from class folders, for instance).
     """
 
-    def __init__(self, url, dataset, transform=None, token=None, route="local"):
+    def __init__(self, url, dataset, transform=None, token=None, route="local", with_key=False):
         self.url, self.name, self.transform, self.token, self.route = url, dataset, transform, token, route
+        self.with_key = with_key
         self._client = None
         info = self.client.dataset(dataset)
         self.tar = bool(info.get("samples"))
@@ -47,11 +50,18 @@ class CachedDataset(torch.utils.data.Dataset):
     def __getitem__(self, i):
         if isinstance(i, (list, tuple)):
             return self.__getitems__(i)
+        if self.with_key and not self.tar:
+            return self._out(self.client.batch(self.name, [int(i)])[0])
         if self.tar:
             data = self.client.sample(self.name, int(i))
         else:
             data = self.client.index(self.name, int(i))
         return self.transform(data) if self.transform else data
+
+    def _out(self, key_data):
+        if self.transform:
+            return self.transform(*key_data)
+        return key_data
 
     def __getitems__(self, indices):
         """Several samples with one request per ``max_batch`` items instead
@@ -64,8 +74,12 @@ class CachedDataset(torch.utils.data.Dataset):
             chunk = [int(i) for i in indices[start:start + self.max_batch]]
             if self.tar:
                 out.extend(self.client.samples(self.name, chunk))
+            elif self.with_key:
+                out.extend(self._out(kd) for kd in self.client.batch(self.name, chunk))
             else:
                 out.extend(data for _, data in self.client.batch(self.name, chunk))
+        if self.with_key and not self.tar:
+            return out
         return [self.transform(d) for d in out] if self.transform else out
 
 
