@@ -84,3 +84,18 @@ class TrainExampleTest(ClusterCase):
         self.assertEqual(got, self.ITEMS)
         self.assertEqual(len(calls), self.ITEMS // self.BATCH, f"torch {torch.__version__}: {calls[:3]}")
         self.assertTrue(all(m == "POST" and p.endswith("/batch") for m, p in calls))
+
+
+class ReadmeSnippetsTest(__import__("unittest").TestCase):
+    def test_readme_snippets_are_the_examples_lines(self):
+        import re
+        with open(TRAIN) as f:
+            train = f.read()
+        with open(os.path.join(ROOT, "README.md")) as f:
+            blocks = re.findall(r"```python\n(.*?)```", f.read(), re.S)
+        names = re.findall(r"# \[readme:(\w+)\]", train)
+        self.assertEqual(names, ["loader", "resume", "epoch"])
+        for name in names:
+            m = re.search(r"( *)# \[readme:%s\]\n(.*?)\n *# \[/readme:%s\]" % (name, name), train, re.S)
+            lines = "\n".join(line[len(m.group(1)):] for line in m.group(2).split("\n")) + "\n"
+            self.assertIn(lines, blocks, f"README has no python block with train.py's {name} lines")
