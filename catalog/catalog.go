@@ -15,6 +15,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -72,6 +73,10 @@ type Catalog struct {
 
 	updMu   sync.Mutex
 	updated chan struct{} // closed and replaced after every applied change
+
+	releasing atomic.Bool // a releaseSoon is pending
+	closed    chan struct{}
+	closeOnce sync.Once
 }
 
 // Open starts the local raft member, bootstrapping a one-voter cluster when
@@ -123,8 +128,9 @@ func Open(cfg Config) (*Catalog, error) {
 		return nil, fmt.Errorf("catalog: raft transport: %w", err)
 	}
 	tr := raft.NewNetworkTransport(stream, 3, 10*time.Second, io.Discard)
-	c := &Catalog{fsm: &fsm{st: newState()}, trans: tr, store: bs, log: cfg.Logger, updated: make(chan struct{})}
+	c := &Catalog{fsm: &fsm{st: newState()}, trans: tr, store: bs, log: cfg.Logger, updated: make(chan struct{}), closed: make(chan struct{})}
 	c.fsm.onChange = c.notify
+	c.fsm.onLarge = c.releaseSoon
 	// The leader replicates recent entries from memory instead of reading
 	// them back through bolt's mmap, which would make every manifest chunk
 	// it sent resident in the node's RSS.
@@ -189,8 +195,32 @@ func (c *Catalog) resumeOrRefuse(cfg Config) error {
 	return nil
 }
 
+// releaseDelay is how long after a large commit the memory is handed back:
+// long enough for the registering request to have returned and dropped its
+// listing, well within the 10 s in which RSS is expected to settle.
+const releaseDelay = time.Second
+
+// releaseSoon collects and returns free memory to the OS shortly after a
+// large registration or restore. Without it the garbage (3-10x the manifest)
+// stays resident until the heap reaches its headroom, which an idle catalog
+// may never do.
+func (c *Catalog) releaseSoon() {
+	if !c.releasing.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		select {
+		case <-c.closed:
+		case <-time.After(releaseDelay):
+			debug.FreeOSMemory()
+		}
+		c.releasing.Store(false)
+	}()
+}
+
 // Close stops raft and closes its stores.
 func (c *Catalog) Close() error {
+	c.closeOnce.Do(func() { close(c.closed) })
 	err := c.raft.Shutdown().Error()
 	// Close does not close the pooled connections to other members, whose
 	// handlers would wait on them for as long as those members run.

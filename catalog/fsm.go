@@ -134,6 +134,9 @@ type fsm struct {
 	mu       sync.RWMutex
 	st       *state
 	onChange func()
+	// onLarge runs after a large registration is committed or a large
+	// catalog restored: what decoding it used is garbage then.
+	onLarge func()
 	// applied is the index of the last command this FSM has applied, 0
 	// before the first since a start or a restore (see Catalog.AppliedIndex).
 	applied atomic.Uint64
@@ -156,8 +159,18 @@ func (f *fsm) Apply(l *raft.Log) any {
 	if f.onChange != nil {
 		f.onChange()
 	}
+	if d, ok := res.(*Dataset); ok && c.Op == opCommit && d.Manifest.Len() >= largeRegistration && f.onLarge != nil {
+		f.onLarge()
+	}
 	return res
 }
+
+// largeRegistration is the size from which a registration's garbage (the
+// listing, encoded and decoded chunks: hundreds of bytes an item, against
+// the ~20 the manifest keeps) is worth handing back to the OS at once rather
+// than leaving it to the collector, which with the node's headroom may not run
+// for a long time.
+const largeRegistration = 100_000
 
 func (f *fsm) apply(index uint64, c *command) any {
 	st := f.st
@@ -336,6 +349,13 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	f.mu.Unlock()
 	if f.onChange != nil {
 		f.onChange()
+	}
+	items := 0
+	for _, d := range st.Datasets {
+		items += d.Manifest.Len()
+	}
+	if items >= largeRegistration && f.onLarge != nil {
+		f.onLarge()
 	}
 	return nil
 }
