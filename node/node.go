@@ -212,7 +212,7 @@ func New(cfg Config) (*Node, error) {
 	n.wg.Add(1)
 	go n.quotaLoop()
 	n.catchup = catchup.New(catchupSource{n})
-	n.wg.Go(func() { n.catchup.Run(ctx, 50*time.Millisecond) })
+	n.wg.Go(func() { n.catchup.Run(ctx, 10*time.Millisecond) }) // local checks until a leader is known; one request then
 	if cfg.GossipBind != "" {
 		// Alone, a node owns everything: nothing to move, nothing to rewarm.
 		rehomeEvery := 2 * time.Second

@@ -250,8 +250,9 @@ class Client:
 
     # A 503 with Retry-After (a node at its in-flight bound, or one whose
     # catalog is still catching up with the leader's after a restart) is
-    # retried after max(Retry-After, a backoff doubling from busy_backoff to
-    # 4 s), on the next known node, for up to busy_wait seconds in all.
+    # retried at once on the next known node; once every known node has
+    # answered so, after max(Retry-After, a backoff doubling from
+    # busy_backoff to 4 s), for up to busy_wait seconds of waiting in all.
     busy_backoff = 0.1
     busy_wait = 30.0
 
@@ -274,7 +275,9 @@ class Client:
                 if e.status != 503:
                     raise
                 last = e
-                if e.retry_after is not None:  # busy or catching up, not down: wait, backing off
+                if e.retry_after is not None:  # busy or catching up, not down
+                    if turn % len(self.urls):
+                        continue  # another node may answer now
                     wait = max(e.retry_after, backoff)
                     backoff = min(2 * backoff, 4.0)
                     if waited + wait > self.busy_wait:

@@ -391,8 +391,14 @@ class ResplitLocalityTest(ClusterCase):
             rest |= set(order[160:])
         self.assertEqual(states[0]["position"], states[1]["position"])
 
-        c.json("PUT", "/v1/jobs/train", {"dataset": "ds", "seed": 7, "world_size": 3, "batch_size": 16,
-                                         "ranks": [n1, n2, n3]})
+        resized = c.json("PUT", "/v1/jobs/train", {"dataset": "ds", "seed": 7, "world_size": 3, "batch_size": 16,
+                                                   "ranks": [n1, n2, n3]})
+        # A write through one node reaches the others' catalogs a moment
+        # later (read-your-writes holds per node): await it on every node,
+        # or a sampler may load the job as it was before the resize.
+        for _, url in self.cluster.nodes:
+            wait_until(lambda: Client(url).json("GET", "/v1/jobs/train")["version"] == resized["version"], 10,
+                       "the resized job on " + url)
         owners = Client(url1).owners("ds")
         names = [m["name"] for m in owners["members"]]
         got, remote = [], 0

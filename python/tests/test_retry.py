@@ -56,6 +56,14 @@ class RetryTest(unittest.TestCase):
         self.assertEqual(c.json("GET", "/v1/datasets"), [{"name": "imgs"}])
         self.assertEqual(handler.calls, 9)
 
+    def test_503_goes_to_another_node_before_waiting(self):
+        busy, busy_url = self.serve(busy=1000, retry_after="5")
+        free, free_url = self.serve(busy=0)
+        c = Client([busy_url, free_url], retries=3)
+        c.busy_wait = 1  # less than the Retry-After: waiting it out would give up
+        self.assertEqual(c.json("GET", "/v1/datasets"), [{"name": "imgs"}])
+        self.assertEqual((busy.calls, free.calls), (1, 1))
+
     def test_503_retries_end_after_busy_wait(self):
         handler, url = self.serve(busy=1000)
         c = Client(url, retries=3)
