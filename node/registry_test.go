@@ -162,6 +162,8 @@ func TestRegisterAtStartAndReady(t *testing.T) {
 	if err := n.cat.WaitLeader(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// A new leader applies its own log a moment after it is elected.
+	await(t, "the catalog caught up", func() bool { ok, _ := n.CatalogReady(); ok2, _ := n.cat.CaughtUp(); return ok && ok2 })
 	if ok, why := n.Ready(); ok || !strings.Contains(why, "--dataset a") {
 		t.Fatalf("ready before its dataset: %v %q", ok, why)
 	}
