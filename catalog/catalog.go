@@ -15,6 +15,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"runtime/debug"
 	"slices"
 	"strconv"
@@ -212,6 +213,9 @@ func (c *Catalog) releaseSoon() {
 		select {
 		case <-c.closed:
 		case <-time.After(releaseDelay):
+			// Two collections: buffers the first finds idle in a
+			// sync.Pool (the encoder's) survive it as the pool's victims.
+			runtime.GC()
 			debug.FreeOSMemory()
 		}
 		c.releasing.Store(false)
