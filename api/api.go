@@ -38,11 +38,15 @@ func (e *Error) Error() string {
 
 // PutDataset is the body of PUT /v1/datasets/{name}.
 type PutDataset struct {
-	Source string `json:"source"`
+	Source string `json:"source,omitempty"`
 	// Quota bounds the bytes of the dataset the cluster caches (each node
 	// holds its share by the ring); null lifts it. On an existing dataset
 	// the source may be left out; the quota is then all that changes.
 	Quota Quota `json:"quota,omitzero"`
+	// DerivedFrom and Stage make a derived dataset (a prep cache) instead:
+	// the parent's keys and indices, items written by loaders.
+	DerivedFrom string `json:"derived_from,omitempty"`
+	Stage       string `json:"stage,omitempty"`
 }
 
 // Quota is PUT /v1/datasets/{name}'s "quota": absent (the zero Quota), a
@@ -202,6 +206,20 @@ type Stats struct {
 	LoaderBatches     uint64  `json:"loader_batches"`
 	// Checkpoints in peer memory (checkpoint.go); absent when not served.
 	Checkpoints *CheckpointStats `json:"checkpoints,omitempty"`
+	// Datasets is what this node's memory holds of each dataset, parent
+	// (read from storage) and derived (written by loaders) apart.
+	Datasets []DatasetUsage `json:"datasets"`
+}
+
+// DatasetUsage is one dataset's share of a node's memory (GET /v1/stats).
+type DatasetUsage struct {
+	Name string `json:"name"`
+	ID   uint32 `json:"id"`
+	// DerivedFrom is the parent of a derived dataset ("" for a dataset read
+	// from storage).
+	DerivedFrom string `json:"derived_from,omitempty"`
+	Items       int    `json:"items"`
+	Bytes       uint64 `json:"bytes"`
 }
 
 // Member is one row of GET /v1/cluster.
@@ -266,6 +284,12 @@ type Dataset struct {
 	LeftOut int `json:"left_out,omitempty"`
 	// Quota is the dataset's cluster-wide cache quota in bytes, when set.
 	Quota *uint64 `json:"quota,omitempty"`
+	// Derived datasets only: the parent, the stage, and the items written
+	// (held in some member's memory now), counted over every alive member.
+	// Bytes is then the bytes written.
+	DerivedFrom string `json:"derived_from,omitempty"`
+	Stage       string `json:"stage,omitempty"`
+	Written     *int   `json:"written,omitempty"`
 }
 
 // Owners is GET /v1/datasets/{ds}/owners (msgpack): Owners has one byte per

@@ -388,7 +388,23 @@ func (c *Catalog) RegisterDataset(name, src string, entries []source.Entry, left
 	return res.(*Dataset), true, nil
 }
 
-// DeleteDataset removes a dataset. Must run on the leader.
+// DeriveDataset records a derived dataset over parent: the parent's keys and
+// indices, items written by loaders. The same name, parent and stage again
+// returns the existing entry (created false); anything else under the name
+// is ErrConflict, a missing parent ErrNotFound. Must run on the leader.
+func (c *Catalog) DeriveDataset(name, parent, stage string) (*Dataset, bool, error) {
+	res, err := c.apply(&command{Op: opDerive, Name: name, Parent: parent, Stage: stage})
+	if err != nil {
+		return nil, false, err
+	}
+	if br, ok := res.(beginResult); ok {
+		return br.existing, false, nil
+	}
+	return res.(*Dataset), true, nil
+}
+
+// DeleteDataset removes a dataset (and the datasets derived from it). Must
+// run on the leader.
 func (c *Catalog) DeleteDataset(name string) error {
 	_, err := c.apply(&command{Op: opDeleteDataset, Name: name})
 	return err

@@ -19,6 +19,10 @@ var (
 	ErrNotFound = errors.New("not found")
 	// ErrConflict: the name is taken by something different.
 	ErrConflict = errors.New("conflict")
+	// ErrNotWritten: an item of a derived dataset that no loader has
+	// written yet (or whose copy was evicted or lost with its node). It is
+	// never read from storage.
+	ErrNotWritten = errors.New("not written")
 )
 
 // Dataset is an immutable, committed catalog entry.
@@ -31,7 +35,15 @@ type Dataset struct {
 	// Quota bounds the bytes the cluster caches of this dataset (nil: no
 	// quota); see quota.go.
 	Quota *uint64 `msgpack:"quota,omitempty"`
+	// DerivedFrom names the parent of a derived dataset (a prep cache):
+	// its items are written by loaders, its manifest is the parent's.
+	DerivedFrom string `msgpack:"derived_from,omitempty"`
+	Stage       string `msgpack:"stage,omitempty"`
 }
+
+// Derived reports whether d is a derived dataset, whose items are written by
+// loaders and never read from storage.
+func (d *Dataset) Derived() bool { return d.DerivedFrom != "" }
 
 // Job is a registered training job: which dataset, how it is shuffled and
 // batched, and which node each rank runs on.
@@ -77,6 +89,7 @@ const (
 	opCheckpoint // checkpoint.go
 	opPutGroup
 	opDeleteGroup
+	opDerive
 )
 
 // keptEpochPins bounds the pinned epochs remembered per job.
@@ -98,6 +111,9 @@ type command struct {
 	// Checkpoint carries opCheckpoint (checkpoint.go).
 	Checkpoint *checkpointCmd `msgpack:"checkpoint,omitempty"`
 	Group      *Group         `msgpack:"group,omitempty"`
+	// Parent and Stage of a derived dataset.
+	Parent string `msgpack:"parent,omitempty"`
+	Stage  string `msgpack:"stage,omitempty"`
 }
 
 type pending struct {
@@ -220,7 +236,16 @@ func (f *fsm) apply(index uint64, c *command) any {
 			return fmt.Errorf("%w: dataset %q", ErrNotFound, c.Name)
 		}
 		delete(st.Datasets, c.Name)
+		// A derived dataset is the parent's keys and nothing else: it goes
+		// with it.
+		for name, d := range st.Datasets {
+			if d.DerivedFrom == c.Name {
+				delete(st.Datasets, name)
+			}
+		}
 		return nil
+	case opDerive:
+		return st.derive(index, c)
 	case opPutJob:
 		j := *c.Job
 		j.Prev = nil
@@ -285,6 +310,34 @@ func (f *fsm) apply(index uint64, c *command) any {
 	return fmt.Errorf("catalog: unknown op %d", c.Op)
 }
 
+// derive records a derived dataset over a committed parent; the same name,
+// parent and stage again returns the entry as it is.
+func (st *state) derive(index uint64, c *command) any {
+	if d, ok := st.Datasets[c.Name]; ok {
+		if d.DerivedFrom == c.Parent && d.Stage == c.Stage {
+			return beginResult{existing: d}
+		}
+		if d.Derived() {
+			return fmt.Errorf("%w: dataset %q is derived from %q with stage %q", ErrConflict, c.Name, d.DerivedFrom, d.Stage)
+		}
+		return fmt.Errorf("%w: dataset %q is registered with source %s", ErrConflict, c.Name, d.Source)
+	}
+	if _, ok := st.Pending[c.Name]; ok {
+		return fmt.Errorf("%w: dataset %q is being registered", ErrConflict, c.Name)
+	}
+	p, ok := st.Datasets[c.Parent]
+	if !ok {
+		return fmt.Errorf("%w: dataset %q", ErrNotFound, c.Parent)
+	}
+	if p.Derived() {
+		return fmt.Errorf("%w: %q is itself derived; derive from its parent %q", ErrConflict, c.Parent, p.DerivedFrom)
+	}
+	d := &Dataset{ID: st.NextID, Name: c.Name, Version: index, Manifest: p.Manifest, DerivedFrom: c.Parent, Stage: c.Stage}
+	st.NextID++
+	st.Datasets[c.Name] = d
+	return d
+}
+
 func jobEqual(a, b *Job) bool {
 	return a.Name == b.Name && a.Dataset == b.Dataset && a.Seed == b.Seed && a.WorldSize == b.WorldSize &&
 		a.BatchSize == b.BatchSize && slices.Equal(a.Ranks, b.Ranks) && a.Version == b.Version
@@ -299,6 +352,13 @@ func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 		Pins: map[string]map[uint64][]string{}, Checkpoints: maps.Clone(f.st.Checkpoints), Groups: maps.Clone(f.st.Groups)}
 	for j, p := range f.st.Pins {
 		cp.Pins[j] = maps.Clone(p)
+	}
+	for name, d := range cp.Datasets {
+		if d.Derived() { // its manifest is the parent's: Restore links it again
+			dc := *d
+			dc.Manifest = nil
+			cp.Datasets[name] = &dc
+		}
 	}
 	for k, p := range f.st.Pending {
 		pc := *p
@@ -321,10 +381,23 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 		st.Datasets = map[string]*Dataset{}
 	}
 	for name, d := range st.Datasets {
+		if d != nil && d.Derived() {
+			continue // linked to its parent below
+		}
 		if d == nil || d.Manifest == nil || !d.Manifest.upgrade() || !d.Manifest.wellFormed() {
 			return fmt.Errorf("catalog: restore: dataset %q has a malformed manifest", name)
 		}
 		d.Manifest.seal()
+	}
+	for name, d := range st.Datasets {
+		if !d.Derived() {
+			continue
+		}
+		p, ok := st.Datasets[d.DerivedFrom]
+		if !ok || p.Derived() {
+			return fmt.Errorf("catalog: restore: derived dataset %q has no parent %q", name, d.DerivedFrom)
+		}
+		d.Manifest = p.Manifest
 	}
 	if st.Pending == nil {
 		st.Pending = map[string]*pending{}

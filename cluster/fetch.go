@@ -48,8 +48,10 @@ func (c *Cluster) FromOwner(ctx context.Context, owner string, d *catalog.Datase
 	res, err := c.client.Get(pctx, addr, &transport.Request{Dataset: d.Name, DatasetVersion: d.Version,
 		Indices: []uint32{uint32(index)}, Ring: c.ring().Version()})
 	if err != nil || !res[0].Found {
-		c.peerFailures.Add(1)
-		c.log.Debug("peer fetch failed; reading storage", "owner", owner, "err", err)
+		if err != nil { // not found without an error: a derived item nobody wrote
+			c.peerFailures.Add(1)
+			c.log.Debug("peer fetch failed; reading storage", "owner", owner, "err", err)
+		}
 		return Fill{}, false
 	}
 	c.peerBytesIn.Add(uint64(len(res[0].Data)))

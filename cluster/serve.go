@@ -8,6 +8,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
+	"stallfree/catalog"
 	"stallfree/store"
 	"stallfree/transport"
 )
@@ -105,6 +106,9 @@ func (c *Cluster) servePeer(ctx context.Context, req *transport.Request) (_ []tr
 			continue
 		}
 		f, err := c.local.FillForPeer(ctx, d, int(i))
+		if errors.Is(err, catalog.ErrNotWritten) {
+			continue // a derived item not written: not held, not a failure
+		}
 		if err != nil {
 			return nil, err
 		}

@@ -40,6 +40,7 @@ const MaxBodySize = 1 << 20
 // Server is the HTTP front of one node.
 type Server struct {
 	node    *node.Node
+	prep    prep
 	token   []byte
 	log     *slog.Logger
 	srv     *fasthttp.Server
@@ -61,7 +62,7 @@ type Server struct {
 
 // New builds the server; token may be empty (no auth).
 func New(n *node.Node, token string, log *slog.Logger) *Server {
-	s := &Server{node: n, token: []byte(token), log: log, SendBuffer: DefaultSendBuffer}
+	s := &Server{node: n, prep: n.Prep(), token: []byte(token), log: log, SendBuffer: DefaultSendBuffer}
 	s.metrics = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(n.Registry(), promhttp.HandlerOpts{}))
 	s.readers.New = func() any { return &itemReader{} }
 	s.relayer = &fasthttp.Client{Name: "stallfree-relay", ReadTimeout: time.Minute, MaxResponseBodySize: 1 << 30}
@@ -73,7 +74,9 @@ func New(n *node.Node, token string, log *slog.Logger) *Server {
 		ReadTimeout:        30 * time.Second,
 		WriteTimeout:       60 * time.Second,
 		IdleTimeout:        2 * time.Minute,
-		MaxRequestBodySize: MaxBodySize,
+		// Item writes to derived datasets may be larger; every other route
+		// keeps MaxBodySize (checked in handle).
+		MaxRequestBodySize: int(max(MaxBodySize, n.Prep().MaxItemBytes())),
 		NoDefaultDate:      true,
 		Logger:             fasthttpLogger{r: redactor{token: []byte(token)}, log: log},
 	}
@@ -98,7 +101,7 @@ func (s *Server) Shutdown(ctx context.Context) error { return s.srv.ShutdownWith
 
 func (s *Server) parseError(ctx *fasthttp.RequestCtx, err error) {
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
-		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, fmt.Sprintf("request body over %d bytes", MaxBodySize))
+		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, fmt.Sprintf("request body over %d bytes", s.srv.MaxRequestBodySize))
 		return
 	}
 	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
@@ -162,6 +165,14 @@ func statusOf(err error) int {
 }
 
 func fail(ctx *fasthttp.RequestCtx, err error) {
+	if errors.Is(err, catalog.ErrNotWritten) {
+		writeError(ctx, fasthttp.StatusNotFound, "not written") // the contract's exact body
+		return
+	}
+	if code, ok := derivedStatus(err); ok {
+		writeError(ctx, code, err.Error())
+		return
+	}
 	if errors.Is(err, node.ErrBusy) {
 		writeError(ctx, fasthttp.StatusServiceUnavailable, err.Error())
 		ctx.Response.Header.Set("Retry-After", "1") // writeError resets the response
@@ -223,6 +234,10 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	if s.catalogNotReady(ctx, method, seg) {
 		return
 	}
+	if len(ctx.PostBody()) > MaxBodySize && !isItemWrite(method, seg) {
+		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, fmt.Sprintf("request body over %d bytes", MaxBodySize))
+		return
+	}
 	switch seg[1] {
 	case "groups":
 		s.groupRoutes(ctx, method, seg[2:])
@@ -281,7 +296,9 @@ func (s *Server) datasets(ctx *fasthttp.RequestCtx, method, path string, seg []s
 			methodNotAllowed(ctx)
 			return
 		}
-		writeJSON(ctx, 200, s.node.Datasets())
+		infos := s.node.Datasets()
+		s.countWritten(infos)
+		writeJSON(ctx, 200, infos)
 		return
 	}
 	name, err := decodeSegment("dataset", seg[0])
@@ -295,7 +312,9 @@ func (s *Server) datasets(ctx *fasthttp.RequestCtx, method, path string, seg []s
 			s.putDataset(ctx, name)
 		case fasthttp.MethodGet:
 			if d, ok := s.dataset(ctx, name, true); ok {
-				writeJSON(ctx, 200, node.DatasetInfo(d))
+				infos := []api.Dataset{node.DatasetInfo(d)}
+				s.countWritten(infos)
+				writeJSON(ctx, 200, infos[0])
 			}
 		case fasthttp.MethodDelete:
 			rctx, cancel := reqContext(ctx, 30*time.Second)
@@ -338,6 +357,10 @@ func (s *Server) datasets(ctx *fasthttp.RequestCtx, method, path string, seg []s
 		s.serveItem(ctx, d, i)
 		return
 	case "index":
+		if len(seg) == 3 && method == fasthttp.MethodPut {
+			s.putItem(ctx, d, seg[2])
+			return
+		}
 		if len(seg) != 3 || method != fasthttp.MethodGet {
 			break
 		}
@@ -383,6 +406,10 @@ func (s *Server) datasets(ctx *fasthttp.RequestCtx, method, path string, seg []s
 		}
 		switch method {
 		case fasthttp.MethodPost:
+			if d.Derived() {
+				writeError(ctx, fasthttp.StatusBadRequest, fmt.Sprintf("%s is derived: loaders write its items, there is nothing to warm", d.Name))
+				return
+			}
 			writeJSON(ctx, fasthttp.StatusAccepted, s.node.StartWarmup(d))
 		case fasthttp.MethodGet:
 			writeJSON(ctx, 200, s.node.WarmupProgress(d))
@@ -446,6 +473,10 @@ func (s *Server) putDataset(ctx *fasthttp.RequestCtx, name string) {
 	var req api.PutDataset
 	if err := decodeStrict(ctx.PostBody(), &req); err != nil {
 		writeError(ctx, fasthttp.StatusBadRequest, err.Error())
+		return
+	}
+	if req.DerivedFrom != "" || req.Stage != "" {
+		s.putDerived(ctx, name, req)
 		return
 	}
 	if req.Quota.Given {

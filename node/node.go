@@ -26,6 +26,7 @@ import (
 	"stallfree/clairvoyant"
 	"stallfree/cluster"
 	"stallfree/clusterauth"
+	"stallfree/derived"
 	"stallfree/discovery"
 	"stallfree/locality"
 	"stallfree/source"
@@ -86,6 +87,9 @@ type Config struct {
 	Socket string
 	// Resolver looks up host names among the Join seeds (nil: the system's).
 	Resolver discovery.Resolver
+	// MaxItemBytes bounds an item a loader writes to a derived dataset
+	// (0: derived.DefaultMaxItemBytes).
+	MaxItemBytes int64
 }
 
 // Node is safe for concurrent use.
@@ -120,6 +124,7 @@ type Node struct {
 	jobMetrics *jobMetrics
 	foresight  foresight
 	split      splitState // quotas and the memory split (split.go)
+	prep       *derived.Prep
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -186,6 +191,8 @@ func New(cfg Config) (*Node, error) {
 		warmups: map[string]*warmup{}, registrations: map[string]*registration{}, resumed: map[resumeKey]*locality.EpochPlan{}, active: map[string]resumeKey{}, positions: map[string]map[int]rankPosition{}, ctx: ctx, cancel: cancel, foresight: fore, peers: newNoPeers(cfg.Name)}
 	n.leader = newLeaderLink(cfg.Name, cfg.Token)
 	n.split = newSplitState()
+	n.prep = derived.New(derived.Config{Name: cfg.Name, Token: cfg.Token, MaxItemBytes: cfg.MaxItemBytes, Logger: cfg.Logger},
+		cat, st, derivedHost{n})
 	n.inflight.limit = cfg.MaxInflightBytes
 	n.registry = n.registerMetrics()
 	n.jobMetrics = newJobMetrics(n.registry)
@@ -282,6 +289,7 @@ func (n *Node) watchCatalog() {
 		case <-updated:
 		}
 		n.foresight.Refresh() // a newly pinned epoch: start reading ahead now
+		n.prep.Sync()
 		live := map[uint32]bool{}
 		for _, d := range n.cat.Datasets() {
 			live[d.ID] = true
@@ -617,6 +625,9 @@ func (n *Node) ReadUncached(ctx context.Context, d *catalog.Dataset, index int) 
 
 // readSource reads one item from storage and admits it when cache is set.
 func (n *Node) readSource(ctx context.Context, d *catalog.Dataset, index int, cache bool) (filled, error) {
+	if d.Derived() {
+		return filled{}, catalog.ErrNotWritten // loaders write it; storage never has it
+	}
 	src, err := n.source(d)
 	if err != nil {
 		return filled{}, err

@@ -12,6 +12,7 @@ import (
 
 	"stallfree/api"
 	"stallfree/catalog"
+	"stallfree/derived"
 )
 
 // The catalog operations every caller (HTTP API, cachectl through it, the
@@ -20,6 +21,9 @@ import (
 
 // DatasetInfo is a dataset's catalog entry as the API shows it.
 func DatasetInfo(d *catalog.Dataset) api.Dataset {
+	if d.Derived() {
+		return derived.Info(d)
+	}
 	return api.Dataset{Name: d.Name, Source: d.Source, Items: d.Manifest.Len(), Bytes: d.Manifest.TotalBytes(),
 		Version: d.Version, ID: d.ID, Samples: d.Manifest.Samples(), Shards: len(d.Manifest.Shards), LeftOut: d.Manifest.LeftOut,
 		Quota: d.Quota}

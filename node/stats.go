@@ -37,7 +37,7 @@ func (n *Node) Stats() api.Stats {
 		PeerBytesIn: ps.PeerBytesIn, PeerBytesOut: ps.PeerBytesOut,
 		Policy: st.Policy, UsedBytes: st.Used, Evictions: st.Evicted, BytesServed: c.bytesServed.Load(),
 		PeerFailures: ps.PeerFailures, LoaderWaitSeconds: float64(c.loaderWaitNs.Load()) / 1e9,
-		LoaderBatches: c.loaderBatches.Load(),
+		LoaderBatches: c.loaderBatches.Load(), Datasets: n.prep.Usage(),
 	}
 }
 

@@ -10,7 +10,7 @@ declare -A layer=(
   [planner]=0 [split]=1
   [catalog]=1 [transport]=1 [membership]=1
   [locality]=2
-  [cluster]=3 [clairvoyant]=3
+  [cluster]=3 [clairvoyant]=3 [derived]=3
   [node]=4 [checkpoint]=4 [groups]=4
   [httpapi]=5 [client]=5
   [stall]=6

@@ -14,7 +14,7 @@ func (s *Store) Claim(n uint64) bool {
 		return false // could not fit with every item gone: evict nothing
 	}
 	for s.used-s.dying+s.reservedN+n > s.capacity {
-		victim, ok := s.policy.Victim(Key(^uint64(0)))
+		victim, ok := s.victim(Key(^uint64(0))) // recomputable items first
 		if !ok || !s.slots[victim].live {
 			if victim, ok = s.anyVictim(); !ok {
 				return false

@@ -66,6 +66,8 @@ type slot struct {
 	pins  int32
 	live  bool // in the index; false once evicted (bytes freed at last Release)
 	inUse bool
+	// rpos is the slot's place in Store.recomp plus one (0: not recomputable).
+	rpos uint32
 }
 
 // Store is safe for concurrent use.
@@ -92,6 +94,19 @@ type Store struct {
 	quotas    quotas // per-dataset limits (quota.go)
 	// claimed is the part of reservedN held outside the store (claim.go).
 	claimed uint64
+	// recomputable are the datasets whose items can be made again by whoever
+	// wrote them (a prep cache's derived items): they are evicted before any
+	// other item, and kept out of the policy's sight. recomp lists their
+	// resident slots.
+	recomputable map[uint32]bool
+	recomp       []uint32
+	usage        map[uint32]Usage
+}
+
+// Usage is what one dataset holds in the store.
+type Usage struct {
+	Items int
+	Bytes uint64
 }
 
 // Stats is a snapshot of the store's accounting.
@@ -114,7 +129,8 @@ func New(capacity uint64, p Policy) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{capacity: capacity, arena: a, index: make(map[Key]uint32), policy: p, reserved: map[Key]uint64{}}, nil
+	return &Store{capacity: capacity, arena: a, index: make(map[Key]uint32), policy: p, reserved: map[Key]uint64{},
+		recomputable: map[uint32]bool{}, usage: map[uint32]Usage{}}, nil
 }
 
 // Close releases the arena. Refs still held become invalid.
@@ -153,7 +169,9 @@ func (s *Store) Get(k Key) (Ref, bool) {
 	}
 	sl := &s.slots[i]
 	sl.pins++
-	s.policy.Accessed(i, k)
+	if sl.rpos == 0 {
+		s.policy.Accessed(i, k)
+	}
 	return Ref{s: s, slot: i, Data: s.arena.mem[sl.off : sl.off+sl.size : sl.off+sl.size], Sum: sl.sum}, true
 }
 
@@ -171,7 +189,7 @@ func (s *Store) Contains(k Key) bool {
 func (s *Store) Retrack(k Key) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if i, ok := s.index[k]; ok {
+	if i, ok := s.index[k]; ok && s.slots[i].rpos == 0 {
 		s.policy.Accessed(i, k)
 	}
 }
@@ -210,7 +228,7 @@ func (s *Store) Put(k Key, data []byte, sum uint64) error {
 				break
 			}
 		}
-		victim, ok := s.policy.Victim(k)
+		victim, ok := s.victim(k)
 		if !ok {
 			return ErrNotAdmitted
 		}
@@ -228,8 +246,63 @@ func (s *Store) Put(k Key, data []byte, sum uint64) error {
 	s.payload += uint64(len(data))
 	s.items++
 	s.quotas.add(k, uint64(len(data)))
-	s.policy.Added(i, k)
+	u := s.usage[k.Dataset()]
+	u.Items++
+	u.Bytes += uint64(len(data))
+	s.usage[k.Dataset()] = u
+	if s.recomputable[k.Dataset()] {
+		s.recomp = append(s.recomp, i)
+		s.slots[i].rpos = uint32(len(s.recomp))
+	} else {
+		s.policy.Added(i, k)
+	}
 	return nil
+}
+
+// victim picks what to evict for incoming: a recomputable item first, so
+// that what only storage can give back stays longest. A recomputable item
+// never evicts another (with every epoch a fresh permutation, trading one
+// for another only churns, as LRU does); it is admitted into free room or
+// not at all.
+func (s *Store) victim(incoming Key) (uint32, bool) {
+	if s.recomputable[incoming.Dataset()] {
+		return 0, false
+	}
+	if n := len(s.recomp); n > 0 {
+		return s.recomp[n-1], true
+	}
+	return s.policy.Victim(incoming)
+}
+
+// MarkRecomputable makes dataset id's items recomputable: evicted before
+// any other item and never the reason another is evicted. Items it already
+// holds are not affected; mark a dataset before its first Put.
+func (s *Store) MarkRecomputable(id uint32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.recomputable[id] = true
+}
+
+// RecomputableDatasets lists the datasets marked recomputable.
+func (s *Store) RecomputableDatasets() []uint32 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]uint32, 0, len(s.recomputable))
+	for id := range s.recomputable {
+		out = append(out, id)
+	}
+	return out
+}
+
+// Usage returns what each dataset holds, by dataset id.
+func (s *Store) Usage() map[uint32]Usage {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[uint32]Usage, len(s.usage))
+	for id, u := range s.usage {
+		out[id] = u
+	}
+	return out
 }
 
 // Delete evicts k if resident (readers holding it keep their bytes).
@@ -254,6 +327,8 @@ func (s *Store) DeleteDataset(id uint32) int {
 			n++
 		}
 	}
+	delete(s.recomputable, id)
+	delete(s.usage, id)
 	return n
 }
 
@@ -277,11 +352,29 @@ func (s *Store) newSlot() uint32 {
 func (s *Store) evict(i uint32) {
 	sl := &s.slots[i]
 	delete(s.index, sl.key)
-	s.policy.Removed(i, sl.key)
+	if sl.rpos > 0 {
+		// Swap-remove from recomp; the moved slot learns its new place.
+		last := s.recomp[len(s.recomp)-1]
+		s.recomp[sl.rpos-1] = last
+		s.slots[last].rpos = sl.rpos
+		s.recomp = s.recomp[:len(s.recomp)-1]
+		sl.rpos = 0
+	} else {
+		s.policy.Removed(i, sl.key)
+	}
 	sl.live = false
 	s.items--
 	s.payload -= sl.size
 	s.quotas.sub(sl.key, sl.size)
+	if u, ok := s.usage[sl.key.Dataset()]; ok {
+		u.Items--
+		u.Bytes -= sl.size
+		if u.Items == 0 {
+			delete(s.usage, sl.key.Dataset())
+		} else {
+			s.usage[sl.key.Dataset()] = u
+		}
+	}
 	if sl.pins == 0 {
 		s.reclaim(i)
 	} else {
@@ -340,7 +433,7 @@ func (s *Store) MakeRoom(k Key, size int) bool {
 		return true
 	}
 	for s.used-s.dying+s.reservedN+charge > s.capacity {
-		victim, ok := s.policy.Victim(k)
+		victim, ok := s.victim(k)
 		if !ok || !s.slots[victim].live {
 			return false
 		}

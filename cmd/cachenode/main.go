@@ -96,7 +96,7 @@ func run(args []string) error {
 	)
 	// Coordinated prep (groups, DESIGN §4 v3).
 	groupTimeout := fs.Duration("group-timeout", 30*time.Second, "detach a group's job after this long without a request from it")
-	maxItem := fs.String("max-item-bytes", "64MiB", "largest staged group batch (a PUT body)")
+	maxItem := fs.String("max-item-bytes", "64MiB", "largest PUT body: a staged group batch, or an item a loader writes to a derived dataset (at most 64MiB there)")
 	// Kubernetes (docs/kubernetes.md): a StatefulSet's pods share one spec, so
 	// which of them bootstraps is decided from the pod name.
 	byOrdinal := fs.Bool("bootstrap-ordinal-zero", false, "StatefulSet rule: bootstrap when --name ends in -0 and the data dir is empty, otherwise join (needs --join; not with --bootstrap)")
@@ -279,6 +279,8 @@ func run(args []string) error {
 		GossipBind: *gossip, Advertise: advIP, Join: seeds, PeerBind: *peerAddr, ClusterKey: clusterKey, PeerTimeout: *peerWait,
 		Socket:    sockPath,
 		DeadGrace: *deadGrace,
+
+		MaxItemBytes: int64(maxItemBytes), // prep cache
 	})
 	if err != nil {
 		return err

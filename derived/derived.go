@@ -1,0 +1,334 @@
+// Package derived is the prep cache (DESIGN §4 v3, "Prep cache"): datasets
+// derived from a parent dataset whose items loaders write — the output of a
+// deterministic prep stage (decode, resize) — so the stage runs once per item
+// per cluster instead of once per epoch.
+//
+// A derived dataset is a catalog entry over its parent's manifest (same keys,
+// same indices, nothing listed or read from storage). Each item is written
+// once, at its owner, into the owner's store, where it is recomputable: it
+// counts against --memory and is evicted before any item read from storage.
+// Nothing is replicated: a node's loss loses its share, which loaders write
+// again on their next pass. Reads go through the node's item path like any
+// other item; only the storage read at its end is replaced by ErrNotWritten.
+package derived
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"sync"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/valyala/fasthttp"
+
+	"stallfree/api"
+	"stallfree/catalog"
+	"stallfree/store"
+)
+
+// Errors the API maps to status codes.
+var (
+	// ErrNotWritten (404 {"error":"not written"}) is the catalog's: the node's
+	// item path returns it too.
+	ErrNotWritten = catalog.ErrNotWritten
+	// ErrNotDerived: a write to a dataset read from storage (400).
+	ErrNotDerived = errors.New("not a derived dataset")
+	// ErrOutOfRange: a write past the last index (404).
+	ErrOutOfRange = errors.New("index out of range")
+	// ErrTooLarge: a body over --max-item-bytes (413).
+	ErrTooLarge = errors.New("item too large")
+	// ErrFull: the owner's memory holds only items it may not evict for a
+	// derived one (507); the loader keeps its result uncached.
+	ErrFull = errors.New("no room for derived items")
+	// ErrInvalid: a malformed derived dataset (400).
+	ErrInvalid = errors.New("invalid derived dataset")
+)
+
+// DefaultMaxItemBytes is --max-item-bytes' default.
+const DefaultMaxItemBytes = 64 << 20
+
+// maxStage bounds the stage string (it names a cache, it is not data).
+const maxStage = 256
+
+// Host is the node as the prep cache sees it (clairvoyant.Host's pattern).
+type Host interface {
+	// Owner is the member owning item index of d, and whether it is this node.
+	Owner(d *catalog.Dataset, index int) (owner string, self bool)
+	// HTTPAddr is a member's HTTP address.
+	HTTPAddr(member string) (string, bool)
+	// Members are the live members.
+	Members() []string
+	// IsLeader reports whether this node leads raft (writes the catalog).
+	IsLeader() bool
+	// Forward relays a catalog write to the leader's HTTP API, decodes its
+	// JSON answer into out and waits until this node has applied the write.
+	Forward(ctx context.Context, method, path string, body, out any, timeout time.Duration) (int, error)
+}
+
+// Config is what the prep cache needs beyond its host.
+type Config struct {
+	Name         string // this node
+	Token        string // presented to the other members' APIs
+	MaxItemBytes int64  // 0: DefaultMaxItemBytes
+	Logger       *slog.Logger
+}
+
+// Prep is safe for concurrent use.
+type Prep struct {
+	cfg  Config
+	cat  *catalog.Catalog
+	st   *store.Store
+	host Host
+	http *fasthttp.Client
+	// mu makes "is it there, else put it" one step, so that of two writers
+	// of different bytes exactly one gets 201 and the other 409.
+	mu sync.Mutex
+}
+
+// New returns the prep cache of a node.
+func New(cfg Config, cat *catalog.Catalog, st *store.Store, host Host) *Prep {
+	if cfg.MaxItemBytes <= 0 {
+		cfg.MaxItemBytes = DefaultMaxItemBytes
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Prep{cfg: cfg, cat: cat, st: st, host: host,
+		http: &fasthttp.Client{Name: "stallfree-prep", ReadTimeout: 5 * time.Second, MaxResponseBodySize: 16 << 20}}
+}
+
+// MaxItemBytes is the largest item a write may carry.
+func (p *Prep) MaxItemBytes() int64 { return p.cfg.MaxItemBytes }
+
+// Derive creates (idempotently) dataset name derived from parent with
+// stage, on the leader or relayed to it. created is false when the same
+// name, parent and stage existed.
+func (p *Prep) Derive(ctx context.Context, name, parent, stage string) (info api.Dataset, created bool, err error) {
+	switch {
+	case parent == "":
+		return info, false, fmt.Errorf("%w: derived_from is empty", ErrInvalid)
+	case parent == name:
+		return info, false, fmt.Errorf("%w: %q cannot be derived from itself", ErrInvalid, name)
+	case stage == "" || len(stage) > maxStage:
+		return info, false, fmt.Errorf("%w: stage must be 1..%d bytes", ErrInvalid, maxStage)
+	}
+	if !p.host.IsLeader() {
+		code, err := p.host.Forward(ctx, fasthttp.MethodPut, "/v1/datasets/"+url.PathEscape(name),
+			api.PutDataset{DerivedFrom: parent, Stage: stage}, &info, 30*time.Second)
+		return info, code == fasthttp.StatusCreated, err
+	}
+	d, created, err := p.cat.DeriveDataset(name, parent, stage)
+	if err != nil {
+		return info, false, err
+	}
+	p.st.MarkRecomputable(d.ID)
+	return Info(d), created, nil
+}
+
+// Info is a derived dataset's catalog entry as the API shows it, before
+// Count adds what has been written.
+func Info(d *catalog.Dataset) api.Dataset {
+	return api.Dataset{Name: d.Name, Items: d.Manifest.Len(), Version: d.Version, ID: d.ID,
+		DerivedFrom: d.DerivedFrom, Stage: d.Stage}
+}
+
+// Route says where item index of d is written: this node (self) or the
+// owner's HTTP address. ok is false when the owner's address is unknown.
+func (p *Prep) Route(d *catalog.Dataset, index int) (addr string, self, ok bool) {
+	owner, self := p.host.Owner(d, index)
+	if self {
+		return "", true, true
+	}
+	addr, ok = p.host.HTTPAddr(owner)
+	return addr, false, ok
+}
+
+// Check validates a write before its body is looked at or relayed.
+func (p *Prep) Check(d *catalog.Dataset, index int, size int) error {
+	switch {
+	case !d.Derived():
+		return fmt.Errorf("%w: %q is read from its source; only derived datasets take writes", ErrNotDerived, d.Name)
+	case index < 0 || index >= d.Manifest.Len():
+		return fmt.Errorf("%w: index %d, dataset %s has [0,%d)", ErrOutOfRange, index, d.Name, d.Manifest.Len())
+	case int64(size) > p.cfg.MaxItemBytes:
+		return fmt.Errorf("%w: %d bytes; --max-item-bytes is %d", ErrTooLarge, size, p.cfg.MaxItemBytes)
+	}
+	return nil
+}
+
+// Write stores item index of derived dataset d in this node's memory,
+// once: created is true for the first write, false for the same bytes
+// again; different bytes are catalog.ErrConflict and the first stay.
+func (p *Prep) Write(d *catalog.Dataset, index int, data []byte) (created bool, err error) {
+	if err := p.Check(d, index, len(data)); err != nil {
+		return false, err
+	}
+	k := store.MakeKey(d.ID, uint32(index))
+	sum := xxhash.Sum64(data)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if same, held := p.held(k, data); held {
+		if !same {
+			return false, fmt.Errorf("%w: item %d of %s was written with other bytes (write-once)", catalog.ErrConflict, index, d.Name)
+		}
+		return false, nil
+	}
+	// Marked here too: the catalog watcher may not have seen the dataset yet.
+	p.st.MarkRecomputable(d.ID)
+	if err := p.st.Put(k, data, sum); err != nil {
+		if errors.Is(err, store.ErrNotAdmitted) {
+			return false, fmt.Errorf("%w: item %d of %s (%d bytes) not kept", ErrFull, index, d.Name, len(data))
+		}
+		return false, err
+	}
+	// A handoff could have put the item between the look and the put (Put
+	// keeps what is there): say what the store holds.
+	if same, held := p.held(k, data); held && !same {
+		return false, fmt.Errorf("%w: item %d of %s was written with other bytes (write-once)", catalog.ErrConflict, index, d.Name)
+	}
+	return true, nil
+}
+
+// held reports whether k is resident, and whether it holds data.
+func (p *Prep) held(k store.Key, data []byte) (same, held bool) {
+	ref, ok := p.st.Get(k)
+	if !ok {
+		return false, false
+	}
+	defer ref.Release()
+	return bytes.Equal(ref.Data, data), true
+}
+
+// Usage is what this node's memory holds of each dataset, parent and
+// derived apart, by name (for /v1/stats).
+func (p *Prep) Usage() []api.DatasetUsage {
+	out := []api.DatasetUsage{}
+	usage := p.st.Usage()
+	for _, d := range p.cat.Datasets() { // by name
+		u, ok := usage[d.ID]
+		if !ok {
+			continue
+		}
+		out = append(out, api.DatasetUsage{Name: d.Name, ID: d.ID, DerivedFrom: d.DerivedFrom, Items: u.Items, Bytes: u.Bytes})
+	}
+	return out
+}
+
+// Count fills in Written and Bytes of the derived datasets among infos,
+// summed over every live member's /v1/stats.
+//
+// Why gathered, not counted in the catalog: a write is one item on one
+// node, an eviction or a node's loss takes items away again, and nothing
+// else in the prep cache needs consensus. Counting in raft would cost a
+// log entry per item (a million for ImageNet) and still be wrong after an
+// eviction. What each owner's memory holds is the truth, so every node
+// asks every member and adds up: the same answer on every node, at the
+// cost of one small request per member when someone asks.
+func (p *Prep) Count(ctx context.Context, infos []api.Dataset) {
+	want := false
+	for _, in := range infos {
+		want = want || in.DerivedFrom != ""
+	}
+	if !want {
+		return
+	}
+	type total struct {
+		items int
+		bytes uint64
+	}
+	var mu sync.Mutex
+	sums := map[uint32]total{}
+	add := func(us []api.DatasetUsage) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, u := range us {
+			if u.DerivedFrom != "" {
+				t := sums[u.ID]
+				t.items += u.Items
+				t.bytes += u.Bytes
+				sums[u.ID] = t
+			}
+		}
+	}
+	add(p.Usage())
+	var wg sync.WaitGroup
+	for _, m := range p.host.Members() {
+		if m == p.cfg.Name {
+			continue
+		}
+		addr, ok := p.host.HTTPAddr(m)
+		if !ok {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			us, err := p.memberUsage(ctx, addr)
+			if err != nil {
+				p.cfg.Logger.Debug("counting derived items", "member", m, "err", err)
+				return
+			}
+			add(us)
+		}()
+	}
+	wg.Wait()
+	for i := range infos {
+		if infos[i].DerivedFrom == "" {
+			continue
+		}
+		t := sums[infos[i].ID]
+		n := t.items
+		infos[i].Written, infos[i].Bytes = &n, int64(t.bytes)
+	}
+}
+
+// memberUsage reads a member's per-dataset usage from its /v1/stats.
+func (p *Prep) memberUsage(ctx context.Context, addr string) ([]api.DatasetUsage, error) {
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + addr + "/v1/stats")
+	req.Header.Set(api.HeaderForwarded, p.cfg.Name)
+	if p.cfg.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+p.cfg.Token)
+	}
+	timeout := 2 * time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = min(timeout, time.Until(dl))
+	}
+	if err := p.http.DoTimeout(req, resp, timeout); err != nil {
+		return nil, err
+	}
+	if resp.StatusCode() != fasthttp.StatusOK {
+		return nil, fmt.Errorf("stats from %s: HTTP %d", addr, resp.StatusCode())
+	}
+	var st api.Stats
+	if err := json.Unmarshal(resp.Body(), &st); err != nil {
+		return nil, fmt.Errorf("stats from %s: %w", addr, err)
+	}
+	return st.Datasets, nil
+}
+
+// Sync follows the catalog: derived datasets are marked recomputable in the
+// store, and what the store holds of derived datasets that are gone (deleted,
+// or deleted with their parent) is dropped. The node calls it after every
+// catalog change.
+func (p *Prep) Sync() {
+	live := map[uint32]bool{}
+	for _, d := range p.cat.Datasets() {
+		if d.Derived() {
+			live[d.ID] = true
+			p.st.MarkRecomputable(d.ID)
+		}
+	}
+	for _, id := range p.st.RecomputableDatasets() {
+		if !live[id] {
+			p.st.DeleteDataset(id)
+		}
+	}
+}

@@ -1,0 +1,138 @@
+package httpapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"stallfree/api"
+	"stallfree/catalog"
+	"stallfree/derived"
+)
+
+// The prep cache's routes (derived datasets, docs/api.md "Prep cache"): the
+// handlers hold only the derived.Prep.
+
+// prep is what these handlers use of the node.
+type prep interface {
+	Derive(ctx context.Context, name, parent, stage string) (api.Dataset, bool, error)
+	Route(d *catalog.Dataset, index int) (addr string, self, ok bool)
+	Check(d *catalog.Dataset, index int, size int) error
+	Write(d *catalog.Dataset, index int, data []byte) (bool, error)
+	Count(ctx context.Context, infos []api.Dataset)
+	MaxItemBytes() int64
+}
+
+var _ prep = (*derived.Prep)(nil)
+
+// derivedStatus maps the prep cache's errors to status codes; ok is false
+// for any other error.
+func derivedStatus(err error) (int, bool) {
+	switch {
+	case errors.Is(err, derived.ErrNotWritten), errors.Is(err, derived.ErrOutOfRange):
+		return fasthttp.StatusNotFound, true
+	case errors.Is(err, derived.ErrNotDerived), errors.Is(err, derived.ErrInvalid):
+		return fasthttp.StatusBadRequest, true
+	case errors.Is(err, derived.ErrTooLarge):
+		return fasthttp.StatusRequestEntityTooLarge, true
+	case errors.Is(err, derived.ErrFull):
+		return fasthttp.StatusInsufficientStorage, true
+	}
+	return 0, false
+}
+
+// isItemWrite reports whether a request is PUT /v1/datasets/{name}/index/{i},
+// the one route whose body may exceed MaxBodySize (up to --max-item-bytes).
+func isItemWrite(method string, seg []string) bool {
+	return method == fasthttp.MethodPut && len(seg) == 5 && seg[1] == "datasets" && seg[3] == "index"
+}
+
+// putDerived serves PUT /v1/datasets/{name} {"derived_from", "stage"}.
+func (s *Server) putDerived(ctx *fasthttp.RequestCtx, name string, req api.PutDataset) {
+	if req.Source != "" {
+		writeError(ctx, fasthttp.StatusBadRequest, `a dataset has either "source" or "derived_from", not both`)
+		return
+	}
+	rctx, cancel := reqContext(ctx, time.Minute)
+	defer cancel()
+	info, created, err := s.prep.Derive(rctx, name, req.DerivedFrom, req.Stage)
+	if err != nil {
+		fail(ctx, err)
+		return
+	}
+	infos := []api.Dataset{info}
+	s.prep.Count(rctx, infos)
+	info = infos[0]
+	code := fasthttp.StatusOK
+	if created {
+		code = fasthttp.StatusCreated
+	}
+	s.markApplied(ctx)
+	writeJSON(ctx, code, info)
+}
+
+// putItem serves PUT /v1/datasets/{name}/index/{i}: the write goes to the
+// item's owner. A node that does not own it relays the request over HTTP
+// to the owner's API, as it came (status and body come back unchanged); the
+// owner stores it even if its own ring disagrees, so a request is never
+// relayed twice.
+func (s *Server) putItem(ctx *fasthttp.RequestCtx, d *catalog.Dataset, seg string) {
+	i, err := strconv.Atoi(seg)
+	if err != nil {
+		writeError(ctx, fasthttp.StatusBadRequest, fmt.Sprintf("index %q: want an integer", seg))
+		return
+	}
+	body := ctx.PostBody()
+	if err := s.prep.Check(d, i, len(body)); err != nil {
+		fail(ctx, err)
+		return
+	}
+	if addr, self, ok := s.prep.Route(d, i); !self && !relayed(ctx) {
+		if !ok {
+			writeError(ctx, fasthttp.StatusServiceUnavailable, "the item's owner is not reachable; retry")
+			ctx.Response.Header.Set("Retry-After", "1")
+			return
+		}
+		s.relayTo(ctx, addr)
+		return
+	}
+	created, err := s.prep.Write(d, i, body)
+	if err != nil {
+		fail(ctx, err)
+		return
+	}
+	code := fasthttp.StatusOK
+	if created {
+		code = fasthttp.StatusCreated
+	}
+	writeJSON(ctx, code, map[string]any{"index": i, "bytes": len(body), "created": created})
+}
+
+// relayTo sends the request as it came to the node at addr and answers with
+// its response; no answer is a 503.
+func (s *Server) relayTo(ctx *fasthttp.RequestCtx, addr string) {
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	ctx.Request.CopyTo(req)
+	req.SetRequestURI("http://" + addr + string(ctx.URI().PathOriginal()))
+	req.SetHost(addr)
+	req.Header.Set(api.HeaderForwarded, s.node.Name())
+	if err := s.relayer.DoTimeout(req, resp, 30*time.Second); err != nil {
+		writeError(ctx, fasthttp.StatusServiceUnavailable, "relay to the item's owner: "+err.Error())
+		ctx.Response.Header.Set("Retry-After", "1")
+		return
+	}
+	resp.CopyTo(&ctx.Response)
+}
+
+// countWritten adds the cluster-wide written counts to dataset infos.
+func (s *Server) countWritten(infos []api.Dataset) {
+	rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s.prep.Count(rctx, infos)
+}
