@@ -1,0 +1,258 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"stallfree/api"
+)
+
+// The prep cache's contract (docs/api.md, "Prep cache") on three real nodes.
+
+// statusOf is the HTTP status of a client error (0 when err is nil or not
+// an API answer).
+func statusOf(err error) int {
+	if e, ok := errors.AsType[*api.Error](err); ok {
+		return e.Status
+	}
+	return 0
+}
+
+// derivedBytes is what the test's "prep stage" makes of item i: sizes differ
+// from the parent's, as a decoded image's would.
+func derivedBytes(i int) []byte {
+	return bytes.Repeat([]byte(fmt.Sprintf("decoded-%04d;", i)), 20+i%7)
+}
+
+// getRaw reads path from n and returns the status and body.
+func getRaw(t *testing.T, n *proc, path string) (int, []byte) {
+	t.Helper()
+	resp, err := http.Get(n.c.Base + path)
+	if err != nil {
+		t.Fatalf("%s GET %s: %v", n.name, path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+func derivedUsage(t *testing.T, n *proc, name string) (items int, bytes uint64) {
+	for _, u := range mustStats(t, n).Datasets {
+		if u.Name == name {
+			return u.Items, u.Bytes
+		}
+	}
+	return 0, 0
+}
+
+func TestDerivedDatasetContract(t *testing.T) {
+	nodes := startCluster(t, clusterOpts{nodes: 3, extra: []string{"--max-item-bytes", "4KiB"}})
+	dir, files := dataset(t, 60, 1024)
+	register(t, nodes[0], "raw", dir)
+	ctx := context.Background()
+	raw, err := nodes[0].c.Dataset(ctx, "raw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := raw.Items
+
+	// Creation: from a follower, idempotent from any node, 409 for another
+	// stage, 404 for a missing parent, 400 for a body naming both kinds.
+	d, err := nodes[1].c.Derive(ctx, "dec", "raw", "decoded-v1")
+	if err != nil {
+		t.Fatalf("derive: %v", err)
+	}
+	if d.DerivedFrom != "raw" || d.Stage != "decoded-v1" || d.Items != n || d.Written == nil || *d.Written != 0 {
+		t.Fatalf("derived info %+v", d)
+	}
+	for _, nd := range nodes {
+		if _, err := nd.c.Derive(ctx, "dec", "raw", "decoded-v1"); err != nil {
+			t.Fatalf("%s: derive again: %v", nd.name, err)
+		}
+	}
+	if _, err := nodes[2].c.Derive(ctx, "dec", "raw", "decoded-v2"); statusOf(err) != 409 {
+		t.Fatalf("other stage: %v, want 409", err)
+	}
+	if _, err := nodes[2].c.Derive(ctx, "other", "missing", "s"); statusOf(err) != 404 {
+		t.Fatalf("missing parent: %v, want 404", err)
+	}
+	if err := nodes[0].c.JSON(ctx, "PUT", "/v1/datasets/x", map[string]string{"source": dir, "derived_from": "raw", "stage": "s"}, nil); statusOf(err) != 400 {
+		t.Fatalf("source and derived_from: %v, want 400", err)
+	}
+	if _, err := nodes[0].c.PutItem(ctx, "raw", 0, []byte("x")); statusOf(err) != 400 {
+		t.Fatalf("write to a parent: %v, want 400", err)
+	}
+
+	// Nothing written yet: 404 {"error":"not written"} by index and by the
+	// parent's key, on every node.
+	keys := make([]string, 0, n)
+	for k := range files {
+		keys = append(keys, k)
+	}
+	for _, nd := range nodes {
+		for _, path := range []string{"/v1/datasets/dec/index/5", "/v1/datasets/dec/items/" + keys[0]} {
+			code, body := getRaw(t, nd, path)
+			if code != 404 || strings.TrimSpace(string(body)) != `{"error":"not written"}` {
+				t.Fatalf("%s GET %s: %d %s", nd.name, path, code, body)
+			}
+		}
+	}
+
+	// Writes from every node: the first is 201, the same bytes again (from
+	// another node) 200, other bytes 409 and the first stay.
+	for i := range n {
+		w := nodes[i%3]
+		created, err := w.c.PutItem(ctx, "dec", i, derivedBytes(i))
+		if err != nil || !created {
+			t.Fatalf("write %d from %s: created %v, %v", i, w.name, created, err)
+		}
+		again := nodes[(i+1)%3]
+		if created, err := again.c.PutItem(ctx, "dec", i, derivedBytes(i)); err != nil || created {
+			t.Fatalf("same bytes again %d from %s: created %v, %v (want 200)", i, again.name, created, err)
+		}
+	}
+	if _, err := nodes[2].c.PutItem(ctx, "dec", 7, []byte("other bytes")); statusOf(err) != 409 {
+		t.Fatalf("other bytes: %v, want 409", err)
+	}
+	if _, err := nodes[1].c.PutItem(ctx, "dec", n, []byte("x")); statusOf(err) != 404 {
+		t.Fatalf("index %d of %d: %v, want 404", n, n, err)
+	}
+	if _, err := nodes[1].c.PutItem(ctx, "dec", -1, []byte("x")); statusOf(err) != 404 && statusOf(err) != 400 {
+		t.Fatalf("index -1: %v, want 404 or 400", err)
+	}
+	if _, err := nodes[1].c.PutItem(ctx, "dec", 3, make([]byte, 4097)); statusOf(err) != 413 {
+		t.Fatalf("over --max-item-bytes: %v, want 413", err)
+	}
+
+	// Every node reads every item byte for byte, by index and by key.
+	for _, nd := range nodes {
+		for i := range n {
+			it, err := nd.c.ItemByIndex(ctx, "dec", i)
+			if err != nil || !bytes.Equal(it.Data, derivedBytes(i)) {
+				t.Fatalf("%s index %d: %v, %d bytes", nd.name, i, err, len(it.Data))
+			}
+			byKey, err := nd.c.ItemByKey(ctx, "dec", it.Key)
+			if err != nil || !bytes.Equal(byKey.Data, derivedBytes(i)) {
+				t.Fatalf("%s key %s: %v", nd.name, it.Key, err)
+			}
+		}
+	}
+
+	// Each item is held once, at its owner, and never read from storage;
+	// written is counted cluster-wide and the same on every node.
+	var held int
+	var want uint64
+	for i := range n {
+		want += uint64(len(derivedBytes(i)))
+	}
+	for _, nd := range nodes {
+		items, _ := derivedUsage(t, nd, "dec")
+		held += items
+	}
+	if held != n {
+		t.Fatalf("the nodes hold %d derived items, want %d (each once)", held, n)
+	}
+	for _, nd := range nodes {
+		info, err := nd.c.Dataset(ctx, "dec")
+		if err != nil || info.Written == nil || *info.Written != n || info.Bytes != int64(want) {
+			t.Fatalf("%s info: %+v, %v (want written %d, bytes %d)", nd.name, info, err, n, want)
+		}
+		if st := mustStats(t, nd); st.SourceReads != 0 && nd != nodes[0] {
+			// Only the parent's registration reads storage, and it reads no item.
+			t.Fatalf("%s read storage %d times", nd.name, st.SourceReads)
+		}
+	}
+
+	// Deleting the parent deletes the derived dataset and frees its items.
+	if err := nodes[2].c.DeleteDataset(ctx, "raw"); err != nil {
+		t.Fatal(err)
+	}
+	for _, nd := range nodes {
+		waitFor(t, 10*time.Second, nd.name+" forgets dec", func() bool {
+			_, err := nd.c.Dataset(ctx, "dec")
+			items, _ := derivedUsage(t, nd, "dec")
+			return statusOf(err) == 404 && items == 0 && mustStats(t, nd).ItemsCached == 0
+		})
+	}
+}
+
+// Derived items are evicted before items read from storage, never evict
+// one, and read as not written once evicted.
+func TestDerivedEvictedFirst(t *testing.T) {
+	p := startNode(t, nodeOpts{name: "e1", bootstrap: true, memory: "1MiB"})
+	dir, _ := datasetFixed(t, 100, 8192)
+	register(t, p, "raw", dir)
+	ctx := context.Background()
+	if _, err := p.c.Derive(ctx, "dec", "raw", "s1"); err != nil {
+		t.Fatal(err)
+	}
+	item := bytes.Repeat([]byte{7}, 8192)
+	for i := range 50 {
+		if _, err := p.c.PutItem(ctx, "dec", i, item); err != nil {
+			t.Fatalf("write %d: %v", i, err)
+		}
+	}
+	for i := range 100 {
+		if _, err := p.c.ItemByIndex(ctx, "raw", i); err != nil {
+			t.Fatalf("parent item %d: %v", i, err)
+		}
+	}
+	// 1 MiB holds all 100 parent items (8192 + 128 bytes each) and 26 of
+	// the derived ones: the parent's fills evicted 24.
+	rawItems, _ := derivedUsage(t, p, "raw")
+	decItems, _ := derivedUsage(t, p, "dec")
+	if rawItems != 100 || decItems != 26 {
+		t.Fatalf("resident: %d parent, %d derived items; want 100 and 26", rawItems, decItems)
+	}
+	readable := 0
+	for i := range 50 {
+		_, err := p.c.ItemByIndex(ctx, "dec", i)
+		switch {
+		case err == nil:
+			readable++
+		case statusOf(err) != 404 || !strings.Contains(err.Error(), "not written"):
+			t.Fatalf("evicted derived item %d: %v, want 404 not written", i, err)
+		}
+	}
+	if readable != 26 {
+		t.Fatalf("%d derived items readable, want 26", readable)
+	}
+	// Full of items it may not evict: a derived write is not kept (507),
+	// and nothing else moves.
+	if _, err := p.c.PutItem(ctx, "dec", 99, item); statusOf(err) != 507 {
+		t.Fatalf("write into a full store: %v, want 507", err)
+	}
+	if r, d := must2(derivedUsage(t, p, "raw")), must2(derivedUsage(t, p, "dec")); r != 100 || d != 26 {
+		t.Fatalf("after a refused write: %d parent, %d derived", r, d)
+	}
+	info, err := p.c.Dataset(ctx, "dec")
+	if err != nil || info.Written == nil || *info.Written != 26 {
+		t.Fatalf("written after evictions: %+v %v, want 26", info, err)
+	}
+}
+
+func must2(a int, _ uint64) int { return a }
+
+// datasetFixed writes n files of exactly size bytes.
+func datasetFixed(t *testing.T, n, size int) (string, []string) {
+	t.Helper()
+	dir := t.TempDir()
+	var keys []string
+	for i := range n {
+		k := fmt.Sprintf("f%05d.bin", i)
+		if err := os.WriteFile(filepath.Join(dir, k), bytes.Repeat([]byte{byte(i)}, size), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, k)
+	}
+	return dir, keys
+}
