@@ -7,6 +7,7 @@ from .client import Client
 from .batchloader import BatchLoader  # noqa: F401  (stallfree.torch.BatchLoader, DESIGN §4 v3)
 from .meter import StallMeter  # noqa: F401 - stallfree.torch.StallMeter (DESIGN §6)
 from .coordinated import CoordinatedLoader  # noqa: F401  (stallfree.torch.CoordinatedLoader, DESIGN §4 v3)
+from .prep import PrepStage
 
 
 class CachedDataset(torch.utils.data.Dataset):
@@ -20,15 +21,23 @@ class CachedDataset(torch.utils.data.Dataset):
     are returned as they are. With ``with_key=True`` an item comes with its
     key, ``(key, bytes)``, and ``transform`` is called as
     ``transform(key, bytes)`` (labels from class folders, for instance).
+
+    ``cache_stage=(stage, fn)`` caches ``fn``'s output (deterministic prep,
+    e.g. decode + resize, returning a numpy array or torch tensor) in the
+    cluster, once per item (``stallfree.prep``); ``transform`` then runs on
+    that output. Not with ``with_key`` (yet).
     """
 
-    def __init__(self, url, dataset, transform=None, token=None, route="local", with_key=False):
+    def __init__(self, url, dataset, transform=None, token=None, route="local", with_key=False, cache_stage=None):
         self.url, self.name, self.transform, self.token, self.route = url, dataset, transform, token, route
         self.with_key = with_key
         self._client = None
         info = self.client.dataset(dataset)
         self.tar = bool(info.get("samples"))
         self._len = int(info["samples"] if self.tar else info["items"])
+        if cache_stage and with_key:
+            raise ValueError("cache_stage and with_key together are not supported")
+        self.prep = PrepStage(self.client, dataset, *cache_stage, tar=self.tar) if cache_stage else None
 
     @property
     def client(self):
@@ -50,9 +59,11 @@ class CachedDataset(torch.utils.data.Dataset):
     def __getitem__(self, i):
         if isinstance(i, (list, tuple)):
             return self.__getitems__(i)
-        if self.with_key and not self.tar:
+        if self.prep is not None:
+            data = self.prep.get(self.client, int(i))
+        elif self.with_key and not self.tar:
             return self._out(self.client.batch(self.name, [int(i)])[0])
-        if self.tar:
+        elif self.tar:
             data = self.client.sample(self.name, int(i))
         else:
             data = self.client.index(self.name, int(i))
@@ -72,7 +83,9 @@ class CachedDataset(torch.utils.data.Dataset):
         out = []
         for start in range(0, len(indices), self.max_batch):
             chunk = [int(i) for i in indices[start:start + self.max_batch]]
-            if self.tar:
+            if self.prep is not None:
+                out.extend(self.prep.get_many(self.client, chunk))
+            elif self.tar:
                 out.extend(self.client.samples(self.name, chunk))
             elif self.with_key:
                 out.extend(self._out(kd) for kd in self.client.batch(self.name, chunk))

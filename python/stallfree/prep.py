@@ -1,0 +1,163 @@
+"""Prep cache: run the deterministic part of prep once per item per cluster.
+
+``CachedDataset(url, ds, transform=T, cache_stage=("decoded-224-v1", F))``
+keeps F's output for every item in the cluster's memory, in a *derived
+dataset* (``PUT /v1/datasets/{name} {"derived_from", "stage"}``, docs/api.md
+"Prep cache"). The first time anyone in the cluster reads item i, F runs on
+the parent's item and its output is written back; from then on every reader,
+in any process on any node, gets F's output and runs only T (the random
+augmentation).
+
+F must be deterministic and return a numpy array or a torch tensor; it is
+stored as a small self-describing header (kind, dtype, shape) and the raw
+bytes, and comes back with the same dtype, shape and bytes. Changing the
+stage string starts a fresh cache (another derived dataset).
+"""
+
+import hashlib
+import json
+import re
+import struct
+
+from .client import StallfreeError
+
+try:
+    import numpy as np
+except ImportError:  # pragma: no cover - numpy is needed only to decode arrays
+    np = None
+
+MAGIC = b"SFPC"
+_HEAD = struct.Struct("<4sI")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def derived_name(parent, stage):
+    """The derived dataset that caches ``stage`` of ``parent``: readable when
+    the stage is a plain name, a hash of it otherwise."""
+    name = f"{parent}.{stage}"
+    if _NAME.fullmatch(name):
+        return name
+    return f"{parent[:100]}.{hashlib.sha256(stage.encode()).hexdigest()[:16]}"
+
+
+def encode(value):
+    """A numpy array or torch tensor as header + raw bytes (C order)."""
+    if np is not None and isinstance(value, np.ndarray):
+        if value.dtype.hasobject:
+            raise TypeError("cache_stage: an array of Python objects cannot be cached; return numbers")
+        arr = np.ascontiguousarray(value)
+        head = {"kind": "numpy", "dtype": arr.dtype.str, "shape": list(arr.shape)}
+        raw = arr.tobytes()
+    elif type(value).__module__.startswith("torch") and hasattr(value, "dtype") and hasattr(value, "shape"):
+        import torch
+
+        t = value.detach().cpu().contiguous()
+        head = {"kind": "torch", "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
+        # Through a byte view: every torch dtype (bfloat16 too) has one.
+        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    else:
+        raise TypeError(f"cache_stage: the function must return a numpy array or a torch tensor, not {type(value).__name__}")
+    h = json.dumps(head, separators=(",", ":")).encode()
+    return _HEAD.pack(MAGIC, len(h)) + h + raw
+
+
+def decode(data):
+    """What ``encode`` made, back: same kind, dtype, shape and bytes."""
+    if len(data) < _HEAD.size:
+        raise ValueError("prep cache: item too short for its header")
+    magic, n = _HEAD.unpack_from(data)
+    if magic != MAGIC or _HEAD.size + n > len(data):
+        raise ValueError("prep cache: not an encoded array (wrong magic or header length)")
+    head = json.loads(bytes(data[_HEAD.size:_HEAD.size + n]))
+    raw = bytearray(data[_HEAD.size + n:])  # writable: T may modify in place
+    shape = tuple(head["shape"])
+    if head["kind"] == "torch":
+        import torch
+
+        dtype = getattr(torch, head["dtype"])
+        if not raw:
+            return torch.empty(shape, dtype=dtype)
+        return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(shape)
+    return np.frombuffer(raw, dtype=np.dtype(head["dtype"])).reshape(shape)
+
+
+class PrepStage:
+    """One prep stage of one parent dataset, cached in the cluster.
+
+    Holds no connection: every call is given the caller's client, so one
+    stage object serves every DataLoader worker (it is pickled with the
+    dataset). ``get(client, i)`` and ``get_many(client, indices)`` return F's
+    output for the items (the per-batch hook for batch loaders); the caller
+    applies its transform.
+    """
+
+    def __init__(self, client, parent, stage, fn, tar=False):
+        if not isinstance(stage, str) or not stage:
+            raise ValueError("cache_stage: want (stage string, function)")
+        if not callable(fn):
+            raise TypeError("cache_stage: the second element must be a function")
+        self.parent, self.stage, self.fn, self.tar = parent, stage, fn, tar
+        self.name = derived_name(parent, stage)
+        # Idempotent: the same body from any process answers 200 with the
+        # dataset as it is.
+        client.json("PUT", f"/v1/datasets/{client._q(self.name)}", {"derived_from": parent, "stage": stage})
+
+    def _path(self, client, i):
+        return f"/v1/datasets/{client._q(self.name)}/index/{int(i)}"
+
+    def _cached(self, client, i):
+        """The decoded item, or None when nobody has written it."""
+        try:
+            return decode(client.index(self.name, i))
+        except StallfreeError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def _parent(self, client, indices):
+        if self.tar:
+            return client.samples(self.parent, indices)
+        return [data for _, data in client.batch(self.parent, indices)]
+
+    def _compute(self, client, i, raw):
+        """Runs F (its exceptions are the caller's) and writes the result
+        back; another writer's result, when it was first, is what counts."""
+        out = self.fn(raw)
+        data = encode(out)
+        try:
+            client.request("PUT", self._path(client, i), data, {"Content-Type": "application/octet-stream"})
+        except StallfreeError as e:
+            if e.status == 409:  # another process wrote first: read what is there
+                got = self._cached(client, i)
+                if got is not None:
+                    return got
+            elif e.status not in (413, 503, 507):  # not kept: still a valid result
+                raise
+        return decode(data)  # what a later read returns, exactly
+
+    def get(self, client, i):
+        """F's output for item i."""
+        got = self._cached(client, i)
+        if got is not None:
+            return got
+        return self._compute(client, i, self._parent(client, [int(i)])[0])
+
+    def get_many(self, client, indices):
+        """F's output for several items: one batch request when all are
+        written (every epoch after the first), else each one that is
+        written, then the parent's bytes of the rest in one request."""
+        indices = [int(i) for i in indices]
+        if not indices:
+            return []
+        try:
+            return [decode(d) for _, d in client.batch(self.name, indices)]
+        except StallfreeError as e:
+            if e.status != 404:
+                raise
+        out = [self._cached(client, i) for i in indices]
+        missing = [j for j, v in enumerate(out) if v is None]
+        if missing:
+            raws = self._parent(client, [indices[j] for j in missing])
+            for j, raw in zip(missing, raws):
+                out[j] = self._compute(client, indices[j], raw)
+        return out
