@@ -8,6 +8,8 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
+	"regexp"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -170,6 +172,23 @@ func TestDerivedDatasetContract(t *testing.T) {
 			// Only the parent's registration reads storage, and it reads no item.
 			t.Fatalf("%s read storage %d times", nd.name, st.SourceReads)
 		}
+	}
+
+	// cachectl shows the derived dataset with its parent and stage, and the
+	// cluster's memory per dataset, parent and derived apart.
+	ctl := func(args ...string) string {
+		t.Helper()
+		out, err := exec.Command(filepath.Join(binDir, "cachectl"), append([]string{"--node", "http://" + nodes[1].http}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("cachectl %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	if out := ctl("datasets", "ls"); !strings.Contains(out, fmt.Sprintf("derived from raw, stage decoded-v1, %d written", n)) {
+		t.Fatalf("datasets ls:\n%s", out)
+	}
+	if out := ctl("stats"); !regexp.MustCompile(fmt.Sprintf(`(?m)^dec\s+derived from raw\s+%d\s`, n)).MatchString(out) {
+		t.Fatalf("stats:\n%s", out)
 	}
 
 	// Deleting the parent deletes the derived dataset and frees its items.

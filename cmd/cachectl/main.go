@@ -214,7 +214,7 @@ func (a *app) datasets(ctx context.Context, args []string) error {
 		}
 		a.table("NAME\tITEMS\tBYTES\tVERSION\tSOURCE", func(w io.Writer) {
 			for _, d := range ds {
-				fmt.Fprintf(w, "%s\t%d\t%s\t%d\t%s\n", d.Name, d.Items, humanize.IBytes(uint64(d.Bytes)), d.Version, d.Source)
+				fmt.Fprintf(w, "%s\t%d\t%s\t%d\t%s\n", d.Name, d.Items, humanize.IBytes(uint64(d.Bytes)), d.Version, datasetOrigin(d))
 			}
 		})
 		return nil
@@ -408,5 +408,6 @@ func (a *app) stats(ctx context.Context) error {
 				s.LoaderWaitSeconds, s.LoaderBatches)
 		}
 	})
+	a.datasetUsage(all)
 	return nil
 }
