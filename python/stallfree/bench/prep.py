@@ -1,0 +1,264 @@
+"""``python -m stallfree.bench --prep``: decode once per cluster, not once per epoch.
+
+Real JPEGs (500x375, ~110 KiB, made with Pillow) through a real DataLoader
+(2 workers), three ways, in one run on one machine:
+
+(a) a plain map-style Dataset over the files: read, F, T every epoch;
+(b) ``CachedDataset`` without ``cache_stage``: the bytes from the cache, F
+    and T every epoch;
+(c) ``CachedDataset(cache_stage=("decoded-224-v1", F))``, epoch 2: F's
+    output from the cache, only T.
+
+F = Pillow decode + resize (shorter side 256) + center crop 224 -> uint8
+array; T = random crop 192 + random horizontal flip + float tensor (CHW).
+Prints samples/s and CPU seconds per sample of the loader's processes (the
+training process and its workers), the cache node's CPU beside it, and F's
+calls in (c)'s epoch 2 (the goal: zero).
+"""
+
+import argparse
+import io
+import json
+import multiprocessing
+import os
+import random
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+STAGE = "decoded-224-v1"
+
+
+def make_jpegs(root, n, seed=0):
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:375, 0:500]
+    sizes = 0
+    for i in range(n):
+        base = np.stack([x * 255 / 500, y * 255 / 375, (x + y) * 255 / 875], -1)
+        base = base + 60 * np.sin(x / (7 + i % 13) + y / (11 + i % 7))[..., None]
+        img = np.clip(base + rng.normal(0, 30, base.shape), 0, 255).astype(np.uint8)
+        d = os.path.join(root, f"class{i % 10:02d}")
+        os.makedirs(d, exist_ok=True)
+        path = os.path.join(d, f"img_{i:06d}.jpg")
+        Image.fromarray(img).save(path, "JPEG", quality=90)
+        sizes += os.path.getsize(path)
+    return sizes / max(n, 1)
+
+
+class Counter:
+    """Counts calls across DataLoader worker processes (shared memory,
+    inherited by the forked workers)."""
+
+    def __init__(self):
+        self.v = multiprocessing.Value("q", 0)
+
+    def add(self):
+        with self.v.get_lock():
+            self.v.value += 1
+
+    @property
+    def value(self):
+        return self.v.value
+
+
+class F:
+    """Pillow decode + resize to 256 (shorter side) + center crop 224."""
+
+    def __init__(self, counter):
+        self.counter = counter
+
+    def __call__(self, raw):
+        from PIL import Image
+
+        self.counter.add()
+        im = Image.open(io.BytesIO(raw)).convert("RGB")
+        w, h = im.size
+        s = 256 / min(w, h)
+        im = im.resize((max(256, round(w * s)), max(256, round(h * s))), Image.BILINEAR)
+        left, top = (im.width - 224) // 2, (im.height - 224) // 2
+        return np.asarray(im.crop((left, top, left + 224, top + 224)), dtype=np.uint8)
+
+
+def T(arr):
+    """Random crop 192 + random horizontal flip + float tensor, CHW."""
+    import torch
+
+    top, left = random.randrange(0, 33), random.randrange(0, 33)
+    a = arr[top:top + 192, left:left + 192]
+    if random.random() < 0.5:
+        a = a[:, ::-1]
+    return torch.from_numpy(np.ascontiguousarray(a)).permute(2, 0, 1).float().div_(255.0)
+
+
+class FT:
+    def __init__(self, f):
+        self.f = f
+
+    def __call__(self, raw):
+        return T(self.f(raw))
+
+
+class Files:
+    """(a): the ImageFolder way, decoding every epoch."""
+
+    def __init__(self, root, transform):
+        self.paths = sorted(os.path.join(dp, f) for dp, _, fs in os.walk(root) for f in fs)
+        self.transform = transform
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        with open(self.paths[i], "rb") as f:
+            return self.transform(f.read())
+
+
+def node_cpu(pid):
+    if pid is None:
+        return 0.0
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def epoch(dataset, workers, batch, node_pid, whole_batches=False):
+    """One shuffled epoch; samples are collated into one tensor per batch in
+    the worker, as training does. ``whole_batches`` hands each worker the
+    batch's indices at once (``__getitems__``: one request per batch), the
+    way ``CachedDataset`` is meant to be used on torch < 2.0, which does not
+    call ``__getitems__`` by itself."""
+    import torch.utils.data
+
+    if whole_batches:
+        sampler = torch.utils.data.BatchSampler(torch.utils.data.RandomSampler(dataset), batch, False)
+        loader = torch.utils.data.DataLoader(dataset, sampler=sampler, batch_size=None, num_workers=workers,
+                                             collate_fn=torch.utils.data.default_collate)
+    else:
+        loader = torch.utils.data.DataLoader(dataset, batch_size=batch, shuffle=True, num_workers=workers)
+    r0, c0, n0, t0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN), \
+        node_cpu(node_pid), time.perf_counter()
+    count = sum(b.shape[0] for b in loader)
+    del loader  # workers exit and are reaped: their CPU is in RUSAGE_CHILDREN
+    el = time.perf_counter() - t0
+    r1, c1, n1 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN), node_cpu(node_pid)
+    cpu = (r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime) + (c1.ru_utime - c0.ru_utime + c1.ru_stime - c0.ru_stime)
+    return {"samples": count, "seconds": el, "samples_per_s": count / el, "cpu_s_per_sample": cpu / count,
+            "node_cpu_s_per_sample": (n1 - n0) / count}
+
+
+def start_node(tmp, data, memory):
+    from ..client import Client
+    from ..torch import CachedDataset  # noqa: F401 - fail early without torch
+
+    binary = os.environ.get("STALLFREE_BIN") or shutil.which("cachenode") or \
+        os.path.join(os.path.dirname(__file__), "..", "..", "..", "bin", "cachenode")
+    ports = []
+    import socket
+
+    for _ in range(4):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        ports.append(s.getsockname()[1])
+        s.close()
+    log = open(os.path.join(tmp, "node.log"), "w")
+    proc = subprocess.Popen([binary, "--name", "prep-bench", "--http", f"127.0.0.1:{ports[0]}", "--peer",
+                             f"127.0.0.1:{ports[1]}", "--gossip", f"127.0.0.1:{ports[2]}", "--raft",
+                             f"127.0.0.1:{ports[3]}", "--data-dir", os.path.join(tmp, "node"), "--memory", memory,
+                             "--fast-timers", "--log-level", "warn", "--dataset", f"imgs={data}"],
+                            stdout=log, stderr=log)
+    url = f"http://127.0.0.1:{ports[0]}"
+    c = Client(url)
+    deadline = time.time() + 60
+    while True:
+        try:
+            c.dataset("imgs")
+            return proc, url
+        except Exception:  # noqa: BLE001 - not up yet
+            if time.time() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise SystemExit(f"cachenode did not come up; see {log.name}")
+            time.sleep(0.1)
+
+
+def main(argv):
+    p = argparse.ArgumentParser(prog="python -m stallfree.bench --prep", description=__doc__.split("\n")[0])
+    p.add_argument("--prep", action="store_true")
+    p.add_argument("--items", type=int, default=1000)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--memory", default="512MiB")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    a = p.parse_args(argv)
+    try:
+        import PIL  # noqa: F401
+        import torch  # noqa: F401
+    except ImportError as e:
+        raise SystemExit(f"the prep bench needs Pillow and torch ({e})")
+    from ..client import Client
+    from ..torch import CachedDataset
+
+    tmp = tempfile.mkdtemp(prefix="stallfree-prep-bench")
+    proc = None
+    try:
+        data = os.path.join(tmp, "jpegs")
+        t0 = time.perf_counter()
+        avg = make_jpegs(data, a.items)
+        print(f"{a.items} JPEGs of 500x375, {avg / 1024:.0f} KiB on average, made in {time.perf_counter() - t0:.1f}s",
+              file=sys.stderr)
+        proc, url = start_node(tmp, data, a.memory)
+        c = Client(url)
+        c.request("POST", "/v1/datasets/imgs/warmup")
+        while c.json("GET", "/v1/datasets/imgs/warmup").get("running", True):
+            time.sleep(0.1)
+        for path in Files(data, None).paths:  # (a) reads from the page cache, like (b) from memory
+            with open(path, "rb") as f:
+                f.read()
+
+        res = {}
+        fa = Counter()
+        res["a_files"] = epoch(Files(data, FT(F(fa))), a.workers, a.batch, proc.pid)
+        fb = Counter()
+        res["b_cached_bytes"] = epoch(CachedDataset(url, "imgs", transform=FT(F(fb))), a.workers, a.batch, proc.pid, True)
+        fc = Counter()
+        staged = CachedDataset(url, "imgs", transform=T, cache_stage=(STAGE, F(fc)))
+        res["c_epoch1"] = epoch(staged, a.workers, a.batch, proc.pid, True)
+        res["c_epoch1"]["f_calls"] = fc.value
+        before = fc.value
+        res["c_epoch2"] = epoch(staged, a.workers, a.batch, proc.pid, True)
+        res["c_epoch2"]["f_calls"] = fc.value - before
+        res["uptime"] = open("/proc/loadavg").read().split()[:3]
+        a_, c_ = res["a_files"], res["c_epoch2"]
+        res["speedup_c_over_a"] = c_["samples_per_s"] / a_["samples_per_s"]
+        res["cpu_c_over_a"] = c_["cpu_s_per_sample"] / a_["cpu_s_per_sample"]
+        res["goals"] = {"c >= 3x a": res["speedup_c_over_a"] >= 3, "c cpu <= a/3": res["cpu_c_over_a"] <= 1 / 3,
+                        "epoch 2 F calls == 0": c_["f_calls"] == 0}
+        if a.json:
+            print(json.dumps(res, indent=2))
+            return 0
+        print(f"load average {' '.join(res['uptime'])}; {a.items} items, {a.workers} workers, batch {a.batch}")
+        print(f"{'':28s}{'samples/s':>10s}{'loader CPU ms/sample':>22s}{'node CPU ms/sample':>20s}{'F calls':>9s}")
+        rows = [("(a) files, decode each epoch", "a_files"), ("(b) cached bytes, decode", "b_cached_bytes"),
+                ("(c) cache_stage, epoch 1", "c_epoch1"), ("(c) cache_stage, epoch 2", "c_epoch2")]
+        for label, k in rows:
+            r = res[k]
+            print(f"{label:28s}{r['samples_per_s']:10.0f}{r['cpu_s_per_sample'] * 1e3:22.2f}"
+                  f"{r['node_cpu_s_per_sample'] * 1e3:20.2f}{r.get('f_calls', ''):>9}")
+        print(f"(c)/(a): {res['speedup_c_over_a']:.2f}x samples/s, {res['cpu_c_over_a']:.2f}x CPU per sample; "
+              f"goals: " + ", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in res["goals"].items()))
+        return 0
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=15)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
