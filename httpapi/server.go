@@ -74,12 +74,13 @@ func New(n *node.Node, token string, log *slog.Logger) *Server {
 		ReadTimeout:        30 * time.Second,
 		WriteTimeout:       60 * time.Second,
 		IdleTimeout:        2 * time.Minute,
-		// Item writes to derived datasets may be larger; every other route
-		// keeps MaxBodySize (checked in handle).
-		MaxRequestBodySize: int(max(MaxBodySize, n.Prep().MaxItemBytes())),
+		MaxRequestBodySize: MaxBodySize,
 		NoDefaultDate:      true,
 		Logger:             fasthttpLogger{r: redactor{token: []byte(token)}, log: log},
 	}
+	// Item writes to derived datasets may be larger; every other route
+	// keeps MaxBodySize (checked in handle).
+	s.srv.MaxRequestBodySize = int(max(MaxBodySize, s.prep.MaxItemBytes()))
 	return s
 }
 
