@@ -45,6 +45,17 @@ type Dataset struct {
 // loaders and never read from storage.
 func (d *Dataset) Derived() bool { return d.DerivedFrom != "" }
 
+// RingName is the name the ring places d's items by: a derived dataset's
+// items live where its parent's do, so a locality-aware order of the
+// parent is one of the derived dataset too, and the loader that writes item
+// i read the parent's item i from the same node.
+func (d *Dataset) RingName() string {
+	if d.Derived() {
+		return d.DerivedFrom
+	}
+	return d.Name
+}
+
 // Job is a registered training job: which dataset, how it is shuffled and
 // batched, and which node each rank runs on.
 type Job struct {

@@ -204,7 +204,7 @@ func (c *Cluster) Ring() *partition.Ring { return c.ring() }
 // Owner returns the member owning item index of d and whether that is this
 // node (an empty ring makes every item this node's).
 func (c *Cluster) Owner(d *catalog.Dataset, index int) (string, bool) {
-	o := c.ring().Owner(d.Name, d.Manifest.OwnerKey(index))
+	o := c.ring().Owner(d.RingName(), d.Manifest.OwnerKey(index))
 	return o, o == "" || o == c.cfg.Name
 }
 

@@ -69,7 +69,7 @@ func (c *Cluster) Handoff(ctx context.Context, d *catalog.Dataset, index int) (F
 		if r == nil || r.Empty() {
 			continue
 		}
-		prev := r.Owner(d.Name, key)
+		prev := r.Owner(d.RingName(), key)
 		if tried[prev] {
 			continue
 		}

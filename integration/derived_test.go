@@ -94,6 +94,18 @@ func TestDerivedDatasetContract(t *testing.T) {
 		t.Fatalf("write to a parent: %v, want 400", err)
 	}
 
+	// Derived items live where the parent's do.
+	for _, nd := range nodes {
+		rawOwners, err := nd.c.Owners(ctx, "raw")
+		if err != nil {
+			t.Fatal(err)
+		}
+		decOwners, err := nd.c.Owners(ctx, "dec")
+		if err != nil || !bytes.Equal(rawOwners.Owners, decOwners.Owners) || len(decOwners.Owners) != n {
+			t.Fatalf("%s: owners of dec differ from raw's: %v", nd.name, err)
+		}
+	}
+
 	// Nothing written yet: 404 {"error":"not written"} by index and by the
 	// parent's key, on every node.
 	keys := make([]string, 0, n)

@@ -211,5 +211,5 @@ func unitOwner(d *catalog.Dataset, members []string) (func(int32) string, error)
 	if d.Manifest.IsTar() {
 		ownerKey = d.Manifest.SampleKey
 	}
-	return func(i int32) string { return ring.Owner(d.Name, ownerKey(int(i))) }, nil
+	return func(i int32) string { return ring.Owner(d.RingName(), ownerKey(int(i))) }, nil
 }

@@ -227,7 +227,7 @@ func (n *Node) Owners(d *catalog.Dataset) api.Owners {
 	out.Owners = make([]byte, width*d.Manifest.Len())
 	if !ring.Empty() {
 		for i := range d.Manifest.Len() {
-			x := pos[ring.Owner(d.Name, d.Manifest.OwnerKey(i))]
+			x := pos[ring.Owner(d.RingName(), d.Manifest.OwnerKey(i))]
 			if width == 1 {
 				out.Owners[i] = byte(x)
 			} else {
