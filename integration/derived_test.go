@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -286,4 +287,84 @@ func datasetFixed(t *testing.T, n, size int) (string, []string) {
 		keys = append(keys, k)
 	}
 	return dir, keys
+}
+
+// Derived items move with their owner when a member joins (never read from
+// storage, which has none), and a member's loss loses its share only: those
+// items read as not written and are written again.
+func TestDerivedItemsFollowMembership(t *testing.T) {
+	nodes := startCluster(t, clusterOpts{nodes: 2})
+	dir, _ := dataset(t, 120, 600)
+	register(t, nodes[0], "raw", dir)
+	ctx := context.Background()
+	if _, err := nodes[1].c.Derive(ctx, "dec", "raw", "s1"); err != nil {
+		t.Fatal(err)
+	}
+	const n = 120
+	for i := range n {
+		if _, err := nodes[i%2].c.PutItem(ctx, "dec", i, derivedBytes(i)); err != nil {
+			t.Fatalf("write %d: %v", i, err)
+		}
+	}
+	n3 := startNode(t, nodeOpts{name: "n3", join: []string{nodes[0].gossip}})
+	all := append(slices.Clone(nodes), n3)
+	waitMembers(t, all, []string{"n1", "n2", "n3"})
+	held := func(ps []*proc) (sum int, each []int) {
+		for _, p := range ps {
+			items, _ := derivedUsage(t, p, "dec")
+			sum += items
+			each = append(each, items)
+		}
+		return sum, each
+	}
+	// The old owners hand n3 its share (rehoming, then handoffs on reads).
+	waitFor(t, 20*time.Second, "n3 to hold its share of dec", func() bool {
+		sum, each := held(all)
+		return sum == n && each[2] > 0
+	})
+	for _, p := range all {
+		for i := range n {
+			it, err := p.c.ItemByIndex(ctx, "dec", i)
+			if err != nil || !bytes.Equal(it.Data, derivedBytes(i)) {
+				t.Fatalf("%s item %d after the join: %v", p.name, i, err)
+			}
+		}
+	}
+	sum, each := held(all)
+	if sum != n {
+		t.Fatalf("after the join the members hold %v derived items, want %d in all (each once)", each, n)
+	}
+	lost := each[2]
+	n3.kill()
+	waitMembers(t, nodes, []string{"n1", "n2"})
+	var gone []int
+	for i := range n {
+		_, err := nodes[0].c.ItemByIndex(ctx, "dec", i)
+		switch {
+		case err == nil:
+		case statusOf(err) == 404:
+			gone = append(gone, i)
+		default:
+			t.Fatalf("item %d after n3's loss: %v", i, err)
+		}
+	}
+	if len(gone) != lost {
+		t.Fatalf("%d items read as not written after n3 was lost; it held %d", len(gone), lost)
+	}
+	if info, err := nodes[1].c.Dataset(ctx, "dec"); err != nil || info.Written == nil || *info.Written != n-lost {
+		t.Fatalf("written after the loss: %+v %v, want %d", info, err, n-lost)
+	}
+	for _, i := range gone {
+		if created, err := nodes[1].c.PutItem(ctx, "dec", i, derivedBytes(i)); err != nil || !created {
+			t.Fatalf("writing %d again: %v %v", i, created, err)
+		}
+	}
+	if info, err := nodes[0].c.Dataset(ctx, "dec"); err != nil || *info.Written != n {
+		t.Fatalf("written after writing the lost share again: %+v %v", info, err)
+	}
+	for _, p := range nodes {
+		if st := mustStats(t, p); st.SourceReads != 0 {
+			t.Fatalf("%s read storage %d times for a derived dataset", p.name, st.SourceReads)
+		}
+	}
 }
