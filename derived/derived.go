@@ -29,6 +29,7 @@ import (
 	"stallfree/api"
 	"stallfree/catalog"
 	"stallfree/store"
+	"stallfree/transport"
 )
 
 // Errors the API maps to status codes.
@@ -49,8 +50,11 @@ var (
 	ErrInvalid = errors.New("invalid derived dataset")
 )
 
-// DefaultMaxItemBytes is --max-item-bytes' default.
-const DefaultMaxItemBytes = 64 << 20
+// DefaultMaxItemBytes is --max-item-bytes' default, and the most a derived
+// item may be whatever the flag says (it also bounds staged group batches,
+// up to 1 GiB): what the peer transport moves in one push, so that a
+// derived item can follow its owner when membership changes.
+const DefaultMaxItemBytes = transport.MaxPush
 
 // maxStage bounds the stage string (it names a cache, it is not data).
 const maxStage = 256
@@ -92,7 +96,7 @@ type Prep struct {
 
 // New returns the prep cache of a node.
 func New(cfg Config, cat *catalog.Catalog, st *store.Store, host Host) *Prep {
-	if cfg.MaxItemBytes <= 0 {
+	if cfg.MaxItemBytes <= 0 || cfg.MaxItemBytes > DefaultMaxItemBytes {
 		cfg.MaxItemBytes = DefaultMaxItemBytes
 	}
 	if cfg.Logger == nil {
@@ -156,7 +160,7 @@ func (p *Prep) Check(d *catalog.Dataset, index int, size int) error {
 	case index < 0 || index >= d.Manifest.Len():
 		return fmt.Errorf("%w: index %d, dataset %s has [0,%d)", ErrOutOfRange, index, d.Name, d.Manifest.Len())
 	case int64(size) > p.cfg.MaxItemBytes:
-		return fmt.Errorf("%w: %d bytes; --max-item-bytes is %d", ErrTooLarge, size, p.cfg.MaxItemBytes)
+		return fmt.Errorf("%w: %d bytes; a derived item may have %d (--max-item-bytes, at most 64 MiB)", ErrTooLarge, size, p.cfg.MaxItemBytes)
 	}
 	return nil
 }
