@@ -366,6 +366,11 @@ class Client:
         failure, so the caller falls back to its own node."""
         try:
             r, data = self._request_once(base, method, path, body)
+        except StallfreeError as e:
+            if e.status == 404 and e.message == "not written":
+                raise  # the owner's answer (a derived item), not a routing failure
+            self._owners.pop(dataset, None)
+            return None
         except Exception:  # noqa: BLE001 - fall back to url
             self._owners.pop(dataset, None)
             return None

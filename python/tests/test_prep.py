@@ -151,6 +151,19 @@ class PrepTest(ClusterCase):
         for i, x in enumerate(got):
             self.assertTrue(same_array(x, self.want[i]), f"stage 2 item {i}")
 
+    def test_owner_routed(self):
+        """route="owner": misses are answered by the owner (not written), not
+        taken for routing failures that refetch the owner table."""
+        ds = CachedDataset(self.url1, "ds", route="owner", cache_stage=("owner-v1", Stage(self.flog)))
+        fetched = []
+        owners = ds.client.owners
+        ds.client.owners = lambda name: fetched.append(name) or owners(name)
+        for _ in range(2):
+            for i in range(len(self.keys)):
+                self.assertTrue(same_array(ds[i], self.want[i]), f"item {i}")
+        self.assert_f_once_per_item(lines(self.flog))
+        self.assertLessEqual(len(fetched), 2, "the owner table was fetched again after misses")
+
     def test_conflict_reads_what_is_there_and_errors_propagate(self):
         raw_index = {self.files[k]: i for i, k in enumerate(self.keys)}
         c = Client(self.url2)
