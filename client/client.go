@@ -267,6 +267,9 @@ func (c *Client) ItemByIndex(ctx context.Context, dataset string, i int) (Item, 
 				}
 				return it, nil
 			}
+			if notWritten(err) {
+				return Item{}, err // the owner's answer (a derived item), not a routing failure
+			}
 			c.forgetOwners(dataset)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/url"
@@ -47,4 +48,11 @@ func (c *Client) PutItem(ctx context.Context, dataset string, i int, data []byte
 		return false, &e
 	}
 	return resp.StatusCode == http.StatusCreated, nil
+}
+
+// notWritten reports whether err is the answer for an item of a derived
+// dataset nobody has written.
+func notWritten(err error) bool {
+	e, ok := errors.AsType[*api.Error](err)
+	return ok && e.Status == http.StatusNotFound && e.Message == "not written"
 }

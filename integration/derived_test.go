@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"stallfree/api"
+	"stallfree/client"
 )
 
 // The prep cache's contract (docs/api.md, "Prep cache") on three real nodes.
@@ -119,6 +120,13 @@ func TestDerivedDatasetContract(t *testing.T) {
 			if code != 404 || strings.TrimSpace(string(body)) != `{"error":"not written"}` {
 				t.Fatalf("%s GET %s: %d %s", nd.name, path, code, body)
 			}
+		}
+	}
+
+	routed := client.New(nodes[0].c.Base, "").RouteByOwner()
+	for i := range 6 {
+		if _, err := routed.ItemByIndex(ctx, "dec", i); statusOf(err) != 404 || !strings.Contains(err.Error(), "not written") {
+			t.Fatalf("owner-routed read of unwritten item %d: %v", i, err)
 		}
 	}
 
