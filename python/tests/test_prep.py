@@ -14,7 +14,7 @@ import torch.utils.data  # noqa: E402
 
 from stallfree import Client, StallfreeError  # noqa: E402
 from stallfree.prep import decode, derived_name, encode  # noqa: E402
-from stallfree.torch import CachedDataset  # noqa: E402
+from stallfree.torch import BatchLoader, CachedDataset  # noqa: E402
 
 from harness import Cluster, ClusterCase, wait_until  # noqa: E402
 
@@ -150,6 +150,18 @@ class PrepTest(ClusterCase):
         self.assert_f_once_per_item(lines(self.flog))
         for i, x in enumerate(got):
             self.assertTrue(same_array(x, self.want[i]), f"stage 2 item {i}")
+
+    def test_batch_loader(self):
+        """BatchLoader's threads fetch whole minibatches through the same hook."""
+        ds = CachedDataset(self.url2, "ds", transform=Transform(self.tlog), cache_stage=("bl-v1", Stage(self.flog)))
+        n = len(self.keys)
+        for epoch in range(2):
+            got = [x for batch in BatchLoader(ds, 8, threads=3, collate_fn=list) for x in batch]
+            self.assertEqual(len(got), n)
+            for i, x in enumerate(got):
+                self.assertTrue(same_array(x, self.want[i]), f"epoch {epoch} item {i}")
+            self.assert_f_once_per_item(lines(self.flog))  # epoch 2 adds no call
+        self.assertEqual(len(lines(self.tlog)), 2 * n)
 
     def test_owner_routed(self):
         """route="owner": misses are answered by the owner (not written), not
