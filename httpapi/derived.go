@@ -45,10 +45,16 @@ func derivedStatus(err error) (int, bool) {
 	return 0, false
 }
 
-// isItemWrite reports whether a request is PUT /v1/datasets/{name}/index/{i},
-// the one route whose body may exceed MaxBodySize (up to --max-item-bytes).
-func isItemWrite(method string, seg []string) bool {
-	return method == fasthttp.MethodPut && len(seg) == 5 && seg[1] == "datasets" && seg[3] == "index"
+// itemBodyLimit is the largest body of /v1/datasets/{name}/index/{i} (an
+// item written to a derived dataset): up to --max-item-bytes, where every
+// other dataset route keeps MaxBodySize. Bodies over the server's limit
+// arrive as streams and are read against bodyLimit (readBody), so no other
+// route reads more. ok is false for any other path.
+func (s *Server) itemBodyLimit(seg []string) (limit int, ok bool) {
+	if len(seg) == 5 && seg[0] == "v1" && seg[1] == "datasets" && seg[3] == "index" {
+		return int(max(MaxBodySize, s.prep.MaxItemBytes())), true
+	}
+	return 0, false
 }
 
 // putDerived serves PUT /v1/datasets/{name} {"derived_from", "stage"}.

@@ -28,6 +28,9 @@ func (s *Server) EnableGroups(g *groups.Service) {
 // bodyLimit is the largest request body a route takes: a group's batch as
 // large as --max-item-bytes, everything else the server's limit.
 func (s *Server) bodyLimit(seg []string) int {
+	if n, ok := s.itemBodyLimit(seg); ok { // derived.go
+		return n
+	}
 	if s.groups != nil && len(seg) >= 2 && seg[0] == "v1" && seg[1] == "groups" {
 		return max(s.srv.MaxRequestBodySize, s.groups.MaxBatchBytes())
 	}

@@ -78,9 +78,6 @@ func New(n *node.Node, token string, log *slog.Logger) *Server {
 		NoDefaultDate:      true,
 		Logger:             fasthttpLogger{r: redactor{token: []byte(token)}, log: log},
 	}
-	// Item writes to derived datasets may be larger; every other route
-	// keeps MaxBodySize (checked in handle).
-	s.srv.MaxRequestBodySize = int(max(MaxBodySize, s.prep.MaxItemBytes()))
 	return s
 }
 
@@ -102,7 +99,7 @@ func (s *Server) Shutdown(ctx context.Context) error { return s.srv.ShutdownWith
 
 func (s *Server) parseError(ctx *fasthttp.RequestCtx, err error) {
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
-		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, fmt.Sprintf("request body over %d bytes", s.srv.MaxRequestBodySize))
+		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, fmt.Sprintf("request body over %d bytes", MaxBodySize))
 		return
 	}
 	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
@@ -233,10 +230,6 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	if s.catalogNotReady(ctx, method, seg) {
-		return
-	}
-	if len(ctx.PostBody()) > MaxBodySize && !isItemWrite(method, seg) {
-		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, fmt.Sprintf("request body over %d bytes", MaxBodySize))
 		return
 	}
 	switch seg[1] {
