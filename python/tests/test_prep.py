@@ -205,6 +205,8 @@ class PrepTest(ClusterCase):
 
         with self.assertRaises(TypeError):
             CachedDataset(self.url1, "ds", cache_stage=("list", lambda raw: [1, 2]))[0]
+        with self.assertRaises(ValueError):
+            CachedDataset(self.url1, "ds", with_key=True, cache_stage=("keyed", pure_f))
 
 
 if __name__ == "__main__":
