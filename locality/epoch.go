@@ -139,12 +139,12 @@ func ResumeEpoch(prev *EpochPlan, position int, j *catalog.Job, members []string
 }
 
 // rankDemand is, per node, the units one global step gives the ranks on it.
+// Ranks on no node ("") count under "", which owns no unit, so byOwner never
+// reads it.
 func rankDemand(rankNode []string, batchSize int) map[string]int {
 	demand := map[string]int{}
 	for _, node := range rankNode {
-		if node != "" {
-			demand[node] += batchSize
-		}
+		demand[node] += batchSize
 	}
 	return demand
 }
