@@ -47,13 +47,18 @@ func await(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// fakeLocal fills items from memory and counts the fills.
+// fakeLocal fills items from memory and counts the fills; slow, when set,
+// runs first, as a storage read would take its time.
 type fakeLocal struct {
 	items map[int][]byte
 	fills int
+	slow  func(i int)
 }
 
 func (f *fakeLocal) FillForPeer(_ context.Context, _ *catalog.Dataset, i int) (Fill, error) {
+	if f.slow != nil {
+		f.slow(i)
+	}
 	b, ok := f.items[i]
 	if !ok {
 		return Fill{}, errors.New("no such item")

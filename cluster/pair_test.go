@@ -31,18 +31,19 @@ type pairMember struct {
 // startPair starts c1 (which bootstraps raft and registers a dataset of n
 // items) and returns it with a second member, c2, started by join once the
 // test has set c1 up: c2 joins c1's gossip and c1's reconciler adds it to raft.
-func startPair(t *testing.T, n, size int, httpAdvert string) (*pairMember, func(name string) *pairMember, *catalog.Dataset) {
+func startPair(t *testing.T, n, size int, httpAdvert string) (*pairMember, func(name string, opts ...func(*Config)) *pairMember, *catalog.Dataset) {
 	t.Helper()
 	return startPairWith(t, n, size, Config{HTTPAdvert: httpAdvert, DeadGrace: 300 * time.Millisecond})
 }
 
 // startPairWith is startPair with c1's HTTPAdvert and DeadGrace from cfg.
-func startPairWith(t *testing.T, n, size int, cfg Config) (*pairMember, func(name string) *pairMember, *catalog.Dataset) {
+// join's opts set the joiner's Config before it starts.
+func startPairWith(t *testing.T, n, size int, cfg Config) (*pairMember, func(name string, opts ...func(*Config)) *pairMember, *catalog.Dataset) {
 	t.Helper()
 	c1, d, st, local := oneMemberWith(t, n, size, cfg)
 	first := &pairMember{c: c1, cat: c1.cat, st: st, local: local}
 	gossip := c1.cfg.GossipBind
-	join := func(name string) *pairMember {
+	join := func(name string, opts ...func(*Config)) *pairMember {
 		t.Helper()
 		// c1's raft may be named leader a moment before it acts as one; the
 		// join must find it leading, so that adding c2 is its reconciler's doing.
@@ -61,8 +62,12 @@ func startPairWith(t *testing.T, n, size int, cfg Config) (*pairMember, func(nam
 		t.Cleanup(func() { st2.Close() })
 		local2 := &fakeLocal{items: local.items}
 		peer := freeAddr(t)
-		c2 := New(Config{Name: name, GossipBind: freeAddr(t), Advertise: "127.0.0.1", PeerBind: peer, PeerAdvert: peer,
-			RaftAdvert: raftAddr, Join: []string{gossip}, Fast: true, Logger: log}, local2, cat, st2)
+		cfg2 := Config{Name: name, GossipBind: freeAddr(t), Advertise: "127.0.0.1", PeerBind: peer, PeerAdvert: peer,
+			RaftAdvert: raftAddr, Join: []string{gossip}, Fast: true, Logger: log}
+		for _, o := range opts {
+			o(&cfg2)
+		}
+		c2 := New(cfg2, local2, cat, st2)
 		if err := c2.Start(); err != nil {
 			t.Fatal(err)
 		}
