@@ -122,19 +122,21 @@ func oneMemberWith(t *testing.T, n, size int, cfg Config) (*Cluster, *catalog.Da
 	return c, d, st, local
 }
 
-// A peer request that fails part-way (here on an index out of range) must
-// unpin the items it had already gathered: a leaked pin keeps an evicted
-// item's bytes charged to the budget for good.
+// A peer request that fails part-way (inline, on an item not resident;
+// otherwise on a fill that fails) must unpin the items it had already
+// gathered: a leaked pin keeps an evicted item's bytes charged to the
+// budget for good.
 func TestFailedPeerAnswerUnpinsWhatItGathered(t *testing.T) {
 	c, d, st, local := oneMember(t, 4, 4<<10)
 	if err := st.Put(store.MakeKey(d.ID, 0), local.items[0], xxhash.Sum64(local.items[0])); err != nil {
 		t.Fatal(err)
 	}
+	delete(local.items, 1) // its fill fails
 	for _, inline := range []bool{true, false} {
 		_, err := c.servePeer(context.Background(), &transport.Request{Dataset: d.Name, DatasetVersion: d.Version,
-			Indices: []uint32{0, 99}, Inline: inline})
+			Indices: []uint32{0, 1}, Inline: inline})
 		if err == nil {
-			t.Fatalf("inline %v: a request for index 99 of 4 succeeded", inline)
+			t.Fatalf("inline %v: a request for an item that cannot be filled succeeded", inline)
 		}
 	}
 	st.Delete(store.MakeKey(d.ID, 0))

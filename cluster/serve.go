@@ -23,18 +23,18 @@ func (c *Cluster) servePeer(ctx context.Context, req *transport.Request) (_ []tr
 	if req.Inline && (!ok || d.Version != req.DatasetVersion) {
 		return nil, transport.ErrWouldBlock
 	}
-	if !ok || d.Version < req.DatasetVersion {
+	if !ok || d.Version != req.DatasetVersion {
 		wctx, cancel := context.WithTimeout(ctx, time.Second)
-		c.cat.WaitFor(wctx, func() bool {
+		caughtUp := c.cat.WaitFor(wctx, func() bool {
 			d, ok = c.cat.Dataset(req.Dataset)
 			return ok && d.Version >= req.DatasetVersion
 		})
 		cancel()
+		if !caughtUp {
+			return nil, fmt.Errorf("dataset %q at version %d: not here after a second", req.Dataset, req.DatasetVersion)
+		}
 	}
-	if !ok {
-		return nil, fmt.Errorf("no dataset %q", req.Dataset)
-	}
-	if d.Version != req.DatasetVersion {
+	if d.Version != req.DatasetVersion { // this node is ahead: the asker's view is stale
 		return nil, fmt.Errorf("dataset %s is at version %d here, %d there", d.Name, d.Version, req.DatasetVersion)
 	}
 	if req.Push {
@@ -48,6 +48,13 @@ func (c *Cluster) servePeer(ctx context.Context, req *transport.Request) (_ []tr
 			return nil, transport.ErrWouldBlock
 		}
 		c.awaitRing(ctx, req.Ring)
+	}
+	// Refused before anything is pinned or filled: a node's fill would index
+	// its manifest.
+	for _, i := range req.Indices {
+		if int(i) >= d.Manifest.Len() {
+			return nil, fmt.Errorf("index %d out of range", i)
+		}
 	}
 	items := make([]transport.Item, len(req.Indices))
 	// What to undo when the answer fails part-way: the pins and buffers of the
@@ -66,10 +73,7 @@ func (c *Cluster) servePeer(ctx context.Context, req *transport.Request) (_ []tr
 		// Only when every item is resident; observed once, on the call
 		// that answers.
 		for j, i := range req.Indices {
-			ref, ok := store.Ref{}, false
-			if int(i) < d.Manifest.Len() {
-				ref, ok = c.store.Get(store.MakeKey(d.ID, i))
-			}
+			ref, ok := c.store.Get(store.MakeKey(d.ID, i))
 			if !ok {
 				return nil, transport.ErrWouldBlock
 			}
@@ -78,9 +82,6 @@ func (c *Cluster) servePeer(ctx context.Context, req *transport.Request) (_ []tr
 		}
 	}
 	for j, i := range req.Indices {
-		if int(i) >= d.Manifest.Len() {
-			return nil, fmt.Errorf("index %d out of range", i)
-		}
 		k := store.MakeKey(d.ID, i)
 		if !items[j].Found { // not pinned by the inline pass
 			if ref, ok := c.store.Get(k); ok {

@@ -15,7 +15,8 @@ import (
 // The edges of a peer's request: an inline request is answered only for a
 // dataset version this node has and items it holds, and otherwise left to
 // a goroutine (ErrWouldBlock); an inline handoff under another ring too; an
-// index equal to the item count is out of range for a get and a push alike.
+// index equal to the item count is out of range for a get, inline or not,
+// and a push alike.
 func TestServePeerEdges(t *testing.T) {
 	c, d, st, local := oneMember(t, 4, 100)
 	for _, i := range []uint32{0, 1} {
@@ -44,7 +45,6 @@ func TestServePeerEdges(t *testing.T) {
 	}
 	for name, req := range map[string]transport.Request{
 		"an item not resident":         {Indices: []uint32{0, 2}, Inline: true},
-		"past the items":               {Indices: []uint32{4}, Inline: true},
 		"another dataset version":      {DatasetVersion: d.Version + 1, Indices: []uint32{0}, Inline: true},
 		"an unknown dataset":           {Dataset: "nope", Indices: []uint32{0}, Inline: true},
 		"a handoff under another ring": {Indices: []uint32{0}, Inline: true, Handoff: true, Ring: c.ring().Version() + 1},
@@ -56,9 +56,12 @@ func TestServePeerEdges(t *testing.T) {
 	if local.fills != 0 {
 		t.Fatalf("inline requests made %d fills", local.fills)
 	}
-	// Refused before the fill: a node's fill would index its manifest.
-	if _, err := serve(transport.Request{Indices: []uint32{4}}); err == nil || !strings.Contains(err.Error(), "out of range") || local.fills != 0 {
-		t.Fatalf("a get of index 4 of 4: %v after %d fills, want out of range before any", err, local.fills)
+	// Refused before the fill: a node's fill would index its manifest. An
+	// inline request too, at once: a goroutine would only refuse it later.
+	for _, inline := range []bool{false, true} {
+		if _, err := serve(transport.Request{Indices: []uint32{0, 4}, Inline: inline}); err == nil || !strings.Contains(err.Error(), "out of range") || local.fills != 0 {
+			t.Fatalf("a get of index 4 of 4 (inline %v): %v after %d fills, want out of range before any", inline, err, local.fills)
+		}
 	}
 	b := local.items[3]
 	if _, err := serve(transport.Request{Indices: []uint32{4}, Push: true, Ring: c.ring().Version(), Data: [][]byte{b}, Sums: []uint64{xxhash.Sum64(b)}}); err == nil {
