@@ -39,7 +39,10 @@ func startRaftMember(t *testing.T, name, seed string, bootstrap bool) *raftMembe
 	t.Helper()
 	log := slog.New(slog.DiscardHandler)
 	m := &raftMember{raft: freeAddr(t)}
-	cat, err := catalog.Open(catalog.Config{NodeID: name, Bind: m.raft, Dir: t.TempDir(), Bootstrap: bootstrap, Fast: true, Logger: log})
+	// Raft's LAN timers, not the loopback ones: a leader that misses its
+	// 150 ms lease on a loaded machine steps down, and these tests need the
+	// one they drive to keep leading.
+	cat, err := catalog.Open(catalog.Config{NodeID: name, Bind: m.raft, Dir: t.TempDir(), Bootstrap: bootstrap, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +138,7 @@ func TestReconcilerDoesAllInOnePass(t *testing.T) {
 		}
 	}
 	members[restarted].leave()
-	await(t, restarted+" to leave c1's gossip", func() bool { return len(c.ml.Alive()) == maxVoters })
+	await(t, restarted+" to leave c1's gossip", func() bool { m, ok := c.ml.Get(restarted); return ok && m.State == membership.Left })
 	back := startRaftMember(t, restarted, gossip, false)
 	members[restarted] = back
 	await(t, restarted+" back at its new address in c1's gossip", func() bool {
@@ -159,18 +162,25 @@ func TestReconcilerDoesAllInOnePass(t *testing.T) {
 	for _, name := range gone {
 		members[name].leave()
 	}
-	await(t, "two members to leave c1's gossip", func() bool { return len(c.ml.Alive()) == maxVoters+1-2 })
+	await(t, gone[0]+" and "+gone[1]+" to leave c1's gossip", func() bool {
+		for _, name := range gone {
+			if m, ok := c.ml.Get(name); !ok || m.State != membership.Left {
+				return false
+			}
+		}
+		return true
+	})
 	if err := c.reconcileRaft(); err != nil {
 		t.Fatal(err)
 	}
+	// Only the two are checked: gossip may, for a moment, pass on the old
+	// incarnation's death of the restarted member, which the pass then
+	// rightly removes too.
 	roles = raftRoles(t, c)
 	for _, name := range gone {
 		if _, in := roles[name]; in {
 			t.Fatalf("after one pass, %s, gone past its grace, is still in raft: %v", name, roles)
 		}
-	}
-	if len(roles) != maxVoters+1-2 {
-		t.Fatalf("raft %v after the removals", roles)
 	}
 }
 
