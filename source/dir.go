@@ -185,7 +185,7 @@ func (d *Dir) Read(ctx context.Context, e Entry, buf []byte) ([]byte, error) {
 	if err == nil { // the file may have grown: one more byte says so
 		var more [1]byte
 		if m, _ := f.Read(more[:]); m > 0 {
-			n++
+			return nil, fmt.Errorf("read %s: %w (longer than the manifest's %d bytes)", key, ErrChanged, size)
 		}
 	} else if !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("read %s: %w", key, err)
@@ -287,10 +287,8 @@ func (t *throttledFile) Close() error { return t.f.Close() }
 
 func (t *throttledFile) Read(p []byte) (int, error) {
 	n, err := t.f.Read(p)
-	if n > 0 {
-		if werr := t.d.throttle(t.ctx, t.key, int64(n)); werr != nil {
-			return n, werr
-		}
+	if werr := t.d.throttle(t.ctx, t.key, int64(n)); werr != nil { // 0 bytes never wait
+		return n, werr
 	}
 	return n, err
 }

@@ -36,6 +36,7 @@ type fakeS3 struct {
 	page     int    // keys per listing page: small, so pagination runs
 	down     atomic.Bool
 	gets     atomic.Int64
+	region   atomic.Value // the region of the last request's credential scope
 
 	mu      sync.Mutex
 	buckets map[string]map[string]fakeObject
@@ -100,6 +101,11 @@ func (f *fakeS3) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !strings.Contains(r.Header.Get("Authorization"), "Credential="+f.user+"/") {
 		f.fail(w, http.StatusForbidden, "InvalidAccessKeyId", "unknown access key")
 		return
+	}
+	if _, scope, ok := strings.Cut(r.Header.Get("Authorization"), "Credential="+f.user+"/"); ok {
+		if parts := strings.Split(scope, "/"); len(parts) > 2 {
+			f.region.Store(parts[1]) // DATE/REGION/s3/aws4_request
+		}
 	}
 	bucket, key, _ := strings.Cut(strings.TrimPrefix(r.URL.Path, "/"), "/")
 	f.mu.Lock()

@@ -1,0 +1,80 @@
+package source
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"stallfree/miniotest"
+)
+
+// A read into a buffer of exactly the item's size uses the caller's memory;
+// a file that grew since it was listed is refused, never cut to size.
+func TestDirReadBufferAndGrownFile(t *testing.T) {
+	dir := t.TempDir()
+	want := bytes.Repeat([]byte{7}, 100)
+	if err := os.WriteFile(filepath.Join(dir, "a.bin"), want, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	src, err := Open(dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	ctx := context.Background()
+	entries, err := src.List(ctx)
+	if err != nil || len(entries) != 1 {
+		t.Fatalf("list: %v %v", entries, err)
+	}
+	buf := make([]byte, 0, 100)
+	b, err := src.Read(ctx, entries[0], buf)
+	if err != nil || !bytes.Equal(b, want) || &b[0] != &buf[:1][0] {
+		t.Fatalf("read into a buffer of exactly 100 bytes: %v (own memory: %v)", err, err == nil && &b[0] == &buf[:1][0])
+	}
+	if err := os.WriteFile(filepath.Join(dir, "a.bin"), append(want, 7), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.Read(ctx, entries[0], nil); !errors.Is(err, ErrChanged) {
+		t.Fatalf("read of a file one byte longer than listed: %v, want ErrChanged", err)
+	}
+}
+
+// The region a node is given signs its requests; without one, us-east-1.
+// An empty object is listed (an item of no bytes); an object of exactly the
+// size bound is listed and one a byte over it is left out.
+func TestS3RegionAndListingBounds(t *testing.T) {
+	srv := startFakeS3(t, miniotest.User)
+	srv.Bucket("bkt")
+	srv.Put("bkt", map[string][]byte{"p/empty": {}, "p/five": []byte("12345"), "p/six": []byte("123456")})
+	ctx := context.Background()
+	for _, region := range []string{"", "eu-west-1"} {
+		cfg := s3Config(srv, miniotest.User, miniotest.Password)
+		cfg.Region = region
+		src, err := Open("s3://bkt/p", Options{S3: cfg})
+		if err != nil {
+			t.Fatal(err)
+		}
+		entries, err := src.(*S3).list(ctx, 5)
+		src.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var keys []string
+		for _, e := range entries {
+			keys = append(keys, e.Key)
+		}
+		if len(keys) != 2 || keys[0] != "empty" || keys[1] != "five" {
+			t.Fatalf("listed %v under a 5-byte bound, want [empty five]", keys)
+		}
+		want := region
+		if want == "" {
+			want = "us-east-1"
+		}
+		if got, _ := srv.region.Load().(string); got != want {
+			t.Fatalf("region %q signed as %q, want %q", region, got, want)
+		}
+	}
+}
