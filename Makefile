@@ -17,6 +17,7 @@ PYTHON ?= /usr/bin/python3
 test: build test-deps
 	STALLFREE_MINIO=$$(./scripts/minio.sh) CGO_ENABLED=1 $(GO) test -race -count=1 -tags minio -timeout 20m ./...
 	cd deploy/kubernetes && $(GO) test -count=1 ./...  # the manifests (a module of its own: docs/kubernetes.md)
+	cd bench && CGO_ENABLED=1 $(GO) test -race -count=1 ./...
 	$(PYTHON) -W ignore::ResourceWarning -m unittest discover -s python/tests -v
 
 # Installs what `make test` needs when it is missing: as root through
@@ -27,6 +28,7 @@ test-deps:
 
 test-short:
 	STALLFREE_MINIO=$$(./scripts/minio.sh) CGO_ENABLED=1 $(GO) test -race -short -count=1 ./...
+	cd bench && CGO_ENABLED=1 $(GO) test -race -short -count=1 ./...
 
 # The multi-host testbed (needs root): each node in its own network
 # namespace with its own address, links limited by tc. The FIGURE lines are
@@ -53,6 +55,7 @@ lint:
 	$(GO) vet ./...
 	$(GO) vet -tags minio ./source  # the S3 tests' MinIO tier
 	cd deploy/kubernetes && $(GO) vet ./...
+	cd bench && $(GO) vet ./...
 	./scripts/check-layers.sh
 
 demo: build
@@ -125,10 +128,12 @@ bench-deps:
 
 # Writes BENCHMARKS.md and docs/bench/ (plots, results.json). About 4 minutes,
 # then the loader bench (python -m stallfree.bench, ~3 minutes; its section of
-# BENCHMARKS.md). LOADER_BENCH_FLAGS=--quick for a short one.
+# BENCHMARKS.md). LOADER_BENCH_FLAGS=--quick for a short one. bench/ is a
+# module of its own (its go.mod replaces stallfree with this checkout), so the
+# product's go.mod carries no plotting library.
 BENCH_FLAGS ?=
 LOADER_BENCH_FLAGS ?=
 bench: build bench-deps
-	$(GO) build -o $(BIN)/sfbench ./bench/cmd/sfbench
+	cd bench && $(GO) build -o ../$(BIN)/sfbench ./cmd/sfbench
 	$(BIN)/sfbench -minio $$(./scripts/minio.sh) $(BENCH_FLAGS)
 	cd python && $(PYTHON) -m stallfree.bench --markdown ../BENCHMARKS.md $(LOADER_BENCH_FLAGS)

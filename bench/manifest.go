@@ -126,7 +126,7 @@ func Manifest(c *Config, items int) (*ManifestResult, error) {
 	// collect at the end.
 	profiled := *c
 	profiled.Profile = true
-	cl, err := startCluster(&profiled, "manifest", 2, "1GiB", nil, "--fast-timers=false")
+	cl, err := startCluster(&profiled, "manifest", 2, "1GiB", nil, "--timing", "lan")
 	defer cl.stop()
 	if err != nil {
 		return nil, err

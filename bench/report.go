@@ -305,7 +305,7 @@ Profiles: ` + "`cachenode --pprof 127.0.0.1:6061`" + ` under wrk or ` + "`sfbenc
   socket without copying them, but the response headers then need a send of their own in front (with MSG_MORE,
   so they need not leave in a segment of their own), and on this kernel that costs more than the copy it saves. Random
   items from a 2000 × 110 KiB set, 200-byte headers, 16 loopback connections, client in the same process,
-  ` + "`go test -run '^$' -bench ColdItemSend -benchtime 100000x -count 3 ./bench`" + `, per item: writev from the
+  ` + "`cd bench && go test -run '^$' -bench ColdItemSend -benchtime 100000x -count 3 .`" + `, per item: writev from the
   anonymous arena 22.6–23.4 µs; sendfile from a memfd arena 26.8–29.3, from a memfd per item 25.9–28.8, from a
   file per item on ext4 (nginx's case; the page cache's large folios help it) 24.0–25.2. In the node it measured
   41–43 µs/req with or without it; corking the socket around it (TCP_CORK, nginx's tcp_nopush) made it worse
@@ -350,7 +350,7 @@ Profiles: ` + "`cachenode --pprof 127.0.0.1:6061`" + ` under wrk or ` + "`sfbenc
   go out with the framing in one writev: 24 µs of server CPU per item against 32 µs for single GETs, 1.27–1.42x
   in items/s. Then (a later session) 7 MB responses streamed over 16 loopback connections moved 4.5–4.8 GB/s with
   the kernel's send-buffer autotuning or 2 MiB, 10.2–10.6 GB/s with SO_SNDBUF fixed at 256 KiB and 11.2–11.3 GB/s
-  at 512 KiB (` + "`go test -run '^$' -bench BatchSendBuffer -benchtime 2000x -count 2 ./bench`" + `): with up to
+  at 512 KiB (` + "`cd bench && go test -run '^$' -bench BatchSendBuffer -benchtime 2000x -count 2 .`" + `): with up to
   4 MiB queued per connection, the receiver copies bytes that left the CPU caches long ago. **Kept:**
   ` + "`--send-buffer`" + `, 512 KiB by default, on every HTTP connection: batch64 36–42k → 51–58k items/s
   (` + "`sfbench -only stallfree-local,stallfree-batch64`" + `, 256 KiB: 49k, 1–2 MiB: 36–41k), single GETs unchanged.

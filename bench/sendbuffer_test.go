@@ -13,7 +13,7 @@ import (
 // loopback connections with the server's send buffer left to autotuning (0)
 // or fixed, as `cachenode --send-buffer` does. It chose the 512 KiB default:
 //
-//	go test -run '^$' -bench BatchSendBuffer -benchtime 2000x ./bench
+//	cd bench && go test -run '^$' -bench BatchSendBuffer -benchtime 2000x .
 func BenchmarkBatchSendBuffer(b *testing.B) {
 	const (
 		conns = 16

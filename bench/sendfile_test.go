@@ -21,7 +21,7 @@ import (
 // item on the disk of the test's temporary directory (nginx's case). It is
 // the evidence behind keeping write(2):
 //
-//	go test -run '^$' -bench ColdItemSend -benchtime 100000x -count 3 ./bench
+//	cd bench && go test -run '^$' -bench ColdItemSend -benchtime 100000x -count 3 .
 //
 // Client and server share the process, so MB/s is the whole loopback path.
 func BenchmarkColdItemSend(b *testing.B) {

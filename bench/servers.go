@@ -203,7 +203,7 @@ func startNodeEnv(work, bin, name string, memory string, join string, env []stri
 	state := filepath.Join(work, "state-"+name)
 	os.RemoveAll(state) // every run forms a new cluster
 	args := []string{"--name", name, "--http", n.http, "--peer", freePort(), "--gossip", n.gossip, "--raft", freePort(),
-		"--data-dir", state, "--memory", memory, "--fast-timers", "--log-level", "warn"}
+		"--data-dir", state, "--memory", memory, "--timing", "local", "--log-level", "warn"}
 	if join == "" {
 		args = append(args, "--bootstrap")
 	} else {

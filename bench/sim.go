@@ -52,22 +52,22 @@ func policyRun(work, dir, pol string, fr float64, items, size int, pause time.Du
 	defer os.RemoveAll(state)
 	mem := uint64(fr * float64(items) * float64(size+128))
 	n, err := node.New(node.Config{Name: "sim", RaftBind: freePort(), DataDir: state, Bootstrap: true, Memory: mem,
-		Policy: pol, FastRaft: true, Logger: slog.New(slog.DiscardHandler)})
+		Policy: pol, Timing: node.LocalTiming(), Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return PolicyResult{}, err
 	}
 	defer n.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := n.RegisterAtStart(ctx, []string{"sim=" + dir}); err != nil {
+	if err := n.Control().RegisterAtStart(ctx, []string{"sim=" + dir}); err != nil {
 		return PolicyResult{}, err
 	}
-	if _, err := n.PutJob(ctx, api.Job{Name: "j", Dataset: "sim", Seed: 1, WorldSize: 1, BatchSize: 50, Ranks: []string{"sim"}}); err != nil {
+	if _, err := n.Control().PutJob(ctx, api.Job{Name: "j", Dataset: "sim", Seed: 1, WorldSize: 1, BatchSize: 50, Ranks: []string{"sim"}}); err != nil {
 		return PolicyResult{}, err
 	}
 	res := PolicyResult{Policy: pol, CacheFr: fr, Items: items}
 	for e := range 3 {
-		ep, err := n.Plan(ctx, "j", uint64(e))
+		ep, err := n.Control().Plan(ctx, "j", uint64(e))
 		if err != nil {
 			return res, err
 		}
@@ -79,7 +79,7 @@ func policyRun(work, dir, pol string, fr float64, items, size int, pause time.Du
 			for j, i := range batch {
 				idx[j] = int(i)
 			}
-			got, err := n.GetMany(ctx, ep.Data, idx)
+			got, err := n.GetManyFor(ctx, ep.Data, idx, "")
 			if err != nil {
 				return res, err
 			}

@@ -55,11 +55,45 @@ type Config struct {
 	Dir       string
 	Bootstrap bool
 	Logger    *slog.Logger
-	// Fast shortens raft timers for loopback tests and single-host demos.
-	Fast bool
+	// Timing is how fast raft notices a lost leader and elects another:
+	// LANTiming (the zero Timing means it) or LocalTiming.
+	Timing Timing
 	// Key authenticates every raft connection (both ends must hold it).
 	Key []byte
 }
+
+// Timing is a raft timing profile (memberlist's DefaultLANConfig and
+// DefaultLocalConfig, for raft).
+type Timing struct {
+	// HeartbeatTimeout is how long a follower goes without hearing from the
+	// leader before it stands for election.
+	HeartbeatTimeout time.Duration
+	// ElectionTimeout is how long a candidate waits for votes.
+	ElectionTimeout time.Duration
+	// LeaderLeaseTimeout is how long a leader stays leader without reaching
+	// a quorum.
+	LeaderLeaseTimeout time.Duration
+}
+
+// LANTiming is raft's own defaults, for hosts on one network.
+func LANTiming() Timing {
+	d := raft.DefaultConfig()
+	return Timing{HeartbeatTimeout: d.HeartbeatTimeout, ElectionTimeout: d.ElectionTimeout, LeaderLeaseTimeout: d.LeaderLeaseTimeout}
+}
+
+// LocalTiming elects within a second, for nodes on one host (loopback tests
+// and demos), where no heartbeat is late but for a stopped node.
+func LocalTiming() Timing {
+	return Timing{HeartbeatTimeout: 300 * time.Millisecond, ElectionTimeout: 300 * time.Millisecond,
+		LeaderLeaseTimeout: 150 * time.Millisecond}
+}
+
+// DefaultLANConfig is a Config with LANTiming; the caller fills in the rest.
+func DefaultLANConfig() Config { return Config{Timing: LANTiming()} }
+
+// DefaultLocalConfig is a Config with LocalTiming; the caller fills in the
+// rest.
+func DefaultLocalConfig() Config { return Config{Timing: LocalTiming()} }
 
 // Catalog is a raft-replicated registry. Reads are served from the local FSM
 // (possibly a little behind the leader); writes go through the leader.
@@ -109,11 +143,11 @@ func Open(cfg Config) (*Catalog, error) {
 	// log: the log holds manifest chunks, and keeping 10,240 of them (raft's
 	// default) would keep gigabytes on disk for a large dataset.
 	rc.TrailingLogs = 256
-	if cfg.Fast {
-		rc.HeartbeatTimeout = 300 * time.Millisecond
-		rc.ElectionTimeout = 300 * time.Millisecond
-		rc.LeaderLeaseTimeout = 150 * time.Millisecond
+	if cfg.Timing == (Timing{}) {
+		cfg.Timing = LANTiming()
 	}
+	rc.HeartbeatTimeout, rc.ElectionTimeout = cfg.Timing.HeartbeatTimeout, cfg.Timing.ElectionTimeout
+	rc.LeaderLeaseTimeout = cfg.Timing.LeaderLeaseTimeout
 	bs, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(cfg.Dir, "raft.db")})
 	if err != nil {
 		return nil, fmt.Errorf("catalog: raft log: %w", err)

@@ -3,29 +3,19 @@ package catalog
 import (
 	"errors"
 	"fmt"
-	"net"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
 
+	"stallfree/internal/testutil"
 	"stallfree/source"
 )
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 func openLeader(t *testing.T, dir, addr string) *Catalog {
 	t.Helper()
-	c, err := Open(Config{NodeID: "n1", Bind: addr, Dir: dir, Bootstrap: true, Fast: true})
+	c, err := Open(Config{NodeID: "n1", Bind: addr, Dir: dir, Bootstrap: true, Timing: LocalTiming()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +38,7 @@ func entries(n int) []source.Entry {
 }
 
 func TestRegisterRestartAndIdempotence(t *testing.T) {
-	dir, addr := t.TempDir(), freeAddr(t)
+	dir, addr := t.TempDir(), testutil.FreeAddr(t)
 	c := openLeader(t, dir, addr)
 	d, created, err := c.RegisterDataset("imgs", "dir:///data", entries(1000), 3)
 	if err != nil || !created {
@@ -111,6 +101,7 @@ func TestRegisterRestartAndIdempotence(t *testing.T) {
 }
 
 func TestImageNetSizedManifestStaysUnderEntryLimit(t *testing.T) {
+	testutil.Long(t)
 	es := entries(1_281_167)
 	parts := chunks(es, maxChunkKeyBytes)
 	total := 0
@@ -148,7 +139,7 @@ func TestImageNetSizedManifestStaysUnderEntryLimit(t *testing.T) {
 // with its epochs' member pins, through a snapshot and a restart; any other
 // change, or none, keeps no previous generation.
 func TestResizedJobKeepsItsPreviousGeneration(t *testing.T) {
-	dir, addr := t.TempDir(), freeAddr(t)
+	dir, addr := t.TempDir(), testutil.FreeAddr(t)
 	c := openLeader(t, dir, addr)
 	if _, _, err := c.RegisterDataset("imgs", "dir:///data", entries(100), 0); err != nil {
 		t.Fatal(err)

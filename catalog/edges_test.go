@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"stallfree/internal/testutil"
 	"stallfree/source"
 )
 
@@ -264,13 +265,13 @@ func TestSampleKeysOfDottedPaths(t *testing.T) {
 // itself, and is gone from the configuration once removed. A catalog never
 // bootstrapped and never added knows no leader.
 func TestServersJoinCatchUpAndLeave(t *testing.T) {
-	lead := openLeader(t, t.TempDir(), freeAddr(t))
+	lead := openLeader(t, t.TempDir(), testutil.FreeAddr(t))
 	defer lead.Close()
 	if _, _, err := lead.RegisterDataset("ds", "dir:///data", entries(10), 0); err != nil {
 		t.Fatal(err)
 	}
-	addr := freeAddr(t)
-	f, err := Open(Config{NodeID: "n2", Bind: addr, Dir: t.TempDir(), Fast: true})
+	addr := testutil.FreeAddr(t)
+	f, err := Open(Config{NodeID: "n2", Bind: addr, Dir: t.TempDir(), Timing: LocalTiming()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,10 +3,12 @@ package catalog
 import (
 	"errors"
 	"testing"
+
+	"stallfree/internal/testutil"
 )
 
 func TestGroupsAreIdempotentSurviveRestartAndDelete(t *testing.T) {
-	dir, addr := t.TempDir(), freeAddr(t)
+	dir, addr := t.TempDir(), testutil.FreeAddr(t)
 	c := openLeader(t, dir, addr)
 	if _, _, err := c.RegisterDataset("imgs", "dir:///data", entries(10), 0); err != nil {
 		t.Fatal(err)

@@ -3,12 +3,14 @@ package catalog
 import (
 	"errors"
 	"testing"
+
+	"stallfree/internal/testutil"
 )
 
 // A quota is replicated state: it survives a snapshot and a restart, leaves
 // the dataset's version and manifest as they were, and can be lifted.
 func TestQuotaThroughSnapshotAndRestart(t *testing.T) {
-	dir, addr := t.TempDir(), freeAddr(t)
+	dir, addr := t.TempDir(), testutil.FreeAddr(t)
 	c := openLeader(t, dir, addr)
 	d, _, err := c.RegisterDataset("imgs", "dir:///data", entries(100), 0)
 	if err != nil {

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"stallfree/internal/testutil"
 )
 
 // syncBuf is a log sink safe for raft's goroutines.
@@ -32,7 +34,7 @@ func (s *syncBuf) String() string {
 // silently mixed in.
 func TestBootstrapOnStaleStateResumesOrRefuses(t *testing.T) {
 	dir := t.TempDir()
-	first := openLeader(t, dir, freeAddr(t))
+	first := openLeader(t, dir, testutil.FreeAddr(t))
 	if _, _, err := first.RegisterDataset("old", "/data/old", entries(3), 0); err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +42,7 @@ func TestBootstrapOnStaleStateResumesOrRefuses(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	_, err := Open(Config{NodeID: "other", Bind: freeAddr(t), Dir: dir, Bootstrap: true, Fast: true, Logger: slog.New(slog.DiscardHandler)})
+	_, err := Open(Config{NodeID: "other", Bind: testutil.FreeAddr(t), Dir: dir, Bootstrap: true, Timing: LocalTiming(), Logger: slog.New(slog.DiscardHandler)})
 	if err == nil {
 		t.Fatal("a node that is not a member bootstrapped on another cluster's raft state")
 	}
@@ -51,7 +53,7 @@ func TestBootstrapOnStaleStateResumesOrRefuses(t *testing.T) {
 	}
 
 	var logs syncBuf
-	c, err := Open(Config{NodeID: "n1", Bind: freeAddr(t), Dir: dir, Bootstrap: true, Fast: true,
+	c, err := Open(Config{NodeID: "n1", Bind: testutil.FreeAddr(t), Dir: dir, Bootstrap: true, Timing: LocalTiming(),
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatalf("resuming its own cluster: %v", err)

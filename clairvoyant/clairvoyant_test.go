@@ -6,12 +6,12 @@ import (
 	"fmt"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/cespare/xxhash/v2"
 	"go.uber.org/goleak"
 
 	"stallfree/catalog"
+	"stallfree/internal/testutil"
 	"stallfree/locality"
 	"stallfree/source"
 	"stallfree/store"
@@ -105,17 +105,6 @@ func start(t *testing.T, h *fakeHost, capItems int) (*Clairvoyant, *locality.Epo
 	return c, ep
 }
 
-// await polls cond (the prefetcher works on its own goroutines) until it
-// holds or the deadline passes.
-func await(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
-}
-
 func resident(h *fakeHost, items []int32) int {
 	n := 0
 	for _, i := range items {
@@ -136,7 +125,7 @@ func TestReadsAheadTheWindowAndFollowsTheLoader(t *testing.T) {
 	for b := range prefetchWindow {
 		window = append(window, ep.Batch(0, b)...)
 	}
-	await(t, "the first window read ahead", func() bool { return resident(h, window) == len(window) })
+	testutil.Await(t, "the first window read ahead", func() bool { return resident(h, window) == len(window) })
 	if got := h.st.Stats().Items; got != len(window) {
 		t.Fatalf("%d items resident, want exactly the window's %d", got, len(window))
 	}
@@ -145,7 +134,7 @@ func TestReadsAheadTheWindowAndFollowsTheLoader(t *testing.T) {
 		c.Observe(h.data.ID, int(i), "j")
 	}
 	next := ep.Batch(0, prefetchWindow)
-	await(t, "the next batch read ahead", func() bool { return resident(h, next) == len(next) })
+	testutil.Await(t, "the next batch read ahead", func() bool { return resident(h, next) == len(next) })
 	if got, want := h.st.Stats().Items, len(window)+len(next); got != want {
 		t.Fatalf("%d items resident, want %d: read ahead beyond the window", got, want)
 	}
@@ -159,7 +148,7 @@ func TestEvictsFarthestNextUse(t *testing.T) {
 	// Room for one batch, so read-ahead fills it with batch 0 and stops.
 	_, ep := start(t, h, batch)
 	b0 := ep.Batch(0, 0)
-	await(t, "batch 0 read ahead", func() bool { return resident(h, b0) == batch })
+	testutil.Await(t, "batch 0 read ahead", func() bool { return resident(h, b0) == batch })
 	late := ep.Batch(0, 9)[0]
 	b := itemBytes(int(late))
 	if err := h.st.Put(store.MakeKey(h.data.ID, uint32(late)), b, xxhash.Sum64(b)); !errors.Is(err, store.ErrNotAdmitted) {

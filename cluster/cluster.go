@@ -15,8 +15,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/valyala/fasthttp"
-
 	"stallfree/catalog"
 	"stallfree/clusterauth"
 	"stallfree/discovery"
@@ -62,14 +60,49 @@ type Config struct {
 	HTTPAdvert, PeerAdvert, RaftAdvert string
 	Capacity                           uint64
 	PeerTimeout                        time.Duration // bound on a peer fetch before falling back to storage
-	DeadGrace                          time.Duration // how long a dead member stays in the raft configuration
-	Fast                               bool          // loopback timers
-	Logger                             *slog.Logger
+	// DeadGrace is how long a dead member stays in the raft configuration
+	// (0: Timing's).
+	DeadGrace time.Duration
+	Logger    *slog.Logger
+	// Timing is how fast this node gossips, vouches for members and lets
+	// the dead go: LANTiming (the zero Timing means it) or LocalTiming.
+	Timing Timing
 	// MaxPeerConns bounds the peer connections this node accepts at once.
 	MaxPeerConns int
 	// Resolver looks up host names among the Join seeds (nil: the system's).
 	Resolver discovery.Resolver
 }
+
+// Timing is a cluster timing profile.
+type Timing struct {
+	// Gossip is membership's profile.
+	Gossip membership.Timing
+	// DeadGrace is how long a dead member stays in the raft configuration
+	// when Config.DeadGrace does not say.
+	DeadGrace time.Duration
+	// PingTimeout bounds the direct ping with which this node checks a
+	// member gossip calls dead before it vouches for it (vouch.go), and
+	// HoldMax how long it keeps such a member on its ring.
+	PingTimeout, HoldMax time.Duration
+}
+
+// LANTiming is for hosts on one network.
+func LANTiming() Timing {
+	return Timing{Gossip: membership.LANTiming(), DeadGrace: time.Minute, PingTimeout: time.Second, HoldMax: 10 * time.Second}
+}
+
+// LocalTiming is for members on one host (loopback tests and demos).
+func LocalTiming() Timing {
+	return Timing{Gossip: membership.LocalTiming(), DeadGrace: 5 * time.Second, PingTimeout: 300 * time.Millisecond,
+		HoldMax: 3 * time.Second}
+}
+
+// DefaultLANConfig is a Config with LANTiming; the caller fills in the rest.
+func DefaultLANConfig() Config { return Config{Timing: LANTiming()} }
+
+// DefaultLocalConfig is a Config with LocalTiming; the caller fills in the
+// rest.
+func DefaultLocalConfig() Config { return Config{Timing: LocalTiming()} }
 
 // Stats are the cluster's cumulative figures.
 type Stats struct {
@@ -97,7 +130,6 @@ type Cluster struct {
 	// ringWaits counts the waits it began.
 	ringMissed, ringWaits atomic.Uint64
 	ringMu                sync.Mutex // one rebuild at a time, so prev is always the ring replaced
-	http                  *fasthttp.Client
 	wg                    sync.WaitGroup
 	stop                  chan struct{}
 
@@ -122,15 +154,14 @@ func New(cfg Config, local Local, cat *catalog.Catalog, st *store.Store) *Cluste
 	if cfg.PeerTimeout == 0 {
 		cfg.PeerTimeout = 2 * time.Second
 	}
+	if cfg.Timing == (Timing{}) {
+		cfg.Timing = LANTiming()
+	}
 	if cfg.DeadGrace == 0 {
-		cfg.DeadGrace = time.Minute
-		if cfg.Fast {
-			cfg.DeadGrace = 5 * time.Second
-		}
+		cfg.DeadGrace = cfg.Timing.DeadGrace
 	}
 	c := &Cluster{cfg: cfg, log: cfg.Logger, local: local, cat: cat, store: st,
-		client: transport.NewClient(clusterauth.Derive(cfg.ClusterKey, "transport")), stop: make(chan struct{}),
-		http: &fasthttp.Client{ReadTimeout: time.Second, WriteTimeout: time.Second, MaxConnsPerHost: 4}}
+		client: transport.NewClient(clusterauth.Derive(cfg.ClusterKey, "transport")), stop: make(chan struct{})}
 	empty, _ := partition.New(nil)
 	c.rings.Store(&ringPair{cur: empty})
 	c.recheck = make(chan struct{}, 1)
@@ -140,11 +171,8 @@ func New(cfg Config, local Local, cat *catalog.Catalog, st *store.Store) *Cluste
 		default:
 		}
 	}
-	pingTimeout, holdMax := time.Second, 10*time.Second
-	if cfg.Fast {
-		pingTimeout, holdMax = 300*time.Millisecond, 3*time.Second
-	}
-	c.vouch = newVoucher(c.client.Ping, pingTimeout, pingTimeout, holdMax, kick, c.log)
+	t := cfg.Timing
+	c.vouch = newVoucher(c.client.Ping, t.PingTimeout, t.PingTimeout, t.HoldMax, kick, c.log)
 	return c
 }
 
@@ -158,12 +186,13 @@ func (c *Cluster) Start() error {
 	}
 	ln = listen.Guard(ln, listen.Options{Name: "peer", MaxConns: cfg.MaxPeerConns, Log: c.log})
 	c.srv = transport.NewServer(clusterauth.Derive(cfg.ClusterKey, "transport"), c.servePeer, c.log.With("component", "transport"))
+	c.srv.Figures = c.figures
 	go c.srv.Serve(ln)
 
 	raftAdv := cfg.RaftAdvert
 	ml, err := membership.Join(membership.Config{
 		Name: cfg.Name, Bind: cfg.GossipBind, Advertise: cfg.Advertise, Join: cfg.Join, Resolver: cfg.Resolver,
-		SecretKey: clusterauth.Derive(cfg.ClusterKey, "gossip"), Fast: cfg.Fast, Logger: c.log,
+		SecretKey: clusterauth.Derive(cfg.ClusterKey, "gossip"), Timing: cfg.Timing.Gossip, Logger: c.log,
 		Meta: membership.Meta{Incarnation: time.Now().UnixNano(), HTTP: cfg.HTTPAdvert, Peer: cfg.PeerAdvert,
 			Raft: raftAdv, Capacity: cfg.Capacity},
 	})

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"testing"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"stallfree/catalog"
+	"stallfree/internal/testutil"
 	"stallfree/source"
 	"stallfree/store"
 	"stallfree/transport"
@@ -25,26 +25,6 @@ func TestMain(m *testing.M) {
 		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*Client).mCleaner"),
 		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*HostClient).connsCleaner"),
 		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*TCPDialer).tcpAddrsClean"))
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-// await polls cond until it holds, failing the test after 30 s.
-func await(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("still waiting for %s", what)
-		}
-	}
 }
 
 // fakeLocal fills items from memory and counts the fills; slow, when set,
@@ -80,7 +60,7 @@ func oneMember(t *testing.T, n, size int) (*Cluster, *catalog.Dataset, *store.St
 func oneMemberWith(t *testing.T, n, size int, cfg Config) (*Cluster, *catalog.Dataset, *store.Store, *fakeLocal) {
 	t.Helper()
 	log := slog.New(slog.DiscardHandler)
-	cat, err := catalog.Open(catalog.Config{NodeID: "c1", Bind: freeAddr(t), Dir: t.TempDir(), Bootstrap: true, Fast: true, Logger: log})
+	cat, err := catalog.Open(catalog.Config{NodeID: "c1", Bind: testutil.FreeAddr(t), Dir: t.TempDir(), Bootstrap: true, Timing: catalog.LocalTiming(), Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,9 +92,9 @@ func oneMemberWith(t *testing.T, n, size int, cfg Config) (*Cluster, *catalog.Da
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	peer := freeAddr(t)
-	c := New(Config{Name: "c1", GossipBind: freeAddr(t), Advertise: "127.0.0.1", PeerBind: peer, PeerAdvert: peer,
-		HTTPAdvert: cfg.HTTPAdvert, DeadGrace: cfg.DeadGrace, Fast: true, Logger: log}, local, cat, st)
+	peer := testutil.FreeAddr(t)
+	c := New(Config{Name: "c1", GossipBind: testutil.FreeAddr(t), Advertise: "127.0.0.1", PeerBind: peer, PeerAdvert: peer,
+		HTTPAdvert: cfg.HTTPAdvert, DeadGrace: cfg.DeadGrace, Timing: LocalTiming(), Logger: log}, local, cat, st)
 	if err := c.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -202,14 +182,14 @@ func TestUnansweredSeedIsNotJoined(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	cat, err := catalog.Open(catalog.Config{NodeID: "lone", Bind: freeAddr(t), Dir: t.TempDir(), Fast: true, Logger: slog.New(slog.DiscardHandler)})
+	cat, err := catalog.Open(catalog.Config{NodeID: "lone", Bind: testutil.FreeAddr(t), Dir: t.TempDir(), Timing: catalog.LocalTiming(), Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cat.Close()
-	peer := freeAddr(t)
-	c := New(Config{Name: "lone", GossipBind: freeAddr(t), Advertise: "127.0.0.1", PeerBind: peer, PeerAdvert: peer,
-		Join: []string{freeAddr(t)}, Fast: true, Logger: slog.New(slog.DiscardHandler)}, &fakeLocal{}, cat, st)
+	peer := testutil.FreeAddr(t)
+	c := New(Config{Name: "lone", GossipBind: testutil.FreeAddr(t), Advertise: "127.0.0.1", PeerBind: peer, PeerAdvert: peer,
+		Join: []string{testutil.FreeAddr(t)}, Timing: LocalTiming(), Logger: slog.New(slog.DiscardHandler)}, &fakeLocal{}, cat, st)
 	if err := c.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -283,15 +263,15 @@ func TestAwaitRingGivesUpOncePerVersion(t *testing.T) {
 	}
 }
 
-// Unset timers take their documented defaults, shorter under Fast (loopback
-// tests); set ones are kept.
+// Unset timers take their documented defaults (the zero Timing is the LAN
+// profile), shorter under LocalTiming (loopback tests); set ones are kept.
 func TestConfigDefaults(t *testing.T) {
 	for _, tc := range []struct {
 		cfg               Config
 		peer, grace, ping time.Duration
 	}{
 		{Config{}, 2 * time.Second, time.Minute, time.Second},
-		{Config{Fast: true}, 2 * time.Second, 5 * time.Second, 300 * time.Millisecond},
+		{Config{Timing: LocalTiming()}, 2 * time.Second, 5 * time.Second, 300 * time.Millisecond},
 		{Config{PeerTimeout: time.Millisecond, DeadGrace: time.Hour}, time.Millisecond, time.Hour, time.Second},
 	} {
 		c := New(tc.cfg, &fakeLocal{}, nil, nil)
@@ -302,7 +282,7 @@ func TestConfigDefaults(t *testing.T) {
 			t.Errorf("%+v: peer timeout %v, grace %v, ping %v/%v", tc.cfg, c.cfg.PeerTimeout, c.cfg.DeadGrace, c.vouch.timeout, c.vouch.interval)
 		}
 		wantMax := 10 * time.Second
-		if tc.cfg.Fast {
+		if tc.cfg.Timing == LocalTiming() {
 			wantMax = 3 * time.Second
 		}
 		if c.vouch.max != wantMax {

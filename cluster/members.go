@@ -1,19 +1,17 @@
 package cluster
 
 import (
-	"bytes"
-	"strconv"
+	"context"
 	"sync"
 	"time"
 
-	"github.com/valyala/fasthttp"
-
 	"stallfree/api"
 	"stallfree/membership"
+	"stallfree/transport"
 )
 
 // Describe lists the members this node knows, self first as given, with
-// each alive member's cache figures read from its own /metrics.
+// each alive member's cache figures, asked of it over the peer transport.
 func (c *Cluster) Describe(self api.Member) []api.Member {
 	shares := c.ring().Shares()
 	self.Share = shares[c.cfg.Name]
@@ -40,27 +38,21 @@ func (c *Cluster) Describe(self api.Member) []api.Member {
 	return out
 }
 
-// fillRemoteStats reads a member's figures from /metrics, which is open
-// without a token, so it works even when the API is protected.
+// fillRemoteStats asks a member for its figures (transport.OpStats); a
+// member that does not answer in time is shown without them.
 func (c *Cluster) fillRemoteStats(m *api.Member) {
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + m.HTTP + "/metrics")
-	if err := c.http.DoTimeout(req, resp, 500*time.Millisecond); err != nil || resp.StatusCode() != 200 {
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	f, err := c.client.Figures(ctx, m.Peer)
+	if err != nil {
+		c.log.Debug("a member's figures", "member", m.Name, "err", err)
 		return
 	}
-	m.Items = int(metricValue(resp.Body(), "stallfree_items_cached"))
-	m.Bytes = uint64(metricValue(resp.Body(), "stallfree_bytes_cached"))
+	m.Items, m.Bytes = f.Items, f.Bytes
 }
 
-// metricValue reads one unlabelled sample from Prometheus text.
-func metricValue(text []byte, name string) float64 {
-	for line := range bytes.SplitSeq(text, []byte("\n")) {
-		if rest, ok := bytes.CutPrefix(line, []byte(name+" ")); ok {
-			v, _ := strconv.ParseFloat(string(bytes.TrimSpace(rest)), 64)
-			return v
-		}
-	}
-	return 0
+// figures are this member's, as others ask for them.
+func (c *Cluster) figures() transport.Figures {
+	st := c.store.Stats()
+	return transport.Figures{Items: st.Items, Bytes: st.Bytes}
 }

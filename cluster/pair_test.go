@@ -4,10 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net/http"
-	"net/http/httptest"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -15,6 +12,7 @@ import (
 
 	"stallfree/api"
 	"stallfree/catalog"
+	"stallfree/internal/testutil"
 	"stallfree/store"
 )
 
@@ -47,10 +45,10 @@ func startPairWith(t *testing.T, n, size int, cfg Config) (*pairMember, func(nam
 		t.Helper()
 		// c1's raft may be named leader a moment before it acts as one; the
 		// join must find it leading, so that adding c2 is its reconciler's doing.
-		await(t, "c1 to lead", c1.cat.IsLeader)
+		testutil.Await(t, "c1 to lead", c1.cat.IsLeader)
 		log := slog.New(slog.DiscardHandler)
-		raftAddr := freeAddr(t)
-		cat, err := catalog.Open(catalog.Config{NodeID: name, Bind: raftAddr, Dir: t.TempDir(), Fast: true, Logger: log})
+		raftAddr := testutil.FreeAddr(t)
+		cat, err := catalog.Open(catalog.Config{NodeID: name, Bind: raftAddr, Dir: t.TempDir(), Timing: catalog.LocalTiming(), Logger: log})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -61,9 +59,9 @@ func startPairWith(t *testing.T, n, size int, cfg Config) (*pairMember, func(nam
 		}
 		t.Cleanup(func() { st2.Close() })
 		local2 := &fakeLocal{items: local.items}
-		peer := freeAddr(t)
-		cfg2 := Config{Name: name, GossipBind: freeAddr(t), Advertise: "127.0.0.1", PeerBind: peer, PeerAdvert: peer,
-			RaftAdvert: raftAddr, Join: []string{gossip}, Fast: true, Logger: log}
+		peer := testutil.FreeAddr(t)
+		cfg2 := Config{Name: name, GossipBind: testutil.FreeAddr(t), Advertise: "127.0.0.1", PeerBind: peer, PeerAdvert: peer,
+			RaftAdvert: raftAddr, Join: []string{gossip}, Timing: LocalTiming(), Logger: log}
 		for _, o := range opts {
 			o(&cfg2)
 		}
@@ -73,10 +71,10 @@ func startPairWith(t *testing.T, n, size int, cfg Config) (*pairMember, func(nam
 		}
 		second := &pairMember{c: c2, cat: cat, st: st2, local: local2}
 		t.Cleanup(func() { second.close() })
-		await(t, name+" on both rings", func() bool {
+		testutil.Await(t, name+" on both rings", func() bool {
 			return slices.Contains(c1.Members(), name) && len(c2.Members()) == len(c1.Members()) && c2.Joined()
 		})
-		await(t, "c2's catalog to hold the dataset", func() bool { _, ok := cat.Dataset("ds"); return ok })
+		testutil.Await(t, "c2's catalog to hold the dataset", func() bool { _, ok := cat.Dataset("ds"); return ok })
 		return second
 	}
 	return first, join, d
@@ -106,15 +104,8 @@ func ownedBy(c *Cluster, d *catalog.Dataset, name string) []int {
 // other's figures, and a member that leaves is dropped from the ring and,
 // after its grace, from raft.
 func TestTwoMembers(t *testing.T) {
-	metrics := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != "/metrics" {
-			http.NotFound(w, r)
-			return
-		}
-		fmt.Fprint(w, "# HELP stallfree_items_cached_total x\nstallfree_items_cached_total 9\nstallfree_items_cached 42\nstallfree_bytes_cached 4200\n")
-	}))
-	defer metrics.Close()
-	a, join, d := startPair(t, 64, 100, strings.TrimPrefix(metrics.URL, "http://"))
+	const aHTTP = "127.0.0.1:7070" // what a advertises; nothing is asked of it
+	a, join, d := startPair(t, 64, 100, aHTTP)
 	ctx := context.Background()
 	// a alone holds everything, as it would after a warm-up.
 	for i := range 64 {
@@ -196,7 +187,12 @@ func TestTwoMembers(t *testing.T) {
 		t.Fatalf("%d peer failures, want 1", st.PeerFailures)
 	}
 
-	// b's view of the cluster reads a's figures from a's /metrics.
+	// b's view of the cluster asks a for its figures over the peer
+	// transport: they are what a's store holds.
+	aHolds := a.st.Stats()
+	if aHolds.Items == 0 || aHolds.Bytes == 0 {
+		t.Fatalf("a holds %+v: nothing to show", aHolds)
+	}
 	view := b.c.Describe(api.Member{Name: "c2", State: "alive"})
 	if len(view) != 2 {
 		t.Fatalf("view %+v", view)
@@ -204,14 +200,14 @@ func TestTwoMembers(t *testing.T) {
 	var share float64
 	for _, m := range view {
 		share += m.Share
-		if m.Name == "c1" && (m.Items != 42 || m.Bytes != 4200 || m.State != "alive" || m.HTTP != strings.TrimPrefix(metrics.URL, "http://")) {
+		if m.Name == "c1" && (m.Items != aHolds.Items || m.Bytes != aHolds.Bytes || m.State != "alive" || m.HTTP != aHTTP) {
 			t.Fatalf("a as b sees it: %+v", m)
 		}
 	}
 	if share < 0.999 || share > 1.001 {
 		t.Fatalf("shares sum to %v", share)
 	}
-	if addr, ok := b.c.HTTPAddr("c1"); !ok || addr != strings.TrimPrefix(metrics.URL, "http://") {
+	if addr, ok := b.c.HTTPAddr("c1"); !ok || addr != aHTTP {
 		t.Fatalf("a's HTTP address: %q %v", addr, ok)
 	}
 	if _, ok := b.c.HTTPAddr("c2"); ok {
@@ -232,19 +228,10 @@ func TestTwoMembers(t *testing.T) {
 		}
 		return false, false
 	}
-	await(t, "b to become a raft voter", func() bool { _, v := voter("c2"); return v })
+	testutil.Await(t, "b to become a raft voter", func() bool { _, v := voter("c2"); return v })
 	b.close()
-	await(t, "a's ring to drop b", func() bool { return len(a.c.Members()) == 1 })
-	await(t, "raft to drop b", func() bool { in, _ := voter("c2"); return !in })
-}
-
-func TestMetricValue(t *testing.T) {
-	text := []byte("# HELP x\nstallfree_items_cached_total 9\nstallfree_items_cached 42\nother 1.5\n")
-	for name, want := range map[string]float64{"stallfree_items_cached": 42, "other": 1.5, "stallfree_items_cached_total": 9, "missing": 0} {
-		if got := metricValue(text, name); got != want {
-			t.Fatalf("%s = %v, want %v", name, got, want)
-		}
-	}
+	testutil.Await(t, "a's ring to drop b", func() bool { return len(a.c.Members()) == 1 })
+	testutil.Await(t, "raft to drop b", func() bool { in, _ := voter("c2"); return !in })
 }
 
 // The reconciler keeps raft's voters at maxVoters however many members
@@ -269,7 +256,7 @@ func TestRaftKeepsAtMostFiveVoters(t *testing.T) {
 		}
 		return voters, others
 	}
-	await(t, "every member in raft", func() bool { v, o := roles(); return v+o == maxVoters+1 })
+	testutil.Await(t, "every member in raft", func() bool { v, o := roles(); return v+o == maxVoters+1 })
 	if v, o := roles(); v != maxVoters || o != 1 {
 		t.Fatalf("%d voters and %d non-voters among %d members, want %d and 1", v, o, maxVoters+1, maxVoters)
 	}
@@ -293,10 +280,10 @@ func TestRestartedMemberIsReAddedAtItsNewAddress(t *testing.T) {
 		return ""
 	}
 	b := join("c2")
-	await(t, "c2 in raft", func() bool { return raftAddr("c2") != "" })
+	testutil.Await(t, "c2 in raft", func() bool { return raftAddr("c2") != "" })
 	first := raftAddr("c2")
 	b.close()
-	await(t, "c1's ring to drop c2", func() bool { return len(a.c.Members()) == 1 })
+	testutil.Await(t, "c1's ring to drop c2", func() bool { return len(a.c.Members()) == 1 })
 	join("c2")
-	await(t, "c2 at its new address", func() bool { a := raftAddr("c2"); return a != "" && a != first })
+	testutil.Await(t, "c2 at its new address", func() bool { a := raftAddr("c2"); return a != "" && a != first })
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"stallfree/catalog"
+	"stallfree/internal/testutil"
 	"stallfree/membership"
 )
 
@@ -38,7 +39,7 @@ func (m *raftMember) leave() {
 func startRaftMember(t *testing.T, name, seed string, bootstrap bool) *raftMember {
 	t.Helper()
 	log := slog.New(slog.DiscardHandler)
-	m := &raftMember{raft: freeAddr(t)}
+	m := &raftMember{raft: testutil.FreeAddr(t)}
 	// Raft's LAN timers, not the loopback ones: a leader that misses its
 	// 150 ms lease on a loaded machine steps down, and these tests need the
 	// one they drive to keep leading.
@@ -50,9 +51,9 @@ func startRaftMember(t *testing.T, name, seed string, bootstrap bool) *raftMembe
 	var join []string
 	bind := seed
 	if !bootstrap {
-		join, bind = []string{seed}, freeAddr(t)
+		join, bind = []string{seed}, testutil.FreeAddr(t)
 	}
-	ml, err := membership.Join(membership.Config{Name: name, Bind: bind, Advertise: "127.0.0.1", Join: join, Fast: true, Logger: log,
+	ml, err := membership.Join(membership.Config{Name: name, Bind: bind, Advertise: "127.0.0.1", Join: join, Timing: membership.LocalTiming(), Logger: log,
 		Meta: membership.Meta{Incarnation: time.Now().UnixNano(), Raft: m.raft}})
 	if err != nil {
 		cat.Close()
@@ -68,15 +69,15 @@ func startRaftMember(t *testing.T, name, seed string, bootstrap bool) *raftMembe
 // exactly one pass.
 func reconcilerOnly(t *testing.T) (*Cluster, string) {
 	t.Helper()
-	gossip := freeAddr(t)
+	gossip := testutil.FreeAddr(t)
 	lead := startRaftMember(t, "c1", gossip, true)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := lead.cat.WaitLeader(ctx); err != nil {
 		t.Fatal(err)
 	}
-	await(t, "c1 to lead", lead.cat.IsLeader)
-	c := New(Config{Name: "c1", DeadGrace: time.Nanosecond, Fast: true, Logger: slog.New(slog.DiscardHandler)}, &fakeLocal{}, lead.cat, nil)
+	testutil.Await(t, "c1 to lead", lead.cat.IsLeader)
+	c := New(Config{Name: "c1", DeadGrace: time.Nanosecond, Timing: LocalTiming(), Logger: slog.New(slog.DiscardHandler)}, &fakeLocal{}, lead.cat, nil)
 	c.ml = lead.ml
 	t.Cleanup(func() { c.vouch.close(); c.client.Close() })
 	return c, gossip
@@ -120,7 +121,7 @@ func TestReconcilerDoesAllInOnePass(t *testing.T) {
 		name := fmt.Sprintf("c%d", x)
 		members[name] = startRaftMember(t, name, gossip, false)
 	}
-	await(t, "six members in c1's gossip", func() bool { return len(c.ml.Alive()) == maxVoters+1 })
+	testutil.Await(t, "six members in c1's gossip", func() bool { return len(c.ml.Alive()) == maxVoters+1 })
 	if err := c.reconcileRaft(); err != nil {
 		t.Fatal(err)
 	}
@@ -138,10 +139,10 @@ func TestReconcilerDoesAllInOnePass(t *testing.T) {
 		}
 	}
 	members[restarted].leave()
-	await(t, restarted+" to leave c1's gossip", func() bool { m, ok := c.ml.Get(restarted); return ok && m.State == membership.Left })
+	testutil.Await(t, restarted+" to leave c1's gossip", func() bool { m, ok := c.ml.Get(restarted); return ok && m.State == membership.Left })
 	back := startRaftMember(t, restarted, gossip, false)
 	members[restarted] = back
-	await(t, restarted+" back at its new address in c1's gossip", func() bool {
+	testutil.Await(t, restarted+" back at its new address in c1's gossip", func() bool {
 		m, ok := c.ml.Get(restarted)
 		return ok && m.State == membership.Alive && m.Meta.Raft == back.raft
 	})
@@ -162,7 +163,7 @@ func TestReconcilerDoesAllInOnePass(t *testing.T) {
 	for _, name := range gone {
 		members[name].leave()
 	}
-	await(t, gone[0]+" and "+gone[1]+" to leave c1's gossip", func() bool {
+	testutil.Await(t, gone[0]+" and "+gone[1]+" to leave c1's gossip", func() bool {
 		for _, name := range gone {
 			if m, ok := c.ml.Get(name); !ok || m.State != membership.Left {
 				return false
@@ -213,12 +214,12 @@ func TestUpkeepWarnsOnlyOfFailures(t *testing.T) {
 	logged := &records{}
 	c.log = slog.New(logged)
 	startRaftMember(t, "c2", gossip, false)
-	await(t, "c2 in c1's gossip", func() bool { return len(c.ml.Alive()) == 2 })
+	testutil.Await(t, "c2 in c1's gossip", func() bool { return len(c.ml.Alive()) == 2 })
 	kick := make(chan struct{}, 1)
 	c.wg.Add(1)
 	go c.upkeepRaft(kick)
 	kick <- struct{}{}
-	await(t, "c2 in raft", func() bool { _, in := raftRoles(t, c)["c2"]; return in })
+	testutil.Await(t, "c2 in raft", func() bool { _, in := raftRoles(t, c)["c2"]; return in })
 	close(c.stop)
 	c.wg.Wait()
 	if msgs := logged.all(); len(msgs) != 0 {

@@ -22,6 +22,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"stallfree/api"
+	"stallfree/internal/testutil"
 	"stallfree/membership"
 	"stallfree/transport"
 )
@@ -92,7 +93,7 @@ func silentMember(t *testing.T, name, seed string, meta membership.Meta) *member
 	if err != nil {
 		t.Fatal(err)
 	}
-	host, port, err := net.SplitHostPort(freeAddr(t))
+	host, port, err := net.SplitHostPort(testutil.FreeAddr(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +133,7 @@ func TestSilentGossipMemberStaysWhileItAnswers(t *testing.T) {
 	peer, conns := peerServer(t, local.items)
 	ml := silentMember(t, "c2", c.cfg.GossipBind, membership.Meta{Incarnation: time.Now().UnixNano(), Peer: peer,
 		HTTP: strings.TrimPrefix(metrics.URL, "http://")})
-	await(t, "c2 on c1's ring", func() bool { return slices.Contains(c.Members(), "c2") })
+	testutil.Await(t, "c2 on c1's ring", func() bool { return slices.Contains(c.Members(), "c2") })
 	ofC2 := ownedBy(c, d, "c2")
 	if len(ofC2) == 0 {
 		t.Fatal("c2 owns nothing: pick another item count")
@@ -148,7 +149,7 @@ func TestSilentGossipMemberStaysWhileItAnswers(t *testing.T) {
 	fetch()
 
 	ml.Shutdown() // silent: no leave
-	await(t, "c1's gossip to declare c2 dead and the voucher to vouch for it", func() bool {
+	testutil.Await(t, "c1's gossip to declare c2 dead and the voucher to vouch for it", func() bool {
 		m, ok := c.ml.Get("c2")
 		return ok && m.State == membership.Dead && c.Stats().MembersVouched == 1
 	})
@@ -168,8 +169,8 @@ func TestSilentGossipMemberStaysWhileItAnswers(t *testing.T) {
 	c.vouch.mu.Lock()
 	c.vouch.max = 0 // the next ping's verdict drops it
 	c.vouch.mu.Unlock()
-	await(t, "c1's ring to drop c2", func() bool { return !slices.Contains(c.Members(), "c2") })
-	await(t, "the connections to c2 to close", func() bool { return conns.open.Load() == 0 })
+	testutil.Await(t, "c1's ring to drop c2", func() bool { return !slices.Contains(c.Members(), "c2") })
+	testutil.Await(t, "the connections to c2 to close", func() bool { return conns.open.Load() == 0 })
 }
 
 // A member that leaves: the ring drops it at once, and the connections
@@ -177,12 +178,12 @@ func TestSilentGossipMemberStaysWhileItAnswers(t *testing.T) {
 func TestLeftMemberConnectionsClose(t *testing.T) {
 	c, d, _, local := oneMember(t, 64, 10)
 	peer, conns := peerServer(t, local.items)
-	ml, err := membership.Join(membership.Config{Name: "c2", Bind: freeAddr(t), Advertise: "127.0.0.1", Join: []string{c.cfg.GossipBind},
-		Fast: true, Logger: slog.New(slog.DiscardHandler), Meta: membership.Meta{Incarnation: time.Now().UnixNano(), Peer: peer}})
+	ml, err := membership.Join(membership.Config{Name: "c2", Bind: testutil.FreeAddr(t), Advertise: "127.0.0.1", Join: []string{c.cfg.GossipBind},
+		Timing: membership.LocalTiming(), Logger: slog.New(slog.DiscardHandler), Meta: membership.Meta{Incarnation: time.Now().UnixNano(), Peer: peer}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	await(t, "c2 on c1's ring", func() bool { return slices.Contains(c.Members(), "c2") })
+	testutil.Await(t, "c2 on c1's ring", func() bool { return slices.Contains(c.Members(), "c2") })
 	ofC2 := ownedBy(c, d, "c2")
 	if len(ofC2) == 0 {
 		t.Fatal("c2 owns nothing: pick another item count")
@@ -193,7 +194,7 @@ func TestLeftMemberConnectionsClose(t *testing.T) {
 	if err := ml.Leave(time.Second); err != nil {
 		t.Fatal(err)
 	}
-	await(t, "c1 to see c2 leave", func() bool { m, ok := c.ml.Get("c2"); return ok && m.State == membership.Left })
-	await(t, "c1's ring to drop c2", func() bool { return !slices.Contains(c.Members(), "c2") })
-	await(t, "the connections to c2 to close", func() bool { return conns.open.Load() == 0 })
+	testutil.Await(t, "c1 to see c2 leave", func() bool { m, ok := c.ml.Get("c2"); return ok && m.State == membership.Left })
+	testutil.Await(t, "c1's ring to drop c2", func() bool { return !slices.Contains(c.Members(), "c2") })
+	testutil.Await(t, "the connections to c2 to close", func() bool { return conns.open.Load() == 0 })
 }

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"stallfree/internal/testutil"
 )
 
 // fakePeers answers pings for the addresses marked up, lets those marked
@@ -72,14 +74,14 @@ func TestVoucherKeepsOnlyMembersThatAnswer(t *testing.T) {
 	if v.keep("b", "b:1") {
 		t.Fatal("a member that refused the ping is kept")
 	}
-	await(t, "a vouch", func() bool { return v.vouched.Load() == 1 })
+	testutil.Await(t, "a vouch", func() bool { return v.vouched.Load() == 1 })
 	if !v.keep("a", "a:1") {
 		t.Fatal("a member that answered is dropped")
 	}
 	if got := v.vouched.Load(); got != 1 {
 		t.Fatalf("vouched %d, want 1 (a, once however often it is asked)", got)
 	}
-	await(t, "four pings", func() bool { return peers.pings.Load() >= 4 }) // a is asked again and again
+	testutil.Await(t, "four pings", func() bool { return peers.pings.Load() >= 4 }) // a is asked again and again
 	if v.keep("c", "") {
 		t.Fatal("a member without a peer address is kept")
 	}

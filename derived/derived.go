@@ -19,7 +19,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"sync"
 	"time"
 
@@ -67,11 +66,11 @@ type Host interface {
 	HTTPAddr(member string) (string, bool)
 	// Members are the live members.
 	Members() []string
-	// IsLeader reports whether this node leads raft (writes the catalog).
-	IsLeader() bool
-	// Forward relays a catalog write to the leader's HTTP API, decodes its
-	// JSON answer into out and waits until this node has applied the write.
-	Forward(ctx context.Context, method, path string, body, out any, timeout time.Duration) (int, error)
+	// Derive records the derived dataset in the catalog through the one
+	// way to the leader (control.Leader.DeriveDataset): applied here when
+	// this node leads, relayed to the leader's HTTP API otherwise, and
+	// applied here before it returns.
+	Derive(ctx context.Context, name, parent, stage string) (info api.Dataset, created bool, err error)
 }
 
 // Config is what the prep cache needs beyond its host.
@@ -121,17 +120,12 @@ func (p *Prep) Derive(ctx context.Context, name, parent, stage string) (info api
 	case stage == "" || len(stage) > maxStage:
 		return info, false, fmt.Errorf("%w: stage must be 1..%d bytes", ErrInvalid, maxStage)
 	}
-	if !p.host.IsLeader() {
-		code, err := p.host.Forward(ctx, fasthttp.MethodPut, "/v1/datasets/"+url.PathEscape(name),
-			api.PutDataset{DerivedFrom: parent, Stage: stage}, &info, 30*time.Second)
-		return info, code == fasthttp.StatusCreated, err
-	}
-	d, created, err := p.cat.DeriveDataset(name, parent, stage)
+	info, created, err = p.host.Derive(ctx, name, parent, stage)
 	if err != nil {
 		return info, false, err
 	}
-	p.st.MarkRecomputable(d.ID)
-	return Info(d), created, nil
+	p.st.MarkRecomputable(info.ID)
+	return info, created, nil
 }
 
 // Info is a derived dataset's catalog entry as the API shows it, before

@@ -10,8 +10,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -20,6 +18,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"stallfree/api"
+	"stallfree/internal/testutil"
 	"stallfree/node"
 )
 
@@ -34,16 +33,6 @@ type harness struct {
 	keys  []string // manifest order
 }
 
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // writeDataset creates n files with awkward but valid names and random bytes.
 func writeDataset(t testing.TB, n, size int) (string, map[string][]byte) {
 	t.Helper()
@@ -54,7 +43,6 @@ func writeDataset(t testing.TB, n, size int) (string, map[string][]byte) {
 // writeFiles creates n files whose sizes sizeOf draws.
 func writeFiles(t testing.TB, n int, sizeOf func() int) (string, map[string][]byte) {
 	t.Helper()
-	dir := t.TempDir()
 	files := map[string][]byte{}
 	r := rand.New(rand.NewPCG(uint64(n), 1))
 	names := []string{"with space.bin", "ünï/cøde.bin", "pct%25.bin", "q?mark.bin", "hash#.bin", "..dots.bin"}
@@ -67,16 +55,9 @@ func writeFiles(t testing.TB, n int, sizeOf func() int) (string, map[string][]by
 		for j := range b {
 			b[j] = byte(r.Uint32())
 		}
-		p := filepath.Join(dir, filepath.FromSlash(key))
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, b, 0o644); err != nil {
-			t.Fatal(err)
-		}
 		files[key] = b
 	}
-	return dir, files
+	return testutil.WriteTree(t, files), files
 }
 
 func start(t testing.TB, items, size int, memory uint64, policy, token string) *harness {
@@ -88,8 +69,8 @@ func start(t testing.TB, items, size int, memory uint64, policy, token string) *
 // startOn serves an existing dataset directory.
 func startOn(t testing.TB, dir string, files map[string][]byte, memory uint64, policy, token string) *harness {
 	t.Helper()
-	n, err := node.New(node.Config{Name: "t1", RaftBind: freeAddr(t), DataDir: t.TempDir(), Bootstrap: true,
-		Memory: memory, Policy: policy, FastRaft: true, Logger: slog.New(slog.DiscardHandler)})
+	n, err := node.New(node.Config{Name: "t1", RaftBind: testutil.FreeAddr(t), DataDir: t.TempDir(), Bootstrap: true,
+		Memory: memory, Policy: policy, Timing: node.LocalTiming(), Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,11 +88,11 @@ func startOn(t testing.TB, dir string, files map[string][]byte, memory uint64, p
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if err := n.RegisterAtStart(ctx, []string{"ds=" + dir}); err != nil {
+	if err := n.Control().RegisterAtStart(ctx, []string{"ds=" + dir}); err != nil {
 		t.Fatal(err)
 	}
 	h := &harness{t: t, node: n, base: "http://" + ln.Addr().String(), token: token, data: dir, files: files}
-	d, err := n.Dataset(ctx, "ds")
+	d, err := n.Control().Dataset(ctx, "ds")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -266,6 +247,7 @@ func (h *harness) epochReads(seed uint64) uint64 {
 }
 
 func TestMinIOReadsHalfLRUReadsMore(t *testing.T) {
+	testutil.Long(t)
 	const items, size = 400, 8192 // fixed 8 KiB items (size/2 + rand(size) below)
 	var total int
 	_, files := writeDataset(t, items, size)
@@ -397,22 +379,22 @@ func TestBadInputChangesNothing(t *testing.T) {
 func TestAllowSource(t *testing.T) {
 	dir, _ := writeDataset(t, 3, 100)
 	other, _ := writeDataset(t, 3, 100)
-	n, err := node.New(node.Config{Name: "t1", RaftBind: freeAddr(t), DataDir: t.TempDir(), Bootstrap: true,
-		Memory: 1 << 20, FastRaft: true, AllowSources: []string{dir}, Logger: slog.New(slog.DiscardHandler)})
+	n, err := node.New(node.Config{Name: "t1", RaftBind: testutil.FreeAddr(t), DataDir: t.TempDir(), Bootstrap: true,
+		Memory: 1 << 20, Timing: node.LocalTiming(), AllowSources: []string{dir}, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer n.Close()
-	if _, err := n.CheckSource(dir + "/"); err != nil {
+	if _, err := n.Control().CheckSource(dir + "/"); err != nil {
 		t.Errorf("inside prefix refused: %v", err)
 	}
-	if _, err := n.CheckSource(other); err == nil {
+	if _, err := n.Control().CheckSource(other); err == nil {
 		t.Error("outside prefix accepted")
 	}
-	if _, err := n.CheckSource(dir + "x"); err == nil {
+	if _, err := n.Control().CheckSource(dir + "x"); err == nil {
 		t.Error("sibling with the same prefix accepted")
 	}
-	if statusOf(func() error { _, err := n.CheckSource(other); return err }()) != 403 {
+	if code, _, _ := status(func() error { _, err := n.Control().CheckSource(other); return err }()); code != 403 {
 		t.Error("forbidden source is not 403")
 	}
 }

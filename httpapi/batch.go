@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -18,7 +19,73 @@ import (
 	"stallfree/node"
 )
 
-func (s *Server) batch(ctx *fasthttp.RequestCtx, d *catalog.Dataset) {
+// itemRoutes serve a dataset's items and samples: one by key or index, a
+// batch, a tar dataset's samples, and the owner table clients route by.
+type itemRoutes struct {
+	find    Finder
+	items   Items
+	readers *sync.Pool // of *itemReader
+}
+
+func (r itemRoutes) byKey(ctx *fasthttp.RequestCtx, p params) {
+	d, ok := findDataset(ctx, r.find, p.get("dataset"), true)
+	if !ok {
+		return
+	}
+	key, err := decodeKey(p.get("key"))
+	if err != nil {
+		fail(ctx, err)
+		return
+	}
+	i, ok := d.Manifest.Index(key)
+	if !ok {
+		writeError(ctx, fasthttp.StatusNotFound, fmt.Sprintf("dataset %s has no key %q", d.Name, key))
+		return
+	}
+	r.serveItem(ctx, d, i)
+}
+
+func (r itemRoutes) byIndex(ctx *fasthttp.RequestCtx, p params) {
+	d, ok := findDataset(ctx, r.find, p.get("dataset"), true)
+	if !ok {
+		return
+	}
+	raw := p.get("index")
+	i, err := strconv.Atoi(raw)
+	if err != nil || i < 0 || i >= d.Manifest.Len() {
+		writeError(ctx, fasthttp.StatusBadRequest, fmt.Sprintf("index %q: want an integer in [0,%d)", raw, d.Manifest.Len()))
+		return
+	}
+	switch cache := string(ctx.QueryArgs().Peek("cache")); cache {
+	case "":
+		r.serveItem(ctx, d, i)
+	case "bypass":
+		r.serveUncached(ctx, d, i)
+	default:
+		writeError(ctx, fasthttp.StatusBadRequest, fmt.Sprintf("cache=%q: the only option is bypass", cache))
+	}
+}
+
+func (r itemRoutes) owners(ctx *fasthttp.RequestCtx, p params) {
+	d, ok := findDataset(ctx, r.find, p.get("dataset"), true)
+	if !ok {
+		return
+	}
+	b, err := msgpack.Marshal(r.items.Owners(d))
+	if err != nil {
+		fail(ctx, err)
+		return
+	}
+	setRing(ctx, r.items.RingVersion())
+	ctx.SetContentType("application/msgpack")
+	ctx.SetBody(b)
+}
+
+func (r itemRoutes) batch(ctx *fasthttp.RequestCtx, p params) {
+	d, ok := findDataset(ctx, r.find, p.get("dataset"), true)
+	if !ok {
+		return
+	}
 	var req api.BatchRequest
 	if err := decodeStrict(ctx.PostBody(), &req); err != nil {
 		writeError(ctx, fasthttp.StatusBadRequest, err.Error())
@@ -43,57 +110,64 @@ func (s *Server) batch(ctx *fasthttp.RequestCtx, d *catalog.Dataset) {
 	// The node checks the count, the indices and the bytes (413, 400, 413).
 	rctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	items, err := s.node.GetMany(rctx, d, idx)
+	items, err := r.items.GetManyFor(rctx, d, idx, "")
 	if err != nil {
 		fail(ctx, err)
 		return
 	}
-	s.writeBatch(ctx, items)
+	writeBatch(ctx, r.items, items)
 }
 
-// samples serves GET samples/{i} (one map) and POST samples/batch
-// {"indices": [...]} (an array of maps in request order) of a tar dataset.
-func (s *Server) samples(ctx *fasthttp.RequestCtx, method string, d *catalog.Dataset, seg []string) {
-	var idx []int
-	one := false
-	switch {
-	case len(seg) == 1 && seg[0] == "batch" && method == fasthttp.MethodPost:
-		var req api.BatchRequest
-		if err := decodeStrict(ctx.PostBody(), &req); err != nil {
-			writeError(ctx, fasthttp.StatusBadRequest, err.Error())
-			return
-		}
-		if req.Indices == nil || req.Keys != nil {
-			writeError(ctx, fasthttp.StatusBadRequest, `body needs {"indices": [...]} (samples are asked for by index)`)
-			return
-		}
-		idx = req.Indices
-	case len(seg) == 1 && method == fasthttp.MethodGet:
-		i, err := strconv.Atoi(seg[0])
-		if err != nil || i < 0 {
-			writeError(ctx, fasthttp.StatusBadRequest, fmt.Sprintf("sample %q: want a non-negative integer", seg[0]))
-			return
-		}
-		idx, one = []int{i}, true
-	default:
-		writeError(ctx, fasthttp.StatusNotFound, "no such route")
+// samples serves POST samples/batch {"indices": [...]} of a tar dataset: an
+// array of sample maps in request order.
+func (r itemRoutes) samples(ctx *fasthttp.RequestCtx, p params) {
+	d, ok := findDataset(ctx, r.find, p.get("dataset"), true)
+	if !ok {
 		return
 	}
+	var req api.BatchRequest
+	if err := decodeStrict(ctx.PostBody(), &req); err != nil {
+		writeError(ctx, fasthttp.StatusBadRequest, err.Error())
+		return
+	}
+	if req.Indices == nil || req.Keys != nil {
+		writeError(ctx, fasthttp.StatusBadRequest, `body needs {"indices": [...]} (samples are asked for by index)`)
+		return
+	}
+	r.serveSamples(ctx, d, req.Indices, false)
+}
+
+// sample serves GET samples/{i} of a tar dataset: one sample map.
+func (r itemRoutes) sample(ctx *fasthttp.RequestCtx, p params) {
+	d, ok := findDataset(ctx, r.find, p.get("dataset"), true)
+	if !ok {
+		return
+	}
+	raw := p.get("sample")
+	i, err := strconv.Atoi(raw)
+	if err != nil || i < 0 {
+		writeError(ctx, fasthttp.StatusBadRequest, fmt.Sprintf("sample %q: want a non-negative integer", raw))
+		return
+	}
+	r.serveSamples(ctx, d, []int{i}, true)
+}
+
+func (r itemRoutes) serveSamples(ctx *fasthttp.RequestCtx, d *catalog.Dataset, idx []int, one bool) {
 	rctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	items, spans, err := s.node.GetSamplesFor(rctx, d, idx, "")
+	items, spans, err := r.items.GetSamplesFor(rctx, d, idx, "")
 	if err != nil {
 		fail(ctx, err)
 		return
 	}
-	s.writeSamples(ctx, items, spans, one)
+	writeSamples(ctx, r.items, items, spans, one)
 }
 
 // writeBatch answers [{"key": str, "data": bin}, ...]. The msgpack framing
 // is built in one small buffer and the item bytes are not copied: they go to
 // the socket from where they live (pinned until fasthttp closes the body)
 // in one writev with the headers.
-func (s *Server) writeBatch(ctx *fasthttp.RequestCtx, items []node.Item) {
+func writeBatch(ctx *fasthttp.RequestCtx, to Served, items []node.Item) {
 	var meta bytes.Buffer
 	enc := msgpack.NewEncoder(&meta)
 	ends := make([]int, len(items)) // end of each item's framing in meta
@@ -106,12 +180,12 @@ func (s *Server) writeBatch(ctx *fasthttp.RequestCtx, items []node.Item) {
 		_ = enc.EncodeBytesLen(len(items[j].Data))
 		ends[j] = meta.Len()
 	}
-	s.writeFramed(ctx, items, meta.Bytes(), ends)
+	writeFramed(ctx, to, items, meta.Bytes(), ends)
 }
 
 // writeSamples answers WebDataset sample maps, {"__key__": str, EXT: bin,
 // ...}: one map (one) or an array of them, framed like writeBatch.
-func (s *Server) writeSamples(ctx *fasthttp.RequestCtx, items []node.Item, spans []node.SampleSpan, one bool) {
+func writeSamples(ctx *fasthttp.RequestCtx, to Served, items []node.Item, spans []node.SampleSpan, one bool) {
 	var meta bytes.Buffer
 	enc := msgpack.NewEncoder(&meta)
 	ends := make([]int, len(items))
@@ -129,16 +203,16 @@ func (s *Server) writeSamples(ctx *fasthttp.RequestCtx, items []node.Item, spans
 			ends[j] = meta.Len()
 		}
 	}
-	s.writeFramed(ctx, items, meta.Bytes(), ends)
+	writeFramed(ctx, to, items, meta.Bytes(), ends)
 }
 
 // writeFramed sends msgpack framing m with each item's bytes spliced in
 // after ends[j], the end of its framing.
-func (s *Server) writeFramed(ctx *fasthttp.RequestCtx, items []node.Item, m []byte, ends []int) {
+func writeFramed(ctx *fasthttp.RequestCtx, to Served, items []node.Item, m []byte, ends []int) {
 	total := 0
 	for j := range items {
 		total += len(items[j].Data)
-		s.node.ServedBytes(len(items[j].Data))
+		to.ServedBytes(len(items[j].Data))
 	}
 	bufs := make(net.Buffers, 0, 2*len(items))
 	start := 0
@@ -149,7 +223,7 @@ func (s *Server) writeFramed(ctx *fasthttp.RequestCtx, items []node.Item, m []by
 	if start < len(m) { // framing after the last item: all of it for an empty batch
 		bufs = append(bufs, m[start:])
 	}
-	setRing(ctx, s.node.RingVersion())
+	setRing(ctx, to.RingVersion())
 	br := &batchReader{bufs: bufs, items: items}
 	br.conn, _ = ctx.Conn().(*gatherConn)
 	ctx.SetContentType("application/msgpack")
@@ -185,4 +259,45 @@ func (b *batchReader) Close() error {
 func setRing(ctx *fasthttp.RequestCtx, v uint64) {
 	var b [16]byte
 	ctx.Response.Header.SetBytesV("X-Ring", strconv.AppendUint(b[:0], v, 16))
+}
+
+// serveUncached reads an item from storage without touching the cache
+// (?cache=bypass): cachectl analyze measures the cold ingestion rate with it
+// without evicting or filling anything.
+func (r itemRoutes) serveUncached(ctx *fasthttp.RequestCtx, d *catalog.Dataset, i int) {
+	rctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	data, sum, err := r.items.ReadUncached(rctx, d, i)
+	if err != nil {
+		fail(ctx, err)
+		return
+	}
+	h := &ctx.Response.Header
+	h.Set("X-Cache", "miss")
+	h.Set("X-Key", d.Manifest.Key(i))
+	h.Set("ETag", `"`+strconv.FormatUint(sum, 16)+`"`)
+	ctx.SetContentType("application/octet-stream")
+	r.items.ServedBytes(len(data))
+	ctx.Response.SetBodyRaw(data)
+}
+
+func (r itemRoutes) serveItem(ctx *fasthttp.RequestCtx, d *catalog.Dataset, i int) {
+	// No deadline here: a hit needs none, and fills bound themselves.
+	it, err := r.items.Get(context.Background(), d, i)
+	if err != nil {
+		fail(ctx, err)
+		return
+	}
+	h := &ctx.Response.Header
+	setRing(ctx, r.items.RingVersion())
+	h.Set("X-Cache", string(it.Cache))
+	h.Set("X-Key", it.Key)
+	var etag [18]byte // built on the stack: a hit allocates nothing
+	h.SetBytesV("ETag", append(strconv.AppendUint(append(etag[:0], '"'), it.Sum, 16), '"'))
+	ctx.SetContentType("application/octet-stream")
+	r.items.ServedBytes(len(it.Data))
+	ir := r.readers.Get().(*itemReader)
+	ir.item, ir.pool = it, r.readers
+	ir.conn, _ = ctx.Conn().(*gatherConn)
+	ctx.SetBodyStream(ir, len(it.Data))
 }

@@ -57,27 +57,43 @@ func (s *Server) itemBodyLimit(seg []string) (limit int, ok bool) {
 	return 0, false
 }
 
-// putDerived serves PUT /v1/datasets/{name} {"derived_from", "stage"}.
-func (s *Server) putDerived(ctx *fasthttp.RequestCtx, name string, req api.PutDataset) {
+// derivedRoutes serve the prep cache's writes (a derived dataset's
+// registration, an item written at its owner) and add what has been written
+// to the dataset routes' answers.
+type derivedRoutes struct {
+	prep    prep
+	find    Finder
+	self    string           // this node's name, on requests relayed to an owner
+	relayer *fasthttp.Client // to the item's owner (not the leader: control's relay client is for that)
+}
+
+func newDerivedRoutes(p prep, find Finder, self string) derivedRoutes {
+	return derivedRoutes{prep: p, find: find, self: self,
+		relayer: &fasthttp.Client{Name: "stallfree-item-relay", ReadTimeout: time.Minute, MaxResponseBodySize: 1 << 20}}
+}
+
+// put serves PUT /v1/datasets/{name} {"derived_from", "stage"} (from
+// datasetRoutes.put, which sees the body first).
+func (r derivedRoutes) put(ctx *fasthttp.RequestCtx, name string, req api.PutDataset, relay Relay) {
 	if req.Source != "" {
 		writeError(ctx, fasthttp.StatusBadRequest, `a dataset has either "source" or "derived_from", not both`)
 		return
 	}
 	rctx, cancel := reqContext(ctx, time.Minute)
 	defer cancel()
-	info, created, err := s.prep.Derive(rctx, name, req.DerivedFrom, req.Stage)
+	info, created, err := r.prep.Derive(rctx, name, req.DerivedFrom, req.Stage)
 	if err != nil {
 		fail(ctx, err)
 		return
 	}
 	infos := []api.Dataset{info}
-	s.prep.Count(rctx, infos)
+	r.prep.Count(rctx, infos)
 	info = infos[0]
 	code := fasthttp.StatusOK
 	if created {
 		code = fasthttp.StatusCreated
 	}
-	s.markApplied(ctx)
+	markApplied(ctx, relay)
 	writeJSON(ctx, code, info)
 }
 
@@ -86,27 +102,32 @@ func (s *Server) putDerived(ctx *fasthttp.RequestCtx, name string, req api.PutDa
 // to the owner's API, as it came (status and body come back unchanged); the
 // owner stores it even if its own ring disagrees, so a request is never
 // relayed twice.
-func (s *Server) putItem(ctx *fasthttp.RequestCtx, d *catalog.Dataset, seg string) {
+func (r derivedRoutes) putItem(ctx *fasthttp.RequestCtx, p params) {
+	d, ok := findDataset(ctx, r.find, p.get("dataset"), true)
+	if !ok {
+		return
+	}
+	seg := p.get("index")
 	i, err := strconv.Atoi(seg)
 	if err != nil {
 		writeError(ctx, fasthttp.StatusBadRequest, fmt.Sprintf("index %q: want an integer", seg))
 		return
 	}
 	body := ctx.PostBody()
-	if err := s.prep.Check(d, i, len(body)); err != nil {
+	if err := r.prep.Check(d, i, len(body)); err != nil {
 		fail(ctx, err)
 		return
 	}
-	if addr, self, ok := s.prep.Route(d, i); !self && !relayed(ctx) {
+	if addr, self, ok := r.prep.Route(d, i); !self && !relayed(ctx) {
 		if !ok {
 			writeError(ctx, fasthttp.StatusServiceUnavailable, "the item's owner is not reachable; retry")
 			ctx.Response.Header.Set("Retry-After", "1")
 			return
 		}
-		s.relayTo(ctx, addr)
+		r.relayTo(ctx, addr)
 		return
 	}
-	created, err := s.prep.Write(d, i, body)
+	created, err := r.prep.Write(d, i, body)
 	if err != nil {
 		fail(ctx, err)
 		return
@@ -120,15 +141,15 @@ func (s *Server) putItem(ctx *fasthttp.RequestCtx, d *catalog.Dataset, seg strin
 
 // relayTo sends the request as it came to the node at addr and answers with
 // its response; no answer is a 503.
-func (s *Server) relayTo(ctx *fasthttp.RequestCtx, addr string) {
+func (r derivedRoutes) relayTo(ctx *fasthttp.RequestCtx, addr string) {
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
 	ctx.Request.CopyTo(req)
 	req.SetRequestURI("http://" + addr + string(ctx.URI().PathOriginal()))
 	req.SetHost(addr)
-	req.Header.Set(api.HeaderForwarded, s.node.Name())
-	if err := s.relayer.DoTimeout(req, resp, 30*time.Second); err != nil {
+	req.Header.Set(api.HeaderForwarded, r.self)
+	if err := r.relayer.DoTimeout(req, resp, 30*time.Second); err != nil {
 		writeError(ctx, fasthttp.StatusServiceUnavailable, "relay to the item's owner: "+err.Error())
 		ctx.Response.Header.Set("Retry-After", "1")
 		return
@@ -137,8 +158,8 @@ func (s *Server) relayTo(ctx *fasthttp.RequestCtx, addr string) {
 }
 
 // countWritten adds the cluster-wide written counts to dataset infos.
-func (s *Server) countWritten(infos []api.Dataset) {
+func (r derivedRoutes) countWritten(infos []api.Dataset) {
 	rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	s.prep.Count(rctx, infos)
+	r.prep.Count(rctx, infos)
 }

@@ -37,75 +37,84 @@ func (s *Server) bodyLimit(seg []string) int {
 	return s.srv.MaxRequestBodySize
 }
 
-// groupRoutes serves /v1/groups/...; seg are the path's segments after
-// "groups".
-func (s *Server) groupRoutes(ctx *fasthttp.RequestCtx, method string, seg []string) {
+// The /v1/groups routes (lines of the table, routes.go). They answer 404
+// while coordinated prep is off (no EnableGroups).
+
+func (s *Server) groupsOff(ctx *fasthttp.RequestCtx) bool {
 	if s.groups == nil {
 		writeError(ctx, fasthttp.StatusNotFound, "no such route")
-		return
+		return true
 	}
-	if len(seg) == 0 {
-		if method != fasthttp.MethodGet {
-			methodNotAllowed(ctx)
-			return
-		}
+	return false
+}
+
+func (s *Server) groupList(ctx *fasthttp.RequestCtx, _ params) {
+	if !s.groupsOff(ctx) {
 		writeJSON(ctx, 200, s.groups.List())
+	}
+}
+
+func (s *Server) groupGet(ctx *fasthttp.RequestCtx, p params) {
+	if s.groupsOff(ctx) {
 		return
 	}
-	name, err := decodeSegment("group", seg[0])
+	rctx, cancel := reqContext(ctx, 30*time.Second)
+	defer cancel()
+	info, err := s.groups.Info(rctx, p.get("group"), relayedIndex(ctx))
 	if err != nil {
+		groupFail(ctx, err)
+		return
+	}
+	writeJSON(ctx, 200, info)
+}
+
+func (s *Server) groupPut(ctx *fasthttp.RequestCtx, p params) {
+	if s.groupsOff(ctx) {
+		return
+	}
+	var spec api.GroupSpec
+	if err := decodeStrict(ctx.PostBody(), &spec); err != nil {
+		writeError(ctx, fasthttp.StatusBadRequest, err.Error())
+		return
+	}
+	if err := validName("dataset", spec.Dataset); err != nil {
 		writeError(ctx, fasthttp.StatusBadRequest, err.Error())
 		return
 	}
 	rctx, cancel := reqContext(ctx, 30*time.Second)
 	defer cancel()
-	if len(seg) == 1 {
-		switch method {
-		case fasthttp.MethodGet:
-			info, err := s.groups.Info(rctx, name, relayedIndex(ctx))
-			if err != nil {
-				groupFail(ctx, err)
-				return
-			}
-			writeJSON(ctx, 200, info)
-		case fasthttp.MethodPut:
-			var spec api.GroupSpec
-			if err := decodeStrict(ctx.PostBody(), &spec); err != nil {
-				writeError(ctx, fasthttp.StatusBadRequest, err.Error())
-				return
-			}
-			if err := validName("dataset", spec.Dataset); err != nil {
-				writeError(ctx, fasthttp.StatusBadRequest, err.Error())
-				return
-			}
-			info, created, err := s.groups.Put(rctx, name, spec)
-			if err != nil {
-				groupFail(ctx, err)
-				return
-			}
-			s.markApplied(ctx)
-			code := fasthttp.StatusOK
-			if created {
-				code = fasthttp.StatusCreated
-			}
-			writeJSON(ctx, code, info)
-		case fasthttp.MethodDelete:
-			if err := s.groups.Delete(rctx, name); err != nil {
-				groupFail(ctx, err)
-				return
-			}
-			s.markApplied(ctx)
-			ctx.SetStatusCode(fasthttp.StatusNoContent)
-		default:
-			methodNotAllowed(ctx)
-		}
+	info, created, err := s.groups.Put(rctx, p.get("group"), spec)
+	if err != nil {
+		groupFail(ctx, err)
 		return
 	}
-	if len(seg) != 5 || seg[1] != "epochs" || seg[3] != "batches" {
-		writeError(ctx, fasthttp.StatusNotFound, "no such route")
+	markApplied(ctx, s.relay)
+	code := fasthttp.StatusOK
+	if created {
+		code = fasthttp.StatusCreated
+	}
+	writeJSON(ctx, code, info)
+}
+
+func (s *Server) groupDelete(ctx *fasthttp.RequestCtx, p params) {
+	if s.groupsOff(ctx) {
 		return
 	}
-	s.groupBatch(ctx, method, name, seg[2], seg[4])
+	rctx, cancel := reqContext(ctx, 30*time.Second)
+	defer cancel()
+	if err := s.groups.Delete(rctx, p.get("group")); err != nil {
+		groupFail(ctx, err)
+		return
+	}
+	markApplied(ctx, s.relay)
+	ctx.SetStatusCode(fasthttp.StatusNoContent)
+}
+
+// groupBatchRoute serves GET and PUT /v1/groups/{group}/epochs/{epoch}/batches/{batch}.
+func (s *Server) groupBatchRoute(ctx *fasthttp.RequestCtx, p params) {
+	if !s.groupsOff(ctx) {
+		s.groupBatch(ctx, string(ctx.Method()), p.get("group"), p.get("epoch"), p.get("batch"))
+	}
 }
 
 // groupBatch serves GET and PUT /v1/groups/{g}/epochs/{e}/batches/{b}?job=K
@@ -170,10 +179,10 @@ func (s *Server) relayToOwner(ctx *fasthttp.RequestCtx, addr string, wait time.D
 	ctx.Request.CopyTo(req)
 	req.SetRequestURI("http://" + addr + string(ctx.URI().RequestURI()))
 	req.SetHost(addr)
-	req.Header.Set(api.HeaderForwarded, s.node.Name())
+	req.Header.Set(api.HeaderForwarded, s.self)
 	// What this node has applied: the owner waits for it before it says a
 	// group defined through this node does not exist.
-	req.Header.Set(api.HeaderApplied, strconv.FormatUint(s.node.AppliedIndex(), 10))
+	req.Header.Set(api.HeaderApplied, strconv.FormatUint(s.relay.AppliedIndex(), 10))
 	if err := s.groupRelay.DoTimeout(req, resp, wait+30*time.Second); err != nil {
 		writeError(ctx, fasthttp.StatusServiceUnavailable, fmt.Sprintf("the group's owner at %s: %v", addr, err))
 		return

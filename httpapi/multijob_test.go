@@ -4,12 +4,15 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+
+	"stallfree/internal/testutil"
 )
 
 // Two jobs on one dataset, one an epoch ahead of the other: the clairvoyant
 // policy reads both jobs' minibatches ahead from one schedule, so neither
 // loader meets a miss, and reads no more from storage than MinIO does.
 func TestClairvoyantTwoJobs(t *testing.T) {
+	testutil.Long(t)
 	const items, size = 400, 8192
 	dir, files := writeFiles(t, items, func() int { return size })
 	memory := uint64(items / 2 * (size + 128))

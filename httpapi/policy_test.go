@@ -11,6 +11,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"stallfree/api"
+	"stallfree/internal/testutil"
 )
 
 type epochResult struct {
@@ -38,7 +39,7 @@ func (h *harness) rankOrder(job string, epoch, rank int) (api.RankOrder, error) 
 func (h *harness) awaitReadAhead(o api.RankOrder, b int) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	d, err := h.node.Dataset(ctx, "ds")
+	d, err := h.node.Control().Dataset(ctx, "ds")
 	if err != nil {
 		return err
 	}
@@ -46,7 +47,7 @@ func (h *harness) awaitReadAhead(o api.RankOrder, b int) error {
 	for {
 		missing := 0
 		for _, i := range batch {
-			if !h.node.Holds(d, i) {
+			if !h.node.Split().Holds(d, i) {
 				missing++
 			}
 		}
@@ -104,6 +105,7 @@ func (h *harness) runJobEpochs(epochs int, readAhead bool) []epochResult {
 }
 
 func TestPoliciesOnJobOrder(t *testing.T) {
+	testutil.Long(t)
 	// Equal sizes: the comparison is about which items are kept, not how
 	// many bytes each policy manages to pack.
 	const items, size = 600, 8192

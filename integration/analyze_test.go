@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"stallfree/client"
+	"stallfree/internal/testutil"
 	"stallfree/stall"
 )
 
@@ -19,6 +20,7 @@ import (
 // How close the predicted epoch time comes to a measured one is a benchmark
 // figure (`make bench`, section "cachectl analyze").
 func TestAnalyzeModelOnARealNode(t *testing.T) {
+	testutil.Long(t)
 	const items, size, rate, sample = 400, 16 << 10, "4MB", 200
 	dir, files := dataset(t, items, size)
 	var total int64

@@ -16,10 +16,12 @@ import (
 
 	"stallfree/api"
 	"stallfree/client"
+	"stallfree/internal/testutil"
 )
 
 // cachectl drives a real two-node cluster end to end, with a token.
 func TestCachectl(t *testing.T) {
+	testutil.Long(t)
 	dir, files := dataset(t, 120, 4000)
 	keys := slices.Sorted(maps.Keys(files)) // the manifest's order
 	tokenFile := filepath.Join(t.TempDir(), "token")
@@ -39,7 +41,7 @@ func TestCachectl(t *testing.T) {
 		}
 		return out
 	}
-	waitFor(t, 30*time.Second, "two members with a leader", func() bool {
+	testutil.AwaitWithin(t, 30*time.Second, "two members with a leader", func() bool {
 		out, err := ctl(n2, "--json", "members")
 		var cl struct {
 			Leader  string

@@ -19,6 +19,7 @@ import (
 	"github.com/minio/minio-go/v7"
 
 	"stallfree/api"
+	"stallfree/internal/testutil"
 	"stallfree/miniotest"
 )
 
@@ -153,6 +154,7 @@ func held(t *testing.T, n *proc, name string, step int) []string {
 }
 
 func TestCheckpointPeerMemory(t *testing.T) {
+	testutil.Long(t)
 	persist := t.TempDir()
 	nodes := startCluster(t, clusterOpts{nodes: 4, extra: []string{"--checkpoint-memory", "24MiB",
 		"--checkpoint-persist", "dir://" + persist, "--dead-grace", "10m"}})
@@ -206,7 +208,7 @@ func TestCheckpointPeerMemory(t *testing.T) {
 	if code, body := commitStep(t, n1, "job", 0, "0"); code != http.StatusConflict {
 		t.Fatalf("commit of a step older than the latest: %d %s", code, body)
 	}
-	waitFor(t, 10*time.Second, "every node listing step 1", func() bool {
+	testutil.AwaitWithin(t, 10*time.Second, "every node listing step 1", func() bool {
 		for _, n := range nodes {
 			if ck, ok := tryInfo(t, n, "job"); !ok || ck.Latest == nil || *ck.Latest != 1 {
 				return false
@@ -228,7 +230,7 @@ func TestCheckpointPeerMemory(t *testing.T) {
 	if code, _, _ := ckReq(t, n1, http.MethodGet, partPath("job", 1, "7"), nil, nil); code != http.StatusNotFound {
 		t.Fatalf("unknown part: %d", code)
 	}
-	waitFor(t, 30*time.Second, "step 1 persisted", func() bool { return checkpointInfo(t, n1, "job").Steps[0].Persisted })
+	testutil.AwaitWithin(t, 30*time.Second, "step 1 persisted", func() bool { return checkpointInfo(t, n1, "job").Steps[0].Persisted })
 
 	// --checkpoint-keep 2: a third commit drops the oldest step, everywhere.
 	small := []byte("small part")
@@ -241,7 +243,7 @@ func TestCheckpointPeerMemory(t *testing.T) {
 	if ck := checkpointInfo(t, n2, "keep"); len(ck.Steps) != 2 || ck.Steps[0].Step != 2 || *ck.Latest != 3 {
 		t.Fatalf("keep 2: %+v", ck) // the committing node reads its own commit
 	}
-	waitFor(t, 10*time.Second, "every node listing steps 2 and 3", func() bool {
+	testutil.AwaitWithin(t, 10*time.Second, "every node listing steps 2 and 3", func() bool {
 		for _, n := range nodes {
 			if ck, ok := tryInfo(t, n, "keep"); !ok || len(ck.Steps) != 2 || ck.Steps[0].Step != 2 {
 				return false
@@ -249,14 +251,14 @@ func TestCheckpointPeerMemory(t *testing.T) {
 		}
 		return true
 	})
-	waitFor(t, 10*time.Second, "step 1 of keep freed", func() bool { return len(held(t, n1, "keep", 1))+len(held(t, n2, "keep", 1)) == 0 })
+	testutil.AwaitWithin(t, 10*time.Second, "step 1 of keep freed", func() bool { return len(held(t, n1, "keep", 1))+len(held(t, n2, "keep", 1)) == 0 })
 	if code, _, _ := ckReq(t, n3, http.MethodDelete, "/v1/checkpoints/keep", nil, nil); code != http.StatusNoContent {
 		t.Fatalf("DELETE: %d", code)
 	}
 	if code, _, _ := ckReq(t, n3, http.MethodGet, "/v1/checkpoints/keep", nil, nil); code != http.StatusNotFound {
 		t.Fatalf("a deleted checkpoint: %d", code)
 	}
-	waitFor(t, 10*time.Second, "the deleted checkpoint's parts freed", func() bool {
+	testutil.AwaitWithin(t, 10*time.Second, "the deleted checkpoint's parts freed", func() bool {
 		return len(held(t, n2, "keep", 2))+len(held(t, n2, "keep", 3))+len(held(t, n1, "keep", 3)) == 0
 	})
 
@@ -285,9 +287,9 @@ func TestCheckpointPeerMemory(t *testing.T) {
 	fmt.Fprintf(conn, "PUT %s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n%s: %s\r\n\r\n", partPath("job", 2, "1"), len(q1), api.HeaderChecksum, sha(q1))
 	conn.Write(q1[:len(q1)/2])
 	// n4 reserves the part's room when n3 starts passing it on.
-	waitFor(t, 10*time.Second, "n3 streaming to n4", func() bool { return ckUsed(t, n4) > before })
+	testutil.AwaitWithin(t, 10*time.Second, "n3 streaming to n4", func() bool { return ckUsed(t, n4) > before })
 	n3.kill()
-	waitFor(t, 10*time.Second, "n4 dropping the cut part", func() bool { return ckUsed(t, n4) == before })
+	testutil.AwaitWithin(t, 10*time.Second, "n4 dropping the cut part", func() bool { return ckUsed(t, n4) == before })
 	if h := held(t, n4, "job", 2); !slices.Equal(h, []string{}) && h != nil {
 		t.Fatalf("n4 holds %v of step 2 after its writer died mid-body", h)
 	}
@@ -322,6 +324,7 @@ func TestCheckpointPeerMemory(t *testing.T) {
 // A holder dead past --dead-grace: the part gets its second copy back on
 // the survivor's new partner, and stays readable after the survivor dies.
 func TestCheckpointRereplication(t *testing.T) {
+	testutil.Long(t)
 	nodes := startCluster(t, clusterOpts{nodes: 3, extra: []string{"--checkpoint-memory", "16MiB", "--dead-grace", "1s"}})
 	n1, n2, n3 := nodes[0], nodes[1], nodes[2]
 	// One group of three: n1 → n2, n2 → n3, n3 → n1. A partner without room
@@ -346,7 +349,7 @@ func TestCheckpointRereplication(t *testing.T) {
 		t.Fatalf("n3 holds %v before any repair", h)
 	}
 	n2.kill()
-	waitFor(t, 30*time.Second, "a second copy on n3", func() bool {
+	testutil.AwaitWithin(t, 30*time.Second, "a second copy on n3", func() bool {
 		ck := checkpointInfo(t, n1, "job")
 		return ck.Steps[0].Replicas == 2 && len(held(t, n3, "job", 5)) == 1
 	})
@@ -355,7 +358,7 @@ func TestCheckpointRereplication(t *testing.T) {
 		t.Fatalf("read from %q, want n3's own memory", from)
 	}
 	// Alone, a node has no partner: a part cannot get its two copies.
-	waitFor(t, 30*time.Second, "503 from a lone node", func() bool {
+	testutil.AwaitWithin(t, 30*time.Second, "503 from a lone node", func() bool {
 		code, _ := putPart(t, n3, "job", 6, "0", p, sha(p))
 		return code == http.StatusServiceUnavailable
 	})
@@ -365,6 +368,7 @@ func TestCheckpointRereplication(t *testing.T) {
 // credentials: a failed persist shows in /v1/stats and is retried until it
 // succeeds; the object holds exactly the part's bytes.
 func TestCheckpointPersistS3(t *testing.T) {
+	testutil.Long(t)
 	srv := miniotest.Start(t)
 	srv.Bucket("ckpt")
 	nodes := startCluster(t, clusterOpts{nodes: 2, env: miniotest.CredentialsEnv(), extra: []string{
@@ -386,7 +390,7 @@ func TestCheckpointPersistS3(t *testing.T) {
 		}
 		return nil
 	}
-	waitFor(t, 30*time.Second, "a failed persist in /v1/stats", func() bool {
+	testutil.AwaitWithin(t, 30*time.Second, "a failed persist in /v1/stats", func() bool {
 		st := leaderStats()
 		return st != nil && st.PersistFailures > 0 && st.PersistError != "" && st.PersistPending == 1
 	})
@@ -394,7 +398,7 @@ func TestCheckpointPersistS3(t *testing.T) {
 		t.Fatal("persisted while storage is down")
 	}
 	srv.Restart()
-	waitFor(t, 60*time.Second, "step 1 persisted once storage is back", func() bool {
+	testutil.AwaitWithin(t, 60*time.Second, "step 1 persisted once storage is back", func() bool {
 		ck, ok := tryInfo(t, n1, "job")
 		return ok && ck.Steps[0].Persisted
 	})
@@ -411,6 +415,7 @@ func TestCheckpointPersistS3(t *testing.T) {
 // A holder restarted (kill -9, back under its name, empty) gets its copy
 // back from its partner at once, long before --dead-grace.
 func TestCheckpointRestartedHolder(t *testing.T) {
+	testutil.Long(t)
 	nodes := startCluster(t, clusterOpts{nodes: 2, extra: []string{"--checkpoint-memory", "16MiB", "--dead-grace", "10m"}})
 	n1, n2 := nodes[0], nodes[1]
 	p := randomBytes(8, 1<<20+1)
@@ -420,7 +425,7 @@ func TestCheckpointRestartedHolder(t *testing.T) {
 	}
 	n2.kill()
 	n2.start()
-	waitFor(t, 60*time.Second, "n2 holding its copy again", func() bool { return len(held(t, n2, "job", 1)) == 1 })
+	testutil.AwaitWithin(t, 60*time.Second, "n2 holding its copy again", func() bool { return len(held(t, n2, "job", 1)) == 1 })
 	n1.kill()
 	if from := readPart(t, n2, "job", 1, "0", p); from != "memory" {
 		t.Fatalf("read from %q, want n2's own memory", from)

@@ -17,6 +17,7 @@ import (
 	"stallfree/client"
 
 	"stallfree/api"
+	"stallfree/internal/testutil"
 )
 
 type clusterOpts struct {
@@ -71,7 +72,7 @@ func names(ps []*proc) []string {
 // waitMembers waits until every node sees exactly want alive and a leader.
 func waitMembers(t *testing.T, nodes []*proc, want []string) {
 	t.Helper()
-	waitFor(t, 30*time.Second, fmt.Sprintf("members %v", want), func() bool {
+	testutil.AwaitWithin(t, 30*time.Second, fmt.Sprintf("members %v", want), func() bool {
 		for _, n := range nodes {
 			cl, err := n.c.Cluster(context.Background())
 			if err != nil || cl.Leader == "" || !slices.Equal(alive(cl), want) {
@@ -94,7 +95,7 @@ func alive(cl client.Cluster) []string {
 
 func register(t *testing.T, n *proc, name, dir string) {
 	t.Helper()
-	waitFor(t, 30*time.Second, "registration of "+name, func() bool {
+	testutil.AwaitWithin(t, 30*time.Second, "registration of "+name, func() bool {
 		_, err := n.c.PutDataset(context.Background(), name, dir)
 		return err == nil
 	})
@@ -136,6 +137,7 @@ func readAll(ctx context.Context, n *proc, ds string, files map[string][]byte, c
 }
 
 func TestThreeNodesHoldEachItemOnce(t *testing.T) {
+	testutil.Long(t)
 	const items = 300
 	dir, files := dataset(t, items, 20000)
 	nodes := startCluster(t, clusterOpts{nodes: 3, key: "test-cluster-secret"})
@@ -184,6 +186,7 @@ func TestThreeNodesHoldEachItemOnce(t *testing.T) {
 }
 
 func TestKillNodeMidEpoch(t *testing.T) {
+	testutil.Long(t)
 	const items = 400
 	dir, files := dataset(t, items, 20000)
 	nodes := startCluster(t, clusterOpts{nodes: 3})
@@ -194,7 +197,7 @@ func TestKillNodeMidEpoch(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 30*time.Second, "warm-up", func() bool { return sumStats(t, nodes).ItemsCached == items })
+	testutil.AwaitWithin(t, 30*time.Second, "warm-up", func() bool { return sumStats(t, nodes).ItemsCached == items })
 
 	// Loaders on n1 and n2 read epochs while n3 is killed under them.
 	victim := nodes[2]
@@ -221,16 +224,22 @@ func TestKillNodeMidEpoch(t *testing.T) {
 			}
 		}()
 	}
-	waitFor(t, 30*time.Second, "loaders under way", func() bool { return reads.Load() > 0 })
+	testutil.AwaitWithin(t, 30*time.Second, "loaders under way", func() bool { return reads.Load() > 0 })
 	killed, ringsBefore := time.Now(), metric(t, nodes[0], "stallfree_ring_changes_total")
 	victim.kill()
 	waitMembers(t, nodes[:2], []string{"n1", "n2"})
 	t.Logf("killed node left the member list after %v", time.Since(killed))
+	// The ring drops the member once the voucher's ping is refused, a moment
+	// after gossip declares it dead (cluster/vouch.go): await the rebuild,
+	// then count it.
+	testutil.AwaitWithin(t, 10*time.Second, "a survivor's ring to drop n3", func() bool {
+		return metric(t, nodes[0], "stallfree_ring_changes_total") != ringsBefore
+	})
 	if rings := metric(t, nodes[0], "stallfree_ring_changes_total"); rings != ringsBefore+1 {
 		t.Fatalf("a member's death rebuilt %v rings on a survivor, want 1", rings-ringsBefore)
 	}
 	before := reads.Load()
-	waitFor(t, 60*time.Second, "a full epoch after the kill", func() bool { return reads.Load() >= before+2*items })
+	testutil.AwaitWithin(t, 60*time.Second, "a full epoch after the kill", func() bool { return reads.Load() >= before+2*items })
 	close(stop)
 	wg.Wait()
 	close(errs)
@@ -245,24 +254,25 @@ func TestKillNodeMidEpoch(t *testing.T) {
 			t.Fatal("dead node still alive in the member list")
 		}
 	}
-	// After the grace period (5 s with --fast-timers) the leader drops it from raft.
-	waitFor(t, 30*time.Second, "n3 out of the raft configuration", func() bool { return raftRole(nodes[0], "n3") == "" })
+	// After the grace period (5 s with --timing local) the leader drops it from raft.
+	testutil.AwaitWithin(t, 30*time.Second, "n3 out of the raft configuration", func() bool { return raftRole(nodes[0], "n3") == "" })
 
 	// The node restarts on its old ports and data dir, rejoins, is a voter
 	// again and owns items again.
 	victim.start()
 	waitMembers(t, nodes, []string{"n1", "n2", "n3"})
-	waitFor(t, 30*time.Second, "n3 a raft voter again", func() bool { return raftRole(nodes[0], "n3") == "voter" })
+	testutil.AwaitWithin(t, 30*time.Second, "n3 a raft voter again", func() bool { return raftRole(nodes[0], "n3") == "voter" })
 	if err := readAll(ctx, nodes[2], "ds", files, items, 99); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "n3 caching its share", func() bool {
+	testutil.AwaitWithin(t, 10*time.Second, "n3 caching its share", func() bool {
 		s, err := victim.c.Stats(ctx)
 		return err == nil && s.ItemsCached > items/6
 	})
 }
 
 func TestJoinMovesOnlyRingKeysWithoutStorageReads(t *testing.T) {
+	testutil.Long(t)
 	const items = 300
 	dir, files := dataset(t, items, 10000)
 	nodes := startCluster(t, clusterOpts{nodes: 2})
@@ -308,12 +318,13 @@ func TestJoinMovesOnlyRingKeysWithoutStorageReads(t *testing.T) {
 }
 
 func TestCatalogOnEveryNodeAndAfterLeaderDies(t *testing.T) {
+	testutil.Long(t)
 	dir, _ := dataset(t, 10, 1000)
 	nodes := startCluster(t, clusterOpts{nodes: 3})
 	ctx := context.Background()
 	register(t, nodes[2], "first", dir)
 	for _, n := range nodes {
-		waitFor(t, 10*time.Second, "dataset on "+n.name, func() bool {
+		testutil.AwaitWithin(t, 10*time.Second, "dataset on "+n.name, func() bool {
 			ds, err := n.c.Datasets(ctx)
 			return err == nil && len(ds) == 1
 		})
@@ -332,7 +343,7 @@ func TestCatalogOnEveryNodeAndAfterLeaderDies(t *testing.T) {
 	waitMembers(t, rest, names(rest))
 	register(t, rest[1], "second", dir)
 	for _, n := range rest {
-		waitFor(t, 10*time.Second, "second dataset on "+n.name, func() bool {
+		testutil.AwaitWithin(t, 10*time.Second, "second dataset on "+n.name, func() bool {
 			ds, err := n.c.Datasets(ctx)
 			return err == nil && len(ds) == 2
 		})
@@ -340,6 +351,7 @@ func TestCatalogOnEveryNodeAndAfterLeaderDies(t *testing.T) {
 }
 
 func TestStrangerStaysOut(t *testing.T) {
+	testutil.Long(t)
 	dir, files := dataset(t, 50, 5000)
 	nodes := startCluster(t, clusterOpts{nodes: 2, key: "right-key"})
 	register(t, nodes[0], "ds", dir)
@@ -386,8 +398,9 @@ func TestStrangerStaysOut(t *testing.T) {
 
 // Members become raft voters up to five and non-voters beyond.
 func TestSixthMemberIsNonVoter(t *testing.T) {
+	testutil.Long(t)
 	nodes := startCluster(t, clusterOpts{nodes: 6, memory: "32MiB"})
-	waitFor(t, 60*time.Second, "five voters and one non-voter", func() bool {
+	testutil.AwaitWithin(t, 60*time.Second, "five voters and one non-voter", func() bool {
 		cl, err := nodes[0].c.Cluster(context.Background())
 		if err != nil {
 			return false
@@ -402,7 +415,8 @@ func TestSixthMemberIsNonVoter(t *testing.T) {
 
 // Nodes may start in any order: one whose seed is not up yet keeps trying.
 func TestJoinBeforeSeedIsUp(t *testing.T) {
-	seed := freePort(t, "127.0.0.1")
+	testutil.Long(t)
+	seed := testutil.FreeAddrOn(t, "127.0.0.1")
 	n2 := startNode(t, nodeOpts{name: "n2", join: []string{seed}})
 	n1 := startNode(t, nodeOpts{name: "n1", bootstrap: true, gossip: seed})
 	waitMembers(t, []*proc{n1, n2}, []string{"n1", "n2"})
@@ -416,6 +430,7 @@ func TestJoinBeforeSeedIsUp(t *testing.T) {
 // depends on raft's timing, so the test asserts the answers and logs the
 // relayed count (stallfree_relayed_reads_total).
 func TestRestartedFollowerNeverAnswers404(t *testing.T) {
+	testutil.Long(t)
 	const items = 60
 	dir, files := dataset(t, items, 2000)
 	nodes := startCluster(t, clusterOpts{nodes: 3})
@@ -438,7 +453,7 @@ func TestRestartedFollowerNeverAnswers404(t *testing.T) {
 			rest = append(rest, n)
 		}
 	}
-	waitFor(t, 10*time.Second, "job on "+follower.name, func() bool {
+	testutil.AwaitWithin(t, 10*time.Second, "job on "+follower.name, func() bool {
 		return follower.c.JSON(ctx, "GET", "/v1/jobs/train", nil, nil) == nil
 	})
 	follower.kill()
@@ -471,7 +486,7 @@ func TestRestartedFollowerNeverAnswers404(t *testing.T) {
 		t.Fatalf("warm-up on the restarted follower: %v", err)
 	}
 	t.Logf("reads relayed to the leader while %s caught up: %v", follower.name, metric(t, follower, "stallfree_relayed_reads_total"))
-	waitFor(t, 10*time.Second, follower.name+" warming its own share", func() bool {
+	testutil.AwaitWithin(t, 10*time.Second, follower.name+" warming its own share", func() bool {
 		p, err := follower.c.Warmup(ctx, "ds")
 		s, serr := follower.c.Stats(ctx)
 		return err == nil && serr == nil && p.Done == p.Total && p.Total > 0 && int64(s.ItemsCached) == p.Total

@@ -18,6 +18,7 @@ import (
 
 	"stallfree/api"
 	"stallfree/client"
+	"stallfree/internal/testutil"
 )
 
 // The prep cache's contract (docs/api.md, "Prep cache") on three real nodes.
@@ -217,7 +218,7 @@ func TestDerivedDatasetContract(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, nd := range nodes {
-		waitFor(t, 10*time.Second, nd.name+" forgets dec", func() bool {
+		testutil.AwaitWithin(t, 10*time.Second, nd.name+" forgets dec", func() bool {
 			_, err := nd.c.Dataset(ctx, "dec")
 			items, _ := derivedUsage(t, nd, "dec")
 			return statusOf(err) == 404 && items == 0 && mustStats(t, nd).ItemsCached == 0
@@ -326,7 +327,7 @@ func TestDerivedItemsFollowMembership(t *testing.T) {
 		return sum, each
 	}
 	// The old owners hand n3 its share (rehoming, then handoffs on reads).
-	waitFor(t, 20*time.Second, "n3 to hold its share of dec", func() bool {
+	testutil.AwaitWithin(t, 20*time.Second, "n3 to hold its share of dec", func() bool {
 		sum, each := held(all)
 		return sum == n && each[2] > 0
 	})

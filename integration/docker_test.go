@@ -20,6 +20,7 @@ import (
 	"stallfree/client"
 
 	"stallfree/api"
+	"stallfree/internal/testutil"
 )
 
 // The docker tests drive the real docker-compose cluster of docs/api.md ("Deployment"): the
@@ -125,7 +126,7 @@ func startCompose(t *testing.T, profiles ...string) *composeCluster {
 		c.clients[n] = client.New(fmt.Sprintf("http://127.0.0.1:%d", 7171+i), c.token)
 	}
 	c.waitAllAlive(60 * time.Second)
-	waitFor(t, 60*time.Second, "dataset demo registered by node1", func() bool {
+	testutil.AwaitWithin(t, 60*time.Second, "dataset demo registered by node1", func() bool {
 		ds, err := c.clients["node3"].Datasets(context.Background())
 		return err == nil && len(ds) == 1 && ds[0].Items == 600
 	})
@@ -141,7 +142,7 @@ func (c *composeCluster) members(node string) (client.Cluster, error) {
 // waitAllAlive waits until every node lists all three alive and a leader.
 func (c *composeCluster) waitAllAlive(d time.Duration) {
 	c.t.Helper()
-	waitFor(c.t, d, "three alive members with a leader on every node", func() bool {
+	testutil.AwaitWithin(c.t, d, "three alive members with a leader on every node", func() bool {
 		for n := range c.clients {
 			cl, err := c.members(n)
 			if err != nil || cl.Leader == "" || !slices.Equal(alive(cl), []string{"node1", "node2", "node3"}) {
@@ -233,7 +234,7 @@ func (l *loader) halt() {
 func (l *loader) readsMore(t *testing.T, n int64) {
 	t.Helper()
 	target := l.reads.Load() + n
-	waitFor(t, 120*time.Second, fmt.Sprintf("%d more loader reads", n), func() bool { return l.reads.Load() >= target })
+	testutil.AwaitWithin(t, 120*time.Second, fmt.Sprintf("%d more loader reads", n), func() bool { return l.reads.Load() >= target })
 }
 
 // readAllThrough reads every item through node and checks its bytes.
@@ -273,7 +274,7 @@ func TestDockerCluster(t *testing.T) {
 		l.retarget("node1", "node2")
 		killed := time.Now()
 		c.must("docker", "kill", container("node3"))
-		waitFor(t, 60*time.Second, "node3 out of the member list", func() bool {
+		testutil.AwaitWithin(t, 60*time.Second, "node3 out of the member list", func() bool {
 			cl, err := c.members("node1")
 			return err == nil && !slices.Contains(alive(cl), "node3")
 		})
@@ -287,7 +288,7 @@ func TestDockerCluster(t *testing.T) {
 			t.Fatalf("after docker start: %v", err)
 		}
 		// ...and once it has, node3 owns and caches items again.
-		waitFor(t, 60*time.Second, "node3 caching the items it owns", func() bool {
+		testutil.AwaitWithin(t, 60*time.Second, "node3 caching the items it owns", func() bool {
 			return c.readAllThrough("node3") == nil && c.cachesItems("node3")
 		})
 		l.retarget("node1", "node2", "node3")
@@ -300,7 +301,7 @@ func TestDockerCluster(t *testing.T) {
 		network := project + "_stallfree"
 		cut := time.Now()
 		c.must("docker", "network", "disconnect", network, container("node3"))
-		waitFor(t, 60*time.Second, "node3 seen dead by node1", func() bool {
+		testutil.AwaitWithin(t, 60*time.Second, "node3 seen dead by node1", func() bool {
 			cl, err := c.members("node1")
 			return err == nil && !slices.Contains(alive(cl), "node3")
 		})
@@ -326,7 +327,7 @@ func TestDockerCluster(t *testing.T) {
 		t.Logf("after a %v partition the cluster healed in %v", healing.Sub(cut).Round(time.Second), time.Since(healing).Round(100*time.Millisecond))
 		want := []string{"demo", "majority"}
 		for n, cl := range c.clients {
-			waitFor(t, 30*time.Second, "one catalog on "+n, func() bool {
+			testutil.AwaitWithin(t, 30*time.Second, "one catalog on "+n, func() bool {
 				ds, err := cl.Datasets(ctx)
 				var names []string
 				for _, d := range ds {
@@ -345,7 +346,7 @@ func TestDockerCluster(t *testing.T) {
 		l.maxWait.Store(0)
 		c.must("docker", "pause", container("node2"))
 		paused := time.Now()
-		waitFor(t, 60*time.Second, "node2 seen dead", func() bool {
+		testutil.AwaitWithin(t, 60*time.Second, "node2 seen dead", func() bool {
 			cl, err := c.members("node1")
 			return err == nil && !slices.Contains(alive(cl), "node2")
 		})
@@ -409,7 +410,7 @@ func TestDockerS3Profile(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 120*time.Second, "the S3 warm-up", func() bool {
+	testutil.AwaitWithin(t, 120*time.Second, "the S3 warm-up", func() bool {
 		done := 0
 		for _, cl := range c.clients {
 			p, err := cl.Warmup(ctx, "demo-s3")

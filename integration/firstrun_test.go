@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"stallfree/internal/testutil"
 )
 
 // A second cachenode on a live node's --data-dir exits within seconds naming
@@ -23,8 +25,8 @@ func TestSecondNodeOnADataDirIsRefused(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "plain", "cachenode"), "--name", "n1b", "--bootstrap",
-		"--data-dir", n1.dataDir, "--http", freePort(t, "127.0.0.1"), "--peer", freePort(t, "127.0.0.1"),
-		"--gossip", freePort(t, "127.0.0.1"), "--raft", freePort(t, "127.0.0.1"), "--fast-timers")
+		"--data-dir", n1.dataDir, "--http", testutil.FreeAddrOn(t, "127.0.0.1"), "--peer", testutil.FreeAddrOn(t, "127.0.0.1"),
+		"--gossip", testutil.FreeAddrOn(t, "127.0.0.1"), "--raft", testutil.FreeAddrOn(t, "127.0.0.1"), "--fast-timers")
 	began := time.Now()
 	out, err := cmd.CombinedOutput()
 	if err == nil || ctx.Err() != nil {
@@ -51,6 +53,7 @@ func TestSecondNodeOnADataDirIsRefused(t *testing.T) {
 // catalog reads answer 503 with Retry-After and a JSON error until it has
 // applied what the leader had, then the full list.
 func TestRestartedFollowerListsNoPartialCatalog(t *testing.T) {
+	testutil.Long(t)
 	dir, _ := dataset(t, 20, 500)
 	nodes := startCluster(t, clusterOpts{nodes: 3})
 	register(t, nodes[0], "ds0", dir)
@@ -77,7 +80,7 @@ func TestRestartedFollowerListsNoPartialCatalog(t *testing.T) {
 	follower.start()
 
 	busy, partial := 0, 0
-	waitFor(t, 60*time.Second, follower.name+" listing every dataset", func() bool {
+	testutil.AwaitWithin(t, 60*time.Second, follower.name+" listing every dataset", func() bool {
 		resp, err := http.Get("http://" + follower.http + "/v1/datasets")
 		if err != nil {
 			return false
@@ -186,7 +189,7 @@ func TestHealthyStartLogsNoWarnings(t *testing.T) {
 	if last := strings.TrimSpace(string(out)); !strings.Contains(last, fmt.Sprintf("warmed %d of %d items", len(files), len(files))) {
 		t.Errorf("no last line with the count: %q", out)
 	}
-	waitFor(t, 30*time.Second, "every node ready", func() bool {
+	testutil.AwaitWithin(t, 30*time.Second, "every node ready", func() bool {
 		for _, n := range nodes {
 			resp, err := http.Get("http://" + n.http + "/readyz")
 			if err != nil {
@@ -203,7 +206,7 @@ func TestHealthyStartLogsNoWarnings(t *testing.T) {
 
 	// Real trouble: a peer killed. The survivors must say so.
 	nodes[2].kill()
-	waitFor(t, 60*time.Second, "n3 seen dead", func() bool {
+	testutil.AwaitWithin(t, 60*time.Second, "n3 seen dead", func() bool {
 		for _, m := range mustCluster(t, n1).Members {
 			if m.Name == "n3" {
 				return m.State != "alive"

@@ -23,6 +23,7 @@ import (
 
 	"stallfree/api"
 	"stallfree/clusterauth"
+	"stallfree/internal/testutil"
 )
 
 // Each test here is an attack that once worked against a live node, run
@@ -43,7 +44,7 @@ func (s authedStream) Dial(addr raft.ServerAddress, timeout time.Duration) (net.
 // catalog, its --dataset flags registered.
 func waitReady(t *testing.T, n *proc) {
 	t.Helper()
-	waitFor(t, 30*time.Second, n.name+" ready", func() bool {
+	testutil.AwaitWithin(t, 30*time.Second, n.name+" ready", func() bool {
 		return n.c.JSON(context.Background(), http.MethodGet, "/readyz", nil, nil) == nil
 	})
 }
@@ -81,6 +82,7 @@ func leaderOf(t *testing.T, nodes []*proc) *proc {
 // answer and changes nothing: before, forged AppendEntries were applied (a
 // dataset deleted, /etc registered, /etc/shadow served).
 func TestForgedRaftRPCsAreRefused(t *testing.T) {
+	testutil.Long(t)
 	const key = "0123456789abcdef0123456789abcdef"
 	dir, files := dataset(t, 20, 1000)
 	nodes := startCluster(t, clusterOpts{nodes: 2, key: key})
@@ -212,6 +214,7 @@ func flood(t *testing.T, addr string, n int) []net.Conn {
 // Now both ports refuse what is over their share and serve again as soon as
 // the flood ends.
 func TestFDExhaustionLeavesNodeServing(t *testing.T) {
+	testutil.Long(t)
 	if _, err := os.Stat("/usr/bin/prlimit"); err != nil {
 		t.Fatal("prlimit (util-linux) is needed for this test")
 	}
@@ -225,7 +228,7 @@ func TestFDExhaustionLeavesNodeServing(t *testing.T) {
 	if _, err := a.c.StartWarmup(ctx, "ds"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "n1's share cached", func() bool {
+	testutil.AwaitWithin(t, 30*time.Second, "n1's share cached", func() bool {
 		s, err := a.c.Stats(ctx)
 		return err == nil && s.ItemsCached > 0
 	})
@@ -241,11 +244,11 @@ func TestFDExhaustionLeavesNodeServing(t *testing.T) {
 		c.Close()
 	}
 	start := time.Now()
-	waitFor(t, 5*time.Second, "n1 serving again", func() bool {
+	testutil.AwaitWithin(t, 5*time.Second, "n1 serving again", func() bool {
 		return readAll(ctx, a, "ds", files, len(files), 2) == nil
 	})
 	// n2 reads n1's items over the peer port again.
-	waitFor(t, 5*time.Second, "peer fetches from n1 again", func() bool {
+	testutil.AwaitWithin(t, 5*time.Second, "peer fetches from n1 again", func() bool {
 		before, err := b.c.Stats(ctx)
 		if err != nil || readAll(ctx, b, "ds", files, len(files), 3) != nil {
 			return false
@@ -261,6 +264,7 @@ func TestFDExhaustionLeavesNodeServing(t *testing.T) {
 // --max-inflight-bytes: the batches over it wait (503 + Retry-After, which
 // the Go client honours) and peak RSS stays near --memory + that bound.
 func TestConcurrentHugeBatchesStayInBudget(t *testing.T) {
+	testutil.Long(t)
 	const items, size = 120, 256 << 10 // ~30 MiB of items
 	const memory, inflight = 8 << 20, 40 << 20
 	dir, files := dataset(t, items, size)
@@ -322,6 +326,7 @@ func TestConcurrentHugeBatchesStayInBudget(t *testing.T) {
 // made 9,901 threads and then the fd limit killed the node. Now only regular
 // files are read, and every read is bounded by --storage-timeout.
 func TestFIFOInDatasetAnswersInTime(t *testing.T) {
+	testutil.Long(t)
 	dir, files := dataset(t, 10, 1000)
 	n := startNode(t, nodeOpts{name: "solo", bootstrap: true, extra: []string{"--storage-timeout", "2s"}})
 	register(t, n, "ds", dir)
@@ -495,7 +500,7 @@ func TestReadsPinOnlyTheNextEpochOnce(t *testing.T) {
 
 // /readyz says why a node is not ready while /healthz says it is up.
 func TestReadyzWaitsForJoin(t *testing.T) {
-	n := startNode(t, nodeOpts{name: "lonely", join: []string{freePort(t, "127.0.0.1")}})
+	n := startNode(t, nodeOpts{name: "lonely", join: []string{testutil.FreeAddrOn(t, "127.0.0.1")}})
 	resp, err := http.Get("http://" + n.http + "/readyz")
 	body := readBody(t, resp, err)
 	if resp.StatusCode != http.StatusServiceUnavailable || !bytes.Contains(body, []byte("not joined")) {

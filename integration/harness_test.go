@@ -7,7 +7,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +17,7 @@ import (
 	"time"
 
 	"stallfree/client"
+	"stallfree/internal/testutil"
 )
 
 var binDir string
@@ -47,16 +47,6 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
-}
-
-func freePort(t *testing.T, host string) string {
-	t.Helper()
-	l, err := net.Listen("tcp", host+":0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 // proc is one cachenode process.
@@ -93,7 +83,7 @@ type nodeOpts struct {
 	logLevel  string    // warn when empty
 	env       []string  // added to the test's environment
 	host      *testHost // run in this test host's network namespace, on its own address
-	// defaultTimers leaves out --fast-timers: gossip and raft as deployed.
+	// defaultTimers leaves out --timing local: gossip and raft as deployed.
 	defaultTimers bool
 }
 
@@ -120,7 +110,7 @@ func startNode(t *testing.T, o nodeOpts) *proc {
 	p.args = []string{"--name", o.name, "--data-dir", p.dataDir, "--memory", o.memory, "--policy", o.policy,
 		"--log-level", o.logLevel}
 	if !o.defaultTimers {
-		p.args = append(p.args, "--fast-timers")
+		p.args = append(p.args, "--timing", "local")
 	}
 	if o.bootstrap {
 		p.args = append(p.args, "--bootstrap")
@@ -153,9 +143,9 @@ func (p *proc) pickPorts() {
 		p.c = client.New(p.http, p.token)
 		return
 	}
-	p.http, p.peer, p.raft = freePort(p.t, "127.0.0.1"), freePort(p.t, "127.0.0.1"), freePort(p.t, "127.0.0.1")
+	p.http, p.peer, p.raft = testutil.FreeAddrOn(p.t, "127.0.0.1"), testutil.FreeAddrOn(p.t, "127.0.0.1"), testutil.FreeAddrOn(p.t, "127.0.0.1")
 	if !p.fixedGossip {
-		p.gossip = freePort(p.t, "127.0.0.1")
+		p.gossip = testutil.FreeAddrOn(p.t, "127.0.0.1")
 	}
 	p.c = client.New(p.http, p.token)
 }
@@ -177,7 +167,7 @@ func (p *proc) start() {
 		exited := make(chan struct{})
 		go func() { cmd.Wait(); close(exited) }()
 		p.cmd, p.exited = cmd, exited
-		healthy := awaitCond(30*time.Second, func() bool {
+		healthy := testutil.Within(30*time.Second, func() bool {
 			select {
 			case <-exited:
 				return true
@@ -232,26 +222,6 @@ func (p *proc) stop() {
 		p.t.Logf("log of %s:\n%s", p.name, p.log.String())
 	}
 	p.cmd = nil
-}
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	if !awaitCond(d, cond) {
-		t.Fatalf("timed out after %v waiting for %s", d, what)
-	}
-}
-
-// awaitCond polls cond until it holds (true) or d passes (false).
-func awaitCond(d time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return true
 }
 
 // dataset writes n random files and returns the directory and contents.

@@ -27,6 +27,7 @@ import (
 
 	"stallfree/api"
 	"stallfree/client"
+	"stallfree/internal/testutil"
 	"stallfree/locality"
 )
 
@@ -100,7 +101,7 @@ func awaitConverged(t *testing.T, nodes []*proc, want []string, d time.Duration)
 	start := time.Now()
 	var last string
 	report := start.Add(3 * time.Second)
-	if !awaitCond(d, func() bool {
+	if !testutil.Within(d, func() bool {
 		ok, why := converged(nodes, want)
 		if !ok && time.Now().After(report) {
 			// What a slow convergence waits on, for the record.
@@ -164,7 +165,7 @@ func detectionTimes(t *testing.T, nodes []*proc, gone string, d time.Duration) (
 	start := time.Now()
 	seen := map[string]time.Duration{}
 	var slowest time.Duration
-	waitFor(t, d, "every node to see "+gone+" fail", func() bool {
+	testutil.AwaitWithin(t, d, "every node to see "+gone+" fail", func() bool {
 		sweep := time.Now()
 		cls, errs := views(nodes)
 		slowest = max(slowest, time.Since(sweep))
@@ -227,7 +228,7 @@ func TestHostsPartitionedNodeComesBack(t *testing.T) {
 	}
 	// The catalog reached it again: a dataset registered now is known there.
 	register(t, nodes[0], "ds2", dir)
-	waitFor(t, 30*time.Second, "ds2 on the healed node", func() bool {
+	testutil.AwaitWithin(t, 30*time.Second, "ds2 on the healed node", func() bool {
 		d, err := cut.c.Dataset(context.Background(), "ds2")
 		return err == nil && d != nil && d.Items == items
 	})
@@ -251,7 +252,7 @@ func TestHostsSilentGossipKeepsItsItems(t *testing.T) {
 	mutedAt := time.Now()
 	mute.host.muteGossip(port)
 	awaitConverged(t, rest, names(rest), 60*time.Second)
-	waitFor(t, 30*time.Second, "every other node to vouch for the silent member", func() bool {
+	testutil.AwaitWithin(t, 30*time.Second, "every other node to vouch for the silent member", func() bool {
 		for _, n := range rest {
 			if metric(t, n, "stallfree_members_vouched_total") < vouched[n.name]+1 {
 				return false
@@ -274,7 +275,7 @@ func TestHostsSilentGossipKeepsItsItems(t *testing.T) {
 		t.Fatalf("%d storage reads while the silent member was kept: its items should have come from it", got-sources)
 	}
 	// Gossip stays silent: the others drop it after the voucher's limit.
-	waitFor(t, 60*time.Second, "the silent member to leave every ring", func() bool {
+	testutil.AwaitWithin(t, 60*time.Second, "the silent member to leave every ring", func() bool {
 		for _, n := range rest {
 			if metric(t, n, "stallfree_ring_changes_total") < rings[n.name]+1 {
 				return false
@@ -348,7 +349,7 @@ func TestHostsJoinLeaveStorm(t *testing.T) {
 		awaitConverged(t, nodes, names(nodes), 60*time.Second)
 	}
 	before := reads.Load()
-	waitFor(t, 30*time.Second, "the loader to read on after the storm", func() bool { return reads.Load() > before+200 })
+	testutil.AwaitWithin(t, 30*time.Second, "the loader to read on after the storm", func() bool { return reads.Load() > before+200 })
 	cancel()
 	wg.Wait()
 	for range stable {
@@ -391,7 +392,7 @@ func TestHostsWarmupRightAfterForming(t *testing.T) {
 		// The warm-up covers every item even when members were still
 		// arriving: a node that warmed before the ring settled hands the
 		// rest on (cachectl warms again until all is held).
-		waitFor(t, 60*time.Second, "every item cached", func() bool { return sumStats(t, nodes).ItemsCached >= items })
+		testutil.AwaitWithin(t, 60*time.Second, "every item cached", func() bool { return sumStats(t, nodes).ItemsCached >= items })
 		t.Logf("FIGURE warm-up round %d: registered and warmed %d items on %d fresh hosts in %.1fs (cachectl: %d/%d in %.1fs)",
 			round, items, hosts, time.Since(start).Seconds(), w.Done, w.Total, w.Seconds)
 		checkHeldOnceByOwner(t, nodes, "ds", keys, files)
@@ -617,7 +618,7 @@ func warmAll(t *testing.T, nodes []*proc, ds string, items int) {
 	}
 	// Done when no node is warming any more and the cluster holds the
 	// dataset once (copies of earlier rings moved on: node/rehome.go).
-	if awaitCond(120*time.Second, func() bool {
+	if testutil.Within(120*time.Second, func() bool {
 		for _, n := range nodes {
 			if p, err := n.c.Warmup(context.Background(), ds); err != nil || p.Running {
 				return false
@@ -685,7 +686,7 @@ func checkHeldOnceByOwner(t *testing.T, nodes []*proc, ds string, keys []string,
 	// Copies left on owners of earlier rings move to the owner once
 	// membership settles (node/rehome.go).
 	var cached int
-	if !awaitCond(60*time.Second, func() bool { cached = sumStats(t, nodes).ItemsCached; return cached == len(keys) }) {
+	if !testutil.Within(60*time.Second, func() bool { cached = sumStats(t, nodes).ItemsCached; return cached == len(keys) }) {
 		per := ""
 		for _, n := range nodes {
 			per += fmt.Sprintf(" %s:%d", n.name, mustStats(t, n).ItemsCached)

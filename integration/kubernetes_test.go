@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"stallfree/internal/testutil"
 )
 
 // Three cachenode processes configured as the StatefulSet's pods are
@@ -18,10 +20,11 @@ import (
 // instead of founding a second cluster. (The pods' DNS name that resolves
 // to many addresses is node's TestPodsJoinThroughANameOfManyAddresses.)
 func TestStatefulSetBootstrapRule(t *testing.T) {
+	testutil.Long(t)
 	names := []string{"stallfree-0", "stallfree-1", "stallfree-2"}
 	var gossip, join []string
 	for range names {
-		addr := freePort(t, "127.0.0.1")
+		addr := testutil.FreeAddrOn(t, "127.0.0.1")
 		gossip = append(gossip, addr)
 		join = append(join, "localhost:"+addr[len("127.0.0.1:"):])
 	}
@@ -32,7 +35,7 @@ func TestStatefulSetBootstrapRule(t *testing.T) {
 	}
 	p2, p1 := pod(2), pod(1)
 	// They find each other, but neither may bootstrap: no leader, not ready.
-	waitFor(t, 30*time.Second, "the joiners to see each other", func() bool {
+	testutil.AwaitWithin(t, 30*time.Second, "the joiners to see each other", func() bool {
 		cl, err := p1.c.Cluster(context.Background())
 		return err == nil && slices.Equal(alive(cl), names[1:])
 	})
@@ -64,7 +67,7 @@ func TestStatefulSetBootstrapRule(t *testing.T) {
 		}
 		return len(leaders) == 1
 	}
-	waitFor(t, 30*time.Second, "one cluster of three voters", threeVoters)
+	testutil.AwaitWithin(t, 30*time.Second, "one cluster of three voters", threeVoters)
 
 	dir, _ := dataset(t, 20, 500)
 	if _, err := p2.c.PutDataset(context.Background(), "ds", dir); err != nil {
@@ -74,12 +77,12 @@ func TestStatefulSetBootstrapRule(t *testing.T) {
 	p0.stop()
 	p0.start()
 	waitMembers(t, nodes, names)
-	waitFor(t, 30*time.Second, "one cluster of three voters after ordinal 0 restarted", threeVoters)
+	testutil.AwaitWithin(t, 30*time.Second, "one cluster of three voters after ordinal 0 restarted", threeVoters)
 	waitReady(t, p0)
 	// A restarted follower may answer ready before the leader's next append
 	// tells it the commit index (TestRestartedFollowerNeverAnswers404), so
 	// its own listing is awaited: a second cluster would never list it.
-	waitFor(t, 30*time.Second, "ordinal 0 to list the cluster's dataset after its restart", func() bool {
+	testutil.AwaitWithin(t, 30*time.Second, "ordinal 0 to list the cluster's dataset after its restart", func() bool {
 		ds, err := p0.c.Datasets(context.Background())
 		return err == nil && len(ds) == 1 && ds[0].Name == "ds" && ds[0].Items == 20
 	})

@@ -13,6 +13,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"stallfree/api"
+	"stallfree/internal/testutil"
 )
 
 func rankOrder(t *testing.T, n *proc, job string, epoch, rank int) api.RankOrder {
@@ -25,6 +26,7 @@ func rankOrder(t *testing.T, n *proc, job string, epoch, rank int) api.RankOrder
 }
 
 func TestLocalityAwareOrders(t *testing.T) {
+	testutil.Long(t)
 	const items, world, batch = 5000, 4, 256
 	dir, files := dataset(t, items, 1024)
 	keys := make([]string, 0, items)
@@ -45,7 +47,7 @@ func TestLocalityAwareOrders(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 60*time.Second, "warm-up", func() bool { return sumStats(t, nodes).ItemsCached == items })
+	testutil.AwaitWithin(t, 60*time.Second, "warm-up", func() bool { return sumStats(t, nodes).ItemsCached == items })
 
 	var prev [][]int
 	for epoch := range 2 {
@@ -174,6 +176,7 @@ func jobBatch(t *testing.T, n *proc, job string, epoch, rank, b int) []batchItem
 // epoch's orders stay those pinned when it began, on every node, and the next
 // epoch is again a partition of the dataset.
 func TestOrdersSurviveMembershipChange(t *testing.T) {
+	testutil.Long(t)
 	const items = 600
 	dir, _ := dataset(t, items, 256)
 	nodes := startCluster(t, clusterOpts{nodes: 2})

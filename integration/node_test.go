@@ -10,6 +10,7 @@ import (
 	"stallfree/client"
 
 	"stallfree/api"
+	"stallfree/internal/testutil"
 )
 
 // A node killed with SIGKILL and restarted on the same --data-dir comes back
@@ -18,7 +19,7 @@ func TestCatalogSurvivesRestart(t *testing.T) {
 	dir, files := dataset(t, 20, 2000)
 	n := startNode(t, nodeOpts{name: "solo", bootstrap: true, extra: []string{"--dataset", "boot=" + dir}})
 	ctx := context.Background()
-	waitFor(t, 20*time.Second, "dataset from --dataset", func() bool {
+	testutil.AwaitWithin(t, 20*time.Second, "dataset from --dataset", func() bool {
 		ds, err := n.c.Datasets(ctx)
 		return err == nil && len(ds) == 1
 	})
@@ -35,7 +36,7 @@ func TestCatalogSurvivesRestart(t *testing.T) {
 	n.kill()
 	n.start()
 	var after []client.Dataset
-	waitFor(t, 20*time.Second, "catalog after restart", func() bool {
+	testutil.AwaitWithin(t, 20*time.Second, "catalog after restart", func() bool {
 		var err error
 		after, err = n.c.Datasets(ctx)
 		return err == nil && len(after) == 2
@@ -59,10 +60,11 @@ func TestCatalogSurvivesRestart(t *testing.T) {
 
 // Many loaders missing on the same items at once cause one storage read per item.
 func TestConcurrentMissesReadOnce(t *testing.T) {
+	testutil.Long(t)
 	dir, files := dataset(t, 100, 30000)
 	n := startNode(t, nodeOpts{name: "solo", bootstrap: true})
 	ctx := context.Background()
-	waitFor(t, 20*time.Second, "leader", func() bool {
+	testutil.AwaitWithin(t, 20*time.Second, "leader", func() bool {
 		_, err := n.c.PutDataset(ctx, "ds", dir)
 		return err == nil
 	})

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"stallfree/internal/testutil"
 )
 
 // writeSparse writes items empty-block files of 4 KiB under dir, 1000 a
@@ -72,6 +74,7 @@ func vmRSS(t *testing.T, pid int) int64 {
 // manifest's (~20-30 B an item), not the listing's and the decoded chunks'
 // (~280 B an item on the leader, ~100 on a follower before, at 2 M items).
 func TestRegistrationMemoryIsReturned(t *testing.T) {
+	testutil.Long(t)
 	const items = 400_000
 	const limit = 64 // bytes of RSS per item, the goal
 	dir := t.TempDir()
@@ -88,12 +91,12 @@ func TestRegistrationMemoryIsReturned(t *testing.T) {
 	perItem := func(i int) float64 {
 		return float64(vmRSS(t, nodes[i].cmd.Process.Pid)-before[i]) / items
 	}
-	waitFor(t, 10*time.Second, "the follower's catalog", func() bool {
+	testutil.AwaitWithin(t, 10*time.Second, "the follower's catalog", func() bool {
 		d, err := nodes[1].c.Dataset(context.Background(), "big")
 		return err == nil && d.Items == items
 	})
 	first := []float64{perItem(0), perItem(1)}
-	ok := awaitCond(10*time.Second-time.Since(registered), func() bool { return perItem(0) <= limit && perItem(1) <= limit })
+	ok := testutil.Within(10*time.Second-time.Since(registered), func() bool { return perItem(0) <= limit && perItem(1) <= limit })
 	t.Logf("RSS per item: leader %.0f B, follower %.0f B at first; %.0f B and %.0f B %.1f s after the registration",
 		first[0], first[1], perItem(0), perItem(1), time.Since(registered).Seconds())
 	if !ok {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"stallfree/api"
+	"stallfree/internal/testutil"
 )
 
 // A 4-rank job interrupted mid-epoch resumes as 3 ranks on 3 nodes (the
@@ -15,6 +16,7 @@ import (
 // the new ones, each exactly once, in equal shares, mostly local; any node
 // gives the same orders; the next epoch is a plain 3-rank epoch.
 func TestResizedJobResumesTheInterruptedEpoch(t *testing.T) {
+	testutil.Long(t)
 	const items, batch, position = 6000, 256, 512
 	dir, _ := dataset(t, items, 256)
 	nodes := startCluster(t, clusterOpts{nodes: 4})
@@ -32,7 +34,7 @@ func TestResizedJobResumesTheInterruptedEpoch(t *testing.T) {
 	}
 
 	nodes[3].kill()
-	waitFor(t, 30*time.Second, "three members alive", func() bool {
+	testutil.AwaitWithin(t, 30*time.Second, "three members alive", func() bool {
 		cl, err := nodes[0].c.Cluster(ctx)
 		return err == nil && len(alive(cl)) == 3
 	})
@@ -114,7 +116,7 @@ func TestResizedJobResumesTheInterruptedEpoch(t *testing.T) {
 	// After a leader change, the resumed orders are the same: they come from
 	// the catalog alone. (The dead fourth voter is first removed from raft,
 	// so two of the remaining three keep a quorum.)
-	waitFor(t, 60*time.Second, "the dead node out of the raft configuration", func() bool {
+	testutil.AwaitWithin(t, 60*time.Second, "the dead node out of the raft configuration", func() bool {
 		cl, err := nodes[0].c.Cluster(ctx)
 		if err != nil {
 			return false
@@ -149,7 +151,7 @@ func TestResizedJobResumesTheInterruptedEpoch(t *testing.T) {
 	if len(rest) != 2 {
 		t.Fatalf("leader %q is not one of the three live nodes", cl.Leader)
 	}
-	waitFor(t, 60*time.Second, "a new leader", func() bool {
+	testutil.AwaitWithin(t, 60*time.Second, "a new leader", func() bool {
 		cl, err := rest[0].c.Cluster(ctx)
 		return err == nil && slices.Contains(names(rest), cl.Leader)
 	})

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"stallfree/api"
+	"stallfree/internal/testutil"
 	"stallfree/miniotest"
 )
 
@@ -27,6 +28,7 @@ func apiStatus(err error) int {
 // serves every object byte-exact; storage errors come back as the contract
 // says, and MinIO stopping costs only what was not cached.
 func TestS3DatasetOnThreeNodes(t *testing.T) {
+	testutil.Long(t)
 	const items = 2000
 	srv := miniotest.Start(t)
 	srv.Bucket("train")
@@ -54,7 +56,7 @@ func TestS3DatasetOnThreeNodes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 60*time.Second, "warm-up", func() bool {
+	testutil.AwaitWithin(t, 60*time.Second, "warm-up", func() bool {
 		for _, n := range nodes {
 			p, err := n.c.Warmup(ctx, "ds")
 			if err != nil || p.Running || p.Done != p.Total {
@@ -167,7 +169,7 @@ func TestS3DatasetOnThreeNodes(t *testing.T) {
 	}
 	t.Logf("uncached item with S3 down: %v after %v", err, time.Since(start).Round(time.Millisecond))
 	srv.Restart()
-	waitFor(t, 30*time.Second, "an uncached item once S3 is back", func() bool {
+	testutil.AwaitWithin(t, 30*time.Second, "an uncached item once S3 is back", func() bool {
 		it, err := nodes[1].c.ItemByIndex(ctx, "cold", uncached)
 		return err == nil && string(it.Data) == string(small[it.Key])
 	})

@@ -17,6 +17,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"stallfree/api"
+	"stallfree/internal/testutil"
 )
 
 // overSocket is an HTTP client that reaches whatever host it is asked for
@@ -85,7 +86,7 @@ func TestSocketServesTheAPIWithTheToken(t *testing.T) {
 	// Items of 20-60 KB: over gatherMin, so each leaves with its headers in
 	// one writev, as over TCP.
 	dir, files := dataset(t, 20, 40000)
-	waitFor(t, 20*time.Second, "a leader to register the dataset", func() bool {
+	testutil.AwaitWithin(t, 20*time.Second, "a leader to register the dataset", func() bool {
 		_, err := n.c.PutDataset(context.Background(), "ds", dir)
 		return err == nil
 	})
@@ -133,8 +134,8 @@ func TestSocketOffAndInUse(t *testing.T) {
 	live := startNode(t, nodeOpts{name: "live", bootstrap: true})
 	sock := filepath.Join(live.dataDir, "stallfree.sock")
 	cmd := exec.Command(filepath.Join(binDir, "cachenode"), "--name", "second", "--bootstrap",
-		"--data-dir", t.TempDir(), "--socket", sock, "--http", freePort(t, "127.0.0.1"), "--peer", freePort(t, "127.0.0.1"),
-		"--gossip", freePort(t, "127.0.0.1"), "--raft", freePort(t, "127.0.0.1"), "--fast-timers")
+		"--data-dir", t.TempDir(), "--socket", sock, "--http", testutil.FreeAddrOn(t, "127.0.0.1"), "--peer", testutil.FreeAddrOn(t, "127.0.0.1"),
+		"--gossip", testutil.FreeAddrOn(t, "127.0.0.1"), "--raft", testutil.FreeAddrOn(t, "127.0.0.1"), "--fast-timers")
 	out, err := cmd.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "--socket: socket "+sock+" is in use by another process") {
 		t.Errorf("second node on a live socket: err %v, output:\n%s", err, out)

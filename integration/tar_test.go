@@ -20,6 +20,7 @@ import (
 
 	"stallfree/api"
 	"stallfree/client"
+	"stallfree/internal/testutil"
 )
 
 // wds is a WebDataset written for a test: shards by Go's archive/tar plus one
@@ -149,6 +150,7 @@ func sameSample(a, b client.Sample) bool {
 // maps and batches, a warm-up that reads each shard once cluster-wide and
 // keeps each sample on one node, and job orders over samples that stay local.
 func TestTarDatasetOnACluster(t *testing.T) {
+	testutil.Long(t)
 	const samples, world, batch = 2048, 4, 256
 	w := makeWDS(t, samples, 300, 1024)
 	nodes := startCluster(t, clusterOpts{nodes: world})
@@ -182,7 +184,7 @@ func TestTarDatasetOnACluster(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 60*time.Second, "warm-up", func() bool { return sumStats(t, nodes).ItemsCached == len(w.keys) })
+	testutil.AwaitWithin(t, 60*time.Second, "warm-up", func() bool { return sumStats(t, nodes).ItemsCached == len(w.keys) })
 	warmed := sumStats(t, nodes)
 	var sourceBytes, pushed uint64
 	for _, n := range nodes {
@@ -325,7 +327,7 @@ func TestTarTruncatedShardRegistersNothing(t *testing.T) {
 	n := startNode(t, nodeOpts{name: "n1", bootstrap: true})
 	ctx := context.Background()
 	var regErr error
-	waitFor(t, 30*time.Second, "an answer from the leader", func() bool {
+	testutil.AwaitWithin(t, 30*time.Second, "an answer from the leader", func() bool {
 		_, regErr = n.c.PutDataset(ctx, "wds", "tar+dir://"+w.dir)
 		return regErr == nil || !strings.Contains(regErr.Error(), "leader")
 	})

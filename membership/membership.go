@@ -58,15 +58,75 @@ type Config struct {
 	Join      []string
 	SecretKey []byte // 16, 24 or 32 bytes: AES-GCM on all gossip
 	Meta      Meta
-	Fast      bool // loopback timers for tests
 	Logger    *slog.Logger
-	// RejoinInterval re-contacts seeds and lost members so a cluster heals
-	// after a partition longer than memberlist remembers the dead.
-	RejoinInterval time.Duration
+	// Timing is how fast gossip probes, suspects and spreads: LANTiming (the
+	// zero Timing means it) or LocalTiming.
+	Timing Timing
 	// Resolver looks up the host names among the Join seeds (host:port),
 	// again on every attempt; a name joins every address it resolves to.
 	// nil: the system's resolver.
 	Resolver discovery.Resolver
+}
+
+// Timing is a gossip timing profile: memberlist's own, with what this
+// project changes in it. Each field is memberlist.Config's of that name but
+// RejoinInterval.
+type Timing struct {
+	ProbeInterval       time.Duration
+	ProbeTimeout        time.Duration
+	SuspicionMult       int
+	GossipInterval      time.Duration
+	PushPullInterval    time.Duration
+	GossipToTheDeadTime time.Duration
+	TCPTimeout          time.Duration
+	IndirectChecks      int
+	RetransmitMult      int
+	// RejoinInterval re-contacts seeds and lost members so a cluster heals
+	// after a partition longer than memberlist remembers the dead.
+	RejoinInterval time.Duration
+}
+
+func timingOf(mc *memberlist.Config, rejoin time.Duration) Timing {
+	return Timing{ProbeInterval: mc.ProbeInterval, ProbeTimeout: mc.ProbeTimeout, SuspicionMult: mc.SuspicionMult,
+		GossipInterval: mc.GossipInterval, PushPullInterval: mc.PushPullInterval, GossipToTheDeadTime: mc.GossipToTheDeadTime,
+		TCPTimeout: mc.TCPTimeout, IndirectChecks: mc.IndirectChecks, RetransmitMult: mc.RetransmitMult, RejoinInterval: rejoin}
+}
+
+// LANTiming is memberlist's DefaultLANConfig, probing faster. A training
+// cluster is one LAN of at most a few hundred hosts, and a host lost is a
+// rank stalled on peer timeouts until the ring moves: probe twice as often
+// as memberlist's LAN default and suspect for 3·log10(n) probe intervals
+// instead of 4 (measured on the 32-host testbed: dead everywhere in ~5 s
+// instead of 11-17 s; docs/hosts.md). Lifeguard's local health still
+// stretches both on a slow node.
+func LANTiming() Timing {
+	t := timingOf(memberlist.DefaultLANConfig(), 10*time.Second)
+	t.ProbeInterval, t.ProbeTimeout, t.SuspicionMult = 500*time.Millisecond, 300*time.Millisecond, 3
+	return t
+}
+
+// LocalTiming is memberlist's DefaultLocalConfig, faster still: members on
+// one host (loopback tests and demos) see a stopped member dead within about
+// a second.
+func LocalTiming() Timing {
+	t := timingOf(memberlist.DefaultLocalConfig(), time.Second)
+	t.ProbeInterval, t.ProbeTimeout, t.SuspicionMult = 200*time.Millisecond, 100*time.Millisecond, 2
+	t.GossipInterval, t.PushPullInterval, t.GossipToTheDeadTime = 50*time.Millisecond, 2*time.Second, 5*time.Second
+	return t
+}
+
+// DefaultLANConfig is a Config with LANTiming; the caller fills in the rest.
+func DefaultLANConfig() Config { return Config{Timing: LANTiming()} }
+
+// DefaultLocalConfig is a Config with LocalTiming; the caller fills in the
+// rest.
+func DefaultLocalConfig() Config { return Config{Timing: LocalTiming()} }
+
+// apply sets t's fields in mc.
+func (t Timing) apply(mc *memberlist.Config) {
+	mc.ProbeInterval, mc.ProbeTimeout, mc.SuspicionMult = t.ProbeInterval, t.ProbeTimeout, t.SuspicionMult
+	mc.GossipInterval, mc.PushPullInterval, mc.GossipToTheDeadTime = t.GossipInterval, t.PushPullInterval, t.GossipToTheDeadTime
+	mc.TCPTimeout, mc.IndirectChecks, mc.RetransmitMult = t.TCPTimeout, t.IndirectChecks, t.RetransmitMult
 }
 
 // Membership is safe for concurrent use.
@@ -102,25 +162,14 @@ func Join(cfg Config) (*Membership, error) {
 	if err != nil {
 		return nil, fmt.Errorf("membership: --gossip port %q: %w", portStr, err)
 	}
-	mc := memberlist.DefaultLANConfig()
-	// A training cluster is one LAN of at most a few hundred hosts, and a
-	// host lost is a rank stalled on peer timeouts until the ring moves:
-	// probe twice as often as memberlist's LAN default and suspect for
-	// 3·log10(n) probe intervals instead of 4 (measured on the 32-host
-	// testbed: dead everywhere in ~5 s instead of 11-17 s; docs/hosts.md).
-	// Lifeguard's local health still stretches both on a slow node.
-	mc.ProbeInterval = 500 * time.Millisecond
-	mc.ProbeTimeout = 300 * time.Millisecond
-	mc.SuspicionMult = 3
-	if cfg.Fast {
-		mc = memberlist.DefaultLocalConfig()
-		mc.ProbeInterval = 200 * time.Millisecond
-		mc.ProbeTimeout = 100 * time.Millisecond
-		mc.SuspicionMult = 2
-		mc.GossipInterval = 50 * time.Millisecond
-		mc.PushPullInterval = 2 * time.Second
-		mc.GossipToTheDeadTime = 5 * time.Second
+	if cfg.Timing == (Timing{}) {
+		cfg.Timing = LANTiming()
 	}
+	if cfg.Timing.RejoinInterval <= 0 {
+		cfg.Timing.RejoinInterval = LANTiming().RejoinInterval
+	}
+	mc := memberlist.DefaultLANConfig()
+	cfg.Timing.apply(mc)
 	mc.Name = cfg.Name
 	mc.BindAddr, mc.BindPort = host, port
 	adv := cfg.Advertise
@@ -155,12 +204,6 @@ func Join(cfg Config) (*Membership, error) {
 			// together: the rejoin loop retries every second, and warns once
 			// the node has been alone for longer than a start takes.
 			m.log.Info("seeds not reachable yet; retrying", "seeds", seeds, "err", err)
-		}
-	}
-	if m.cfg.RejoinInterval == 0 {
-		m.cfg.RejoinInterval = 10 * time.Second
-		if cfg.Fast {
-			m.cfg.RejoinInterval = time.Second
 		}
 	}
 	m.wg.Add(1)
@@ -300,7 +343,7 @@ func (m *Membership) rejoinLoop() {
 	// A node that has no one yet (its seeds were not up when it started)
 	// retries every second; one that has peers re-contacts lost ones at the
 	// configured interval.
-	t := time.NewTicker(min(time.Second, m.cfg.RejoinInterval))
+	t := time.NewTicker(min(time.Second, m.cfg.Timing.RejoinInterval))
 	defer t.Stop()
 	last := time.Now()
 	aloneSince, warned := time.Now(), false
@@ -318,7 +361,7 @@ func (m *Membership) rejoinLoop() {
 		} else {
 			aloneSince, warned = time.Now(), false
 		}
-		if m.ml.NumMembers() > 1 && time.Since(last) < m.cfg.RejoinInterval {
+		if m.ml.NumMembers() > 1 && time.Since(last) < m.cfg.Timing.RejoinInterval {
 			continue
 		}
 		last = time.Now()

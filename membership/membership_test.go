@@ -2,35 +2,16 @@ package membership
 
 import (
 	"log/slog"
-	"net"
 	"slices"
 	"testing"
 	"time"
-)
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	// memberlist binds UDP and TCP on the same port; pick one free for both.
-	for range 20 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr := l.Addr().String()
-		u, err := net.ListenPacket("udp", addr)
-		l.Close()
-		if err == nil {
-			u.Close()
-			return addr
-		}
-	}
-	t.Fatal("no free port")
-	return ""
-}
+	"stallfree/internal/testutil"
+)
 
 func join(t *testing.T, name string, key []byte, seeds ...string) *Membership {
 	t.Helper()
-	m, err := Join(Config{Name: name, Bind: freeAddr(t), Join: seeds, SecretKey: key, Fast: true,
+	m, err := Join(Config{Name: name, Bind: testutil.FreeAddr(t), Join: seeds, SecretKey: key, Timing: LocalTiming(),
 		Meta: Meta{HTTP: "h-" + name, Capacity: 42}, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
@@ -67,8 +48,8 @@ func TestJoinLeaveCrashAndKey(t *testing.T) {
 	// The stranger's gossip cannot be decrypted: it never enters a's list,
 	// and a's never enters the stranger's. Its join fails outright, so there
 	// is nothing to wait for: the lists are as they will stay.
-	stranger, err := Join(Config{Name: "x", Bind: freeAddr(t), Join: []string{seed}, SecretKey: []byte("fedcba9876543210"),
-		Fast: true, Meta: Meta{HTTP: "h-x"}, Logger: slog.New(slog.DiscardHandler)})
+	stranger, err := Join(Config{Name: "x", Bind: testutil.FreeAddr(t), Join: []string{seed}, SecretKey: []byte("fedcba9876543210"),
+		Timing: LocalTiming(), Meta: Meta{HTTP: "h-x"}, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}

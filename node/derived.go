@@ -2,8 +2,8 @@ package node
 
 import (
 	"context"
-	"time"
 
+	"stallfree/api"
 	"stallfree/catalog"
 	"stallfree/derived"
 )
@@ -19,7 +19,8 @@ func (h derivedHost) Owner(d *catalog.Dataset, index int) (string, bool) {
 }
 func (h derivedHost) HTTPAddr(member string) (string, bool) { return h.n.peers.HTTPAddr(member) }
 func (h derivedHost) Members() []string                     { return h.n.peers.Members() }
-func (h derivedHost) IsLeader() bool                        { return h.n.cat.IsLeader() }
-func (h derivedHost) Forward(ctx context.Context, method, path string, body, out any, timeout time.Duration) (int, error) {
-	return h.n.forward(ctx, method, path, body, out, timeout)
+
+// Derive is the catalog write, through the one way to the leader.
+func (h derivedHost) Derive(ctx context.Context, name, parent, stage string) (api.Dataset, bool, error) {
+	return h.n.ctl.Leader().DeriveDataset(ctx, name, parent, stage)
 }

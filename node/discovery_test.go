@@ -21,6 +21,7 @@ import (
 	"stallfree/client"
 	"stallfree/discovery"
 	"stallfree/httpapi"
+	"stallfree/internal/testutil"
 	"stallfree/node"
 )
 
@@ -102,9 +103,9 @@ func pod(t *testing.T, name, ip string, port int, seed string, dns *dnsTable) (*
 	if err != nil {
 		t.Fatal(err)
 	}
-	peer := node.FreeAddr(t)
-	cfg := node.Config{Name: name, HTTPAdvert: ln.Addr().String(), PeerAdvert: peer, PeerBind: peer, RaftBind: node.FreeAddr(t),
-		DataDir: t.TempDir(), Bootstrap: first, Memory: 64 << 20, Policy: "lru", FastRaft: true,
+	peer := testutil.FreeAddr(t)
+	cfg := node.Config{Name: name, HTTPAdvert: ln.Addr().String(), PeerAdvert: peer, PeerBind: peer, RaftBind: testutil.FreeAddr(t),
+		DataDir: t.TempDir(), Bootstrap: first, Memory: 64 << 20, Policy: "lru", Timing: node.LocalTiming(),
 		Logger: slog.New(slog.DiscardHandler), GossipBind: net.JoinHostPort(ip, strconv.Itoa(port)), Advertise: ip,
 		Join: []string{seed}, Resolver: dns}
 	n, err := node.New(cfg)
@@ -145,7 +146,7 @@ func TestPodsJoinThroughANameOfManyAddresses(t *testing.T) {
 		}
 		return cl
 	}
-	node.Await(t, "ordinal 0 to lead the cluster it bootstrapped", func() bool { return view(c0).Leader == "stallfree-0" })
+	testutil.Await(t, "ordinal 0 to lead the cluster it bootstrapped", func() bool { return view(c0).Leader == "stallfree-0" })
 	for i, p := range pods[1:] {
 		if ok, _ := p.Ready(); ok {
 			t.Fatalf("%s is ready though the name lists none of its peers", p.Name())
@@ -159,14 +160,14 @@ func TestPodsJoinThroughANameOfManyAddresses(t *testing.T) {
 	before := dns.count()
 	dns.set("stallfree-headless", dead[0], live[2], live[0], dead[1], live[1])
 	for _, p := range pods {
-		node.Await(t, p.Name()+" to be ready", func() bool { ok, _ := p.Ready(); return ok })
+		testutil.Await(t, p.Name()+" to be ready", func() bool { ok, _ := p.Ready(); return ok })
 	}
 	if dns.count() <= before {
 		t.Fatal("the name was not looked up again after the first attempt")
 	}
 	names := []string{"stallfree-0", "stallfree-1", "stallfree-2"}
 	for i, c := range clients {
-		node.Await(t, names[i]+" to see all three as alive voters of one leader's cluster", func() bool {
+		testutil.Await(t, names[i]+" to see all three as alive voters of one leader's cluster", func() bool {
 			cl := view(c)
 			var got []string
 			for _, m := range cl.Members {
@@ -185,7 +186,7 @@ func TestPodsJoinThroughANameOfManyAddresses(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, c := range clients {
-		node.Await(t, names[i]+" to list the dataset", func() bool {
+		testutil.Await(t, names[i]+" to list the dataset", func() bool {
 			ds, err := c.Datasets(ctx)
 			return err == nil && len(ds) == 1 && ds[0].Name == "ds" && ds[0].Items == 12
 		})

@@ -2,68 +2,60 @@ package node
 
 import (
 	"context"
-	"fmt"
-	"net/url"
 	"time"
 
-	"github.com/valyala/fasthttp"
-
-	"stallfree/api"
 	"stallfree/catalog"
 )
 
 // The node's part in coordinated prep (package groups holds the rules): the
 // catalog's group entries, written through the raft leader like every
-// catalog write, the group's owner on the ring, and the memory budget its
-// staged batches are charged to.
+// catalog write (control.Leader), the group's owner on the ring, and the
+// memory budget its staged batches are charged to.
 
 // groupRingKey is the namespace group names are hashed in on the ring; the
 // NUL keeps it apart from every dataset name.
 const groupRingKey = "\x00groups"
 
+// GroupHost is the node as the groups service sees it (groups.Host): a view,
+// so the node's own method set stays the item path's.
+func (n *Node) GroupHost() GroupHost { return GroupHost{n} }
+
+// GroupHost answers for the node it was taken from.
+type GroupHost struct{ n *Node }
+
+// Name is the node's name.
+func (h GroupHost) Name() string { return h.n.cfg.Name }
+
 // Group returns a group from the local catalog replica.
-func (n *Node) Group(name string) (*catalog.Group, bool) { return n.cat.Group(name) }
+func (h GroupHost) Group(name string) (*catalog.Group, bool) { return h.n.cat.Group(name) }
 
 // Groups lists the groups in the local catalog replica.
-func (n *Node) Groups() []*catalog.Group { return n.cat.Groups() }
+func (h GroupHost) Groups() []*catalog.Group { return h.n.cat.Groups() }
 
-// PutGroup defines a group through the raft leader and waits until this
+// AppliedIndex is the raft index the local catalog has applied.
+func (h GroupHost) AppliedIndex() uint64 { return h.n.cat.AppliedIndex() }
+
+// AwaitApplied waits until the local catalog has applied idx, or ctx ends.
+func (h GroupHost) AwaitApplied(ctx context.Context, idx uint64) bool {
+	return h.n.cat.WaitFor(ctx, func() bool { return h.n.cat.AppliedIndex() >= idx })
+}
+
+// PutGroup defines a group through the raft leader and returns once this
 // node's catalog holds the leader's answer; created is false when the group
 // was defined so already.
-func (n *Node) PutGroup(ctx context.Context, g catalog.Group) (_ *catalog.Group, created bool, _ error) {
-	if n.cat.IsLeader() {
-		old, had := n.cat.Group(g.Name)
-		got, err := n.cat.PutGroup(g)
-		if err != nil {
-			return nil, false, err
-		}
-		return got, !had || old.Version != got.Version, nil
-	}
-	w := g.Window
-	body := api.GroupSpec{Dataset: g.Dataset, Seed: g.Seed, BatchSize: g.BatchSize, Jobs: g.Jobs, Window: &w}
-	code, err := n.forward(ctx, fasthttp.MethodPut, "/v1/groups/"+url.PathEscape(g.Name), body, nil, 30*time.Second)
-	if err != nil {
-		return nil, false, err
-	}
-	got, ok := n.cat.Group(g.Name)
-	if !ok || !got.SameSpec(&g) {
-		return nil, false, &api.Error{Status: fasthttp.StatusServiceUnavailable, Message: fmt.Sprintf("group %q: the leader's write has not reached this node yet; retry", g.Name)}
-	}
-	return got, code == fasthttp.StatusCreated, nil
+func (h GroupHost) PutGroup(ctx context.Context, g catalog.Group) (*catalog.Group, bool, error) {
+	return h.n.ctl.PutGroup(ctx, g)
 }
 
 // DeleteGroup ends a group through the raft leader.
-func (n *Node) DeleteGroup(ctx context.Context, name string) error {
-	if n.cat.IsLeader() {
-		return n.cat.DeleteGroup(name)
-	}
-	_, err := n.forward(ctx, fasthttp.MethodDelete, "/v1/groups/"+url.PathEscape(name), nil, nil, 30*time.Second)
-	return err
+func (h GroupHost) DeleteGroup(ctx context.Context, name string) error {
+	return h.n.ctl.DeleteGroup(ctx, name)
 }
 
 // GroupOwner is the member that stages a group's batches: its HTTP address,
 // and whether it is this node.
-func (n *Node) GroupOwner(group string) (addr string, self bool) {
+func (h GroupHost) GroupOwner(group string) (addr string, self bool) {
+	n := h.n
 	owner := n.peers.Ring().Owner(groupRingKey, group)
 	if owner == "" || owner == n.cfg.Name {
 		return n.cfg.HTTPAdvert, true
@@ -75,17 +67,18 @@ func (n *Node) GroupOwner(group string) (addr string, self bool) {
 	return addr, false
 }
 
-// ClaimMemory charges n bytes held outside the item store against --memory.
-func (n *Node) ClaimMemory(b uint64) bool { return n.store.Claim(b) }
+// ClaimMemory charges b bytes held outside the item store against --memory.
+func (h GroupHost) ClaimMemory(b uint64) bool { return h.n.store.Claim(b) }
 
 // UnclaimMemory gives back bytes of an earlier ClaimMemory.
-func (n *Node) UnclaimMemory(b uint64) { n.store.Unclaim(b) }
+func (h GroupHost) UnclaimMemory(b uint64) { h.n.store.Unclaim(b) }
 
 // AwaitCatalog waits until cond holds on this node's catalog, or the
 // catalog has applied everything this node knows the leader committed (so a
 // cond still false is false cluster-wide), or ctx ends; it reports whether
 // cond holds.
-func (n *Node) AwaitCatalog(ctx context.Context, cond func() bool) bool {
+func (h GroupHost) AwaitCatalog(ctx context.Context, cond func() bool) bool {
+	n := h.n
 	// Polled as well as woken by changes: raft's own entries (no-ops,
 	// configuration) move the commit index without a change of the catalog.
 	t := time.NewTicker(20 * time.Millisecond)
@@ -105,11 +98,4 @@ func (n *Node) AwaitCatalog(ctx context.Context, cond func() bool) bool {
 		case <-t.C:
 		}
 	}
-}
-
-// AwaitApplied waits until this node's catalog has applied raft index idx
-// (what another node had applied when it relayed a request here), or ctx
-// ends.
-func (n *Node) AwaitApplied(ctx context.Context, idx uint64) bool {
-	return n.cat.WaitFor(ctx, func() bool { return n.cat.AppliedIndex() >= idx })
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"math"
 	"slices"
 	"strings"
@@ -17,13 +16,13 @@ import (
 
 	"stallfree/api"
 	"stallfree/catalog"
-	"stallfree/locality"
-	"stallfree/source"
+	"stallfree/control"
+	"stallfree/internal/testutil"
 )
 
 func putJob(t *testing.T, n *Node, j api.Job) api.Job {
 	t.Helper()
-	got, err := n.PutJob(context.Background(), j)
+	got, err := n.Control().PutJob(context.Background(), j)
 	if err != nil {
 		t.Fatalf("PutJob %+v: %v", j, err)
 	}
@@ -35,13 +34,13 @@ func putJob(t *testing.T, n *Node, j api.Job) api.Job {
 func TestJobRegistration(t *testing.T) {
 	n, _, _ := startNode(t, 20, 8, 1<<20, false)
 	ctx := context.Background()
-	if _, err := n.PutJob(ctx, api.Job{Name: "j", Dataset: "ds", WorldSize: 0, BatchSize: 4}); !errors.Is(err, ErrBadRequest) {
+	if _, err := n.Control().PutJob(ctx, api.Job{Name: "j", Dataset: "ds", WorldSize: 0, BatchSize: 4}); !errors.Is(err, ErrBadRequest) {
 		t.Fatalf("world size 0: %v", err)
 	}
-	if _, err := n.PutJob(ctx, api.Job{Name: "j", Dataset: "nope", WorldSize: 1, BatchSize: 4}); !errors.Is(err, catalog.ErrNotFound) {
+	if _, err := n.Control().PutJob(ctx, api.Job{Name: "j", Dataset: "nope", WorldSize: 1, BatchSize: 4}); !errors.Is(err, catalog.ErrNotFound) {
 		t.Fatalf("unknown dataset: %v", err)
 	}
-	if n.HasJob("j") || len(n.Jobs()) != 0 {
+	if n.Control().HasJob("j") || len(n.Control().Jobs()) != 0 {
 		t.Fatal("a refused job was registered")
 	}
 	got := putJob(t, n, api.Job{Name: "j", Dataset: "ds", Seed: 9, WorldSize: 2, BatchSize: 4})
@@ -52,16 +51,16 @@ func TestJobRegistration(t *testing.T) {
 	if resized.Previous == nil || resized.Previous.Generation != got.Version || resized.Previous.WorldSize != 2 {
 		t.Fatalf("resized %+v: want generation %d kept as previous", resized, got.Version)
 	}
-	if j, err := n.Job(ctx, "j"); err != nil || j.Version != resized.Version || !n.HasJob("j") {
+	if j, err := n.Control().Job(ctx, "j"); err != nil || j.Version != resized.Version || !n.Control().HasJob("j") {
 		t.Fatalf("Job: %+v, %v", j, err)
 	}
-	if js := n.Jobs(); len(js) != 1 || js[0].Name != "j" {
+	if js := n.Control().Jobs(); len(js) != 1 || js[0].Name != "j" {
 		t.Fatalf("Jobs: %+v", js)
 	}
-	if err := n.DeleteJob(ctx, "j"); err != nil {
+	if err := n.Control().DeleteJob(ctx, "j"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := n.Job(ctx, "j"); !errors.Is(err, catalog.ErrNotFound) {
+	if _, err := n.Control().Job(ctx, "j"); !errors.Is(err, catalog.ErrNotFound) {
 		t.Fatalf("deleted job: %v", err)
 	}
 }
@@ -75,7 +74,7 @@ func TestRankOrdersAndEpochs(t *testing.T) {
 	putJob(t, n, api.Job{Name: "j", Dataset: "ds", Seed: 5, WorldSize: 3, BatchSize: 4, Ranks: []string{"t1", "t1", "t1"}})
 	seen := map[int]bool{}
 	for r := range 3 {
-		o, err := n.RankOrder(ctx, "j", 0, r)
+		o, err := n.Control().RankOrder(ctx, "j", 0, r)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -93,45 +92,45 @@ func TestRankOrdersAndEpochs(t *testing.T) {
 		t.Fatalf("%d items in the epoch, want 30", len(seen))
 	}
 	for _, r := range []int{-1, 3} {
-		if _, err := n.RankOrder(ctx, "j", 0, r); !errors.Is(err, ErrBadRequest) {
+		if _, err := n.Control().RankOrder(ctx, "j", 0, r); !errors.Is(err, ErrBadRequest) {
 			t.Fatalf("rank %d: %v", r, err)
 		}
 	}
-	if _, err := n.RankOrder(ctx, "nope", 0, 0); !errors.Is(err, catalog.ErrNotFound) {
+	if _, err := n.Control().RankOrder(ctx, "nope", 0, 0); !errors.Is(err, catalog.ErrNotFound) {
 		t.Fatalf("unknown job: %v", err)
 	}
-	if _, err := n.RankOrder(ctx, "j", maxEpoch+1, 0); !errors.Is(err, ErrBadRequest) {
+	if _, err := n.Control().RankOrder(ctx, "j", control.MaxEpoch+1, 0); !errors.Is(err, ErrBadRequest) {
 		t.Fatalf("epoch past the bound: %v", err)
 	}
-	if _, err := n.RankOrder(ctx, "j", 2, 0); !errors.Is(err, ErrBadRequest) {
+	if _, err := n.Control().RankOrder(ctx, "j", 2, 0); !errors.Is(err, ErrBadRequest) {
 		t.Fatalf("epoch 2 while at 0: %v", err)
 	}
-	if _, err := n.RankOrder(ctx, "j", 1, 0); err != nil {
+	if _, err := n.Control().RankOrder(ctx, "j", 1, 0); err != nil {
 		t.Fatalf("the next epoch: %v", err)
 	}
-	if _, err := n.RankOrder(ctx, "j", 1, 2); err != nil {
+	if _, err := n.Control().RankOrder(ctx, "j", 1, 2); err != nil {
 		t.Fatalf("the current epoch again: %v", err)
 	}
 	// A job's first epoch may be any, so a run can resume from a checkpoint;
 	// after it, an earlier epoch never started is over.
 	putJob(t, n, api.Job{Name: "k", Dataset: "ds", Seed: 5, WorldSize: 1, BatchSize: 4})
-	if err := n.PinEpoch(ctx, "k", 7); err != nil {
+	if err := n.Control().PinEpoch(ctx, "k", 7); err != nil {
 		t.Fatalf("a first epoch of 7: %v", err)
 	}
 	if latest, ok := n.cat.LatestEpoch("k"); !ok || latest != 7 {
 		t.Fatalf("latest epoch of k: %d %v", latest, ok)
 	}
-	if _, err := n.RankOrder(ctx, "k", 6, 0); !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), "is over") {
+	if _, err := n.Control().RankOrder(ctx, "k", 6, 0); !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), "is over") {
 		t.Fatalf("an epoch before the first: %v", err)
 	}
-	if _, err := n.RankOrder(ctx, "k", 9, 0); !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), "the next to start is 8") {
+	if _, err := n.Control().RankOrder(ctx, "k", 9, 0); !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), "the next to start is 8") {
 		t.Fatalf("epoch 9 while at 7: %v", err)
 	}
-	if _, err := n.RankOrder(ctx, "k", 8, 0); err != nil {
+	if _, err := n.Control().RankOrder(ctx, "k", 8, 0); err != nil {
 		t.Fatalf("epoch 8 after 7: %v", err)
 	}
 	putJob(t, n, api.Job{Name: "last", Dataset: "ds", Seed: 5, WorldSize: 1, BatchSize: 4})
-	if _, err := n.RankOrder(ctx, "last", maxEpoch, 0); err != nil {
+	if _, err := n.Control().RankOrder(ctx, "last", control.MaxEpoch, 0); err != nil {
 		t.Fatalf("the last epoch there may be: %v", err)
 	}
 }
@@ -141,18 +140,18 @@ func TestRankOrdersAndEpochs(t *testing.T) {
 func TestPredictPlanPinsNothing(t *testing.T) {
 	n, _, _ := startNode(t, 30, 8, 1<<20, false)
 	putJob(t, n, api.Job{Name: "j", Dataset: "ds", Seed: 5, WorldSize: 2, BatchSize: 4, Ranks: []string{"t1", "t1"}})
-	pred, members, err := n.PredictPlan("j", 0)
+	pred, members, err := n.Control().PredictPlan("j", 0)
 	if err != nil || len(members) != 1 || members[0] != "t1" {
 		t.Fatalf("predict: %v, members %v", err, members)
 	}
 	if _, ok := n.cat.LatestEpoch("j"); ok {
 		t.Fatal("predicting pinned an epoch")
 	}
-	ep, err := n.Plan(context.Background(), "j", 0)
+	ep, err := n.Control().Plan(context.Background(), "j", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pinned, _, err := n.PredictPlan("j", 0)
+	pinned, _, err := n.Control().PredictPlan("j", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +160,7 @@ func TestPredictPlanPinsNothing(t *testing.T) {
 			t.Fatalf("rank %d: predicted and pinned plans differ", r)
 		}
 	}
-	if _, _, err := n.PredictPlan("nope", 0); !errors.Is(err, catalog.ErrNotFound) {
+	if _, _, err := n.Control().PredictPlan("nope", 0); !errors.Is(err, catalog.ErrNotFound) {
 		t.Fatalf("unknown job: %v", err)
 	}
 }
@@ -172,7 +171,7 @@ func TestJobBatchesFollowTheOrder(t *testing.T) {
 	n, d, files := startNode(t, 22, 16, 1<<20, false)
 	ctx := context.Background()
 	putJob(t, n, api.Job{Name: "j", Dataset: "ds", Seed: 1, WorldSize: 2, BatchSize: 4, Ranks: []string{"t1", "t1"}})
-	o, err := n.RankOrder(ctx, "j", 0, 1)
+	o, err := n.Control().RankOrder(ctx, "j", 0, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,7 +222,7 @@ func TestJobBatchesFollowTheOrder(t *testing.T) {
 		t.Fatalf("rank 0 counted %v items it never read", m)
 	}
 	recorded := []Item{{Cache: Peer, Data: make([]byte, 3)}}
-	n.recordJobItems("j", 0, recorded)
+	n.jobMetrics.record("j", 0, recorded)
 	if m := counterValue(t, n.jobMetrics.bytes.WithLabelValues("j", "0", "peer")); m != 3 {
 		t.Fatalf("peer bytes: %v", m)
 	}
@@ -236,55 +235,55 @@ func TestResumedOrderUnderTheSameGeneration(t *testing.T) {
 	n, _, _ := startNode(t, 40, 8, 1<<20, false)
 	ctx := context.Background()
 	j := putJob(t, n, api.Job{Name: "j", Dataset: "ds", Seed: 2, WorldSize: 2, BatchSize: 4, Ranks: []string{"t1", "t1"}})
-	full, err := n.RankOrder(ctx, "j", 0, 1)
+	full, err := n.Control().RankOrder(ctx, "j", 0, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, pos := range []int{0, 7, 20} {
-		o, err := n.ResumedOrder(ctx, "j", 0, 1, j.Version, pos)
+		o, err := n.Control().ResumedOrder(ctx, "j", 0, 1, j.Version, pos)
 		if err != nil || !slices.Equal(o.Indices, full.Indices[pos:]) || o.Batches != (20-pos+3)/4 {
 			t.Fatalf("from %d: %+v, %v", pos, o, err)
 		}
 	}
 	for _, pos := range []int{-1, 21} {
-		if _, err := n.ResumedOrder(ctx, "j", 0, 1, j.Version, pos); !errors.Is(err, ErrBadRequest) {
+		if _, err := n.Control().ResumedOrder(ctx, "j", 0, 1, j.Version, pos); !errors.Is(err, ErrBadRequest) {
 			t.Fatalf("position %d: %v", pos, err)
 		}
 	}
-	if _, err := n.ResumedOrder(ctx, "j", 0, 2, j.Version, 0); !errors.Is(err, ErrBadRequest) {
+	if _, err := n.Control().ResumedOrder(ctx, "j", 0, 2, j.Version, 0); !errors.Is(err, ErrBadRequest) {
 		t.Fatalf("rank 2: %v", err)
 	}
-	if _, err := n.ResumedOrder(ctx, "j", 0, 0, j.Version+100, 0); !errors.Is(err, catalog.ErrConflict) {
+	if _, err := n.Control().ResumedOrder(ctx, "j", 0, 0, j.Version+100, 0); !errors.Is(err, catalog.ErrConflict) {
 		t.Fatalf("unknown generation: %v", err)
 	}
 	// Epoch 0 started under the previous generation: the single rank gets
 	// everything both old ranks had left, and asking again gives the same plan.
 	putJob(t, n, api.Job{Name: "j", Dataset: "ds", Seed: 2, WorldSize: 1, BatchSize: 4, Ranks: []string{"t1"}})
-	a, err := n.ResumedOrder(ctx, "j", 0, 0, j.Version, 4)
+	a, err := n.Control().ResumedOrder(ctx, "j", 0, 0, j.Version, 4)
 	if err != nil || len(a.Indices) != 32 {
 		t.Fatalf("re-split: %d samples, %v; want 2 x 16", len(a.Indices), err)
 	}
-	b, err := n.ResumedOrder(ctx, "j", 0, 0, j.Version, 4)
+	b, err := n.Control().ResumedOrder(ctx, "j", 0, 0, j.Version, 4)
 	if err != nil || !slices.Equal(a.Indices, b.Indices) {
 		t.Fatalf("asked again: %v", err)
 	}
-	// The re-split plans kept are bounded: maxPlans, then they start over.
-	for pos := range maxPlans {
-		if _, err := n.ResumedOrder(ctx, "j", 0, 0, j.Version, pos); err != nil {
+	// The re-split plans kept are bounded: control.MaxPlans, then they start over.
+	for pos := range control.MaxPlans {
+		if _, err := n.Control().ResumedOrder(ctx, "j", 0, 0, j.Version, pos); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if len(n.resumed) != maxPlans {
-		t.Fatalf("%d re-split plans kept after %d resumes, want %d", len(n.resumed), maxPlans, maxPlans)
+	if n.ctl.ResumedPlans() != control.MaxPlans {
+		t.Fatalf("%d re-split plans kept after %d resumes, want %d", n.ctl.ResumedPlans(), control.MaxPlans, control.MaxPlans)
 	}
-	if _, err := n.ResumedOrder(ctx, "j", 0, 0, j.Version, maxPlans); err != nil {
+	if _, err := n.Control().ResumedOrder(ctx, "j", 0, 0, j.Version, control.MaxPlans); err != nil {
 		t.Fatal(err)
 	}
-	if len(n.resumed) != 1 {
-		t.Fatalf("%d re-split plans kept past the bound, want 1", len(n.resumed))
+	if n.ctl.ResumedPlans() != 1 {
+		t.Fatalf("%d re-split plans kept past the bound, want 1", n.ctl.ResumedPlans())
 	}
 	// Epoch 1 never started under it and cannot be resumed.
-	if _, err := n.ResumedOrder(ctx, "j", 1, 0, j.Version, 4); !errors.Is(err, catalog.ErrConflict) {
+	if _, err := n.Control().ResumedOrder(ctx, "j", 1, 0, j.Version, 4); !errors.Is(err, catalog.ErrConflict) {
 		t.Fatalf("epoch 1 never started under generation %d: %v", j.Version, err)
 	}
 }
@@ -294,69 +293,48 @@ func TestResumedOrderUnderTheSameGeneration(t *testing.T) {
 func TestRankPositions(t *testing.T) {
 	n, _, _ := startNode(t, 10, 8, 1<<20, false)
 	putJob(t, n, api.Job{Name: "j", Dataset: "ds", Seed: 1, WorldSize: 1, BatchSize: 2})
-	if err := n.ReportPosition("nope", api.RankPosition{}); !errors.Is(err, catalog.ErrNotFound) {
+	if err := n.Control().ReportPosition("nope", api.RankPosition{}); !errors.Is(err, catalog.ErrNotFound) {
 		t.Fatalf("unknown job: %v", err)
 	}
-	for _, bad := range []api.RankPosition{{Rank: api.MaxWorldSize}, {Epoch: maxEpoch + 1}} {
-		if err := n.ReportPosition("j", bad); !errors.Is(err, ErrBadRequest) {
+	for _, bad := range []api.RankPosition{{Rank: api.MaxWorldSize}, {Epoch: control.MaxEpoch + 1}} {
+		if err := n.Control().ReportPosition("j", bad); !errors.Is(err, ErrBadRequest) {
 			t.Fatalf("%+v: %v", bad, err)
 		}
 	}
-	if err := n.ReportPosition("j", api.RankPosition{Rank: api.MaxWorldSize - 1, Epoch: maxEpoch}); err != nil {
+	if err := n.Control().ReportPosition("j", api.RankPosition{Rank: api.MaxWorldSize - 1, Epoch: control.MaxEpoch}); err != nil {
 		t.Fatalf("the largest rank and epoch: %v", err)
 	}
 	for _, r := range []int{3, 1, 2} {
-		if err := n.ReportPosition("j", api.RankPosition{Rank: r, Epoch: 4, Position: 10 * r, Generation: 1}); err != nil {
+		if err := n.Control().ReportPosition("j", api.RankPosition{Rank: r, Epoch: 4, Position: 10 * r, Generation: 1}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	ps := n.RankPositions("j")
+	ps := n.Control().RankPositions("j")
 	if len(ps) != 4 || ps[0].Rank != 1 || ps[1].Rank != 2 || ps[2].Rank != 3 || ps[1].Position != 20 || ps[1].Epoch != 4 {
 		t.Fatalf("positions %+v", ps)
 	}
 	if ps[0].SecondsAgo < 0 || ps[0].SecondsAgo > 60 {
 		t.Fatalf("seconds ago %v", ps[0].SecondsAgo)
 	}
-	if len(n.RankPositions("other")) != 0 {
+	if len(n.Control().RankPositions("other")) != 0 {
 		t.Fatal("positions for a job nobody reported")
 	}
 	// The table holds 4×world_size+64 ranks and one more, then starts over.
 	putJob(t, n, api.Job{Name: "w2", Dataset: "ds", Seed: 1, WorldSize: 2, BatchSize: 2})
 	const bound = 4*2 + 64
 	for r := range bound + 1 {
-		if err := n.ReportPosition("w2", api.RankPosition{Rank: r}); err != nil {
+		if err := n.Control().ReportPosition("w2", api.RankPosition{Rank: r}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if got := len(n.RankPositions("w2")); got != bound+1 {
+	if got := len(n.Control().RankPositions("w2")); got != bound+1 {
 		t.Fatalf("%d positions after %d reports, want all kept", got, bound+1)
 	}
-	if err := n.ReportPosition("w2", api.RankPosition{Rank: bound + 1}); err != nil {
+	if err := n.Control().ReportPosition("w2", api.RankPosition{Rank: bound + 1}); err != nil {
 		t.Fatal(err)
 	}
-	if ps := n.RankPositions("w2"); len(ps) != 1 || ps[0].Rank != bound+1 {
+	if ps := n.Control().RankPositions("w2"); len(ps) != 1 || ps[0].Rank != bound+1 {
 		t.Fatalf("%d positions past the bound, want the table started over with the last", len(ps))
-	}
-}
-
-// The plan cache keeps the last maxPlans plans, each once.
-func TestPlanCacheBound(t *testing.T) {
-	var p plans
-	ep := &locality.EpochPlan{}
-	for e := range uint64(maxPlans + 1) {
-		p.put(planKey{"j", 1, e}, ep)
-		p.put(planKey{"j", 1, e}, ep)
-	}
-	if _, ok := p.get(planKey{"j", 1, 0}); ok {
-		t.Fatal("the oldest plan outlived the bound")
-	}
-	for e := uint64(1); e <= maxPlans; e++ {
-		if _, ok := p.get(planKey{"j", 1, e}); !ok {
-			t.Fatalf("plan of epoch %d dropped", e)
-		}
-	}
-	if len(p.order) != maxPlans || len(p.m) != maxPlans {
-		t.Fatalf("%d keys in order, %d plans: want %d each", len(p.order), len(p.m), maxPlans)
 	}
 }
 
@@ -374,8 +352,8 @@ func TestStatsAndMetricsAgree(t *testing.T) {
 		}
 	}
 	n.ServedBytes(1234)
-	n.ReportLoaderWait(1500e6, 7)
-	n.CountRelayedRead()
+	n.Split().ReportLoader(api.LoaderWait{Seconds: 1.5, Batches: 7})
+	n.counters.relayedReads.Add(1) // what a read the leader answered counts (control.ReadFromLeader)
 	st := n.Stats()
 	if st.HitsLocal != 10 || st.Misses != 10 || st.SourceReads != 10 || st.SourceBytes != 1000 || st.BytesServed != 1234 ||
 		st.LoaderWaitSeconds != 1.5 || st.LoaderBatches != 7 || st.ItemsCached != 10 || st.BytesCached != 1000 || st.CapacityBytes != 1<<20 || st.Name != "t1" || st.Policy != "lru" {
@@ -407,8 +385,8 @@ func TestStatsAndMetricsAgree(t *testing.T) {
 	if len(want) != 0 {
 		t.Fatalf("metrics missing: %v", want)
 	}
-	if n.Name() != "t1" || n.AppliedIndex() == 0 || !n.IsLeader() || n.LeaderHTTP() != n.cfg.HTTPAdvert {
-		t.Fatalf("name %q, applied %d, leader %v %q", n.Name(), n.AppliedIndex(), n.IsLeader(), n.LeaderHTTP())
+	if n.Name() != "t1" || n.Control().AppliedIndex() == 0 || !n.Control().IsLeader() || n.Control().LeaderHTTP() != n.cfg.HTTPAdvert {
+		t.Fatalf("name %q, applied %d, leader %v %q", n.Name(), n.Control().AppliedIndex(), n.Control().IsLeader(), n.Control().LeaderHTTP())
 	}
 }
 
@@ -428,13 +406,13 @@ func TestClairvoyantReadsTheJobAhead(t *testing.T) {
 	n, d, files := startNodeWith(t, 64, 128, 1<<20, false, "clairvoyant")
 	ctx := context.Background()
 	putJob(t, n, api.Job{Name: "j", Dataset: "ds", Seed: 8, WorldSize: 1, BatchSize: 8})
-	o, err := n.RankOrder(ctx, "j", 0, 0)
+	o, err := n.Control().RankOrder(ctx, "j", 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	first := o.Indices[:8]
-	await(t, "the first batch to be read ahead", func() bool {
-		return !slices.ContainsFunc(first, func(i int) bool { return !n.Holds(d, i) })
+	testutil.Await(t, "the first batch to be read ahead", func() bool {
+		return !slices.ContainsFunc(first, func(i int) bool { return !n.Split().Holds(d, i) })
 	})
 	items, _, err := n.JobBatch(ctx, "j", 0, 0, 0)
 	if err != nil {
@@ -459,8 +437,8 @@ func TestReadUncached(t *testing.T) {
 	if err != nil || !bytes.Equal(b, files[d.Manifest.Key(2)]) || sum != xxhash.Sum64(b) {
 		t.Fatalf("ReadUncached: %v", err)
 	}
-	if st := n.Stats(); n.Holds(d, 2) || st.SourceReads != 1 || st.Misses != 0 {
-		t.Fatalf("held %v, stats %+v", n.Holds(d, 2), st)
+	if st := n.Stats(); n.Split().Holds(d, 2) || st.SourceReads != 1 || st.Misses != 0 {
+		t.Fatalf("held %v, stats %+v", n.Split().Holds(d, 2), st)
 	}
 	if b, _, err := n.ReadUncached(context.Background(), d, 0); err != nil || !bytes.Equal(b, files[d.Manifest.Key(0)]) {
 		t.Fatalf("the first item: %v", err)
@@ -469,19 +447,6 @@ func TestReadUncached(t *testing.T) {
 		if _, _, err := n.ReadUncached(context.Background(), d, i); !errors.Is(err, ErrBadRequest) {
 			t.Fatalf("index %d: %v", i, err)
 		}
-	}
-}
-
-// Storage's own answers pass through with their status; anything else is
-// the request's fault.
-func TestStorageFault(t *testing.T) {
-	for _, err := range []error{source.ErrDenied, source.ErrNotFound, source.ErrUnavailable, context.DeadlineExceeded} {
-		if !storageFault(fmt.Errorf("listing: %w", err)) {
-			t.Fatalf("%v is storage's answer", err)
-		}
-	}
-	if storageFault(errors.New("no such scheme")) || storageFault(context.Canceled) {
-		t.Fatal("a request's own fault counted as storage's")
 	}
 }
 
@@ -500,7 +465,7 @@ func TestOrdersCountTheirRemoteItems(t *testing.T) {
 		}
 		return r
 	}
-	full, err := n.RankOrder(ctx, "j", 0, 0)
+	full, err := n.Control().RankOrder(ctx, "j", 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -509,7 +474,7 @@ func TestOrdersCountTheirRemoteItems(t *testing.T) {
 	}
 	differs := false
 	for _, pos := range []int{1, 13, 39} {
-		o, err := n.ResumedOrder(ctx, "j", 0, 0, j.Version, pos)
+		o, err := n.Control().ResumedOrder(ctx, "j", 0, 0, j.Version, pos)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -529,7 +494,7 @@ func TestOrdersCountTheirRemoteItems(t *testing.T) {
 func TestFillOfAResidentItem(t *testing.T) {
 	n, d, _ := startNode(t, 3, 64, 1<<20, false)
 	host := clairvoyantHost{n}
-	if err := host.Fill(context.Background(), d, 1); err != nil || !n.Holds(d, 1) {
+	if err := host.Fill(context.Background(), d, 1); err != nil || !n.Split().Holds(d, 1) {
 		t.Fatalf("first fill: %v", err)
 	}
 	if err := host.Fill(context.Background(), d, 1); err != nil {

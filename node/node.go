@@ -1,7 +1,10 @@
-// Package node is one Stallfree cache node: it ties the catalog, the store,
-// the sources and its peers together, decides where each item comes from,
-// and holds the rules every caller of the catalog goes through (validation,
-// relaying writes to the raft leader, read-your-writes, epoch pinning).
+// Package node is one Stallfree cache node's item path: it ties the catalog,
+// the store, the sources and its peers together and decides where each item
+// comes from (memory, the owner's memory, storage), warms and rehomes items,
+// and counts what it serves. The rules every caller of the catalog goes
+// through (validation, the way to the raft leader, read-your-writes, epoch
+// pinning) are package control's; the node opens the catalog and hands it to
+// a control.Control (Control).
 package node
 
 import (
@@ -22,22 +25,19 @@ import (
 
 	"stallfree/bufpool"
 	"stallfree/catalog"
-	"stallfree/catchup"
 	"stallfree/clairvoyant"
 	"stallfree/cluster"
 	"stallfree/clusterauth"
+	"stallfree/control"
 	"stallfree/derived"
 	"stallfree/discovery"
-	"stallfree/locality"
 	"stallfree/source"
 	"stallfree/store"
 )
 
-// Errors the API maps to status codes.
-var (
-	ErrForbiddenSource = errors.New("source not allowed")
-	ErrBadRequest      = errors.New("bad request")
-)
+// ErrBadRequest is control's: a request that names an item, an index or a
+// batch the catalog does not hold is as bad as a malformed registration.
+var ErrBadRequest = control.ErrBadRequest
 
 // Config is everything a node needs; cmd/cachenode fills it from flags.
 type Config struct {
@@ -53,9 +53,11 @@ type Config struct {
 	AllowSources []string
 	SourceRate   int64 // bytes/s per source, 0 = unlimited (for simulating slow storage)
 	// S3 is how s3:// datasets are reached (endpoint, region, credentials).
-	S3       source.S3Config
-	FastRaft bool
-	Logger   *slog.Logger
+	S3     source.S3Config
+	Logger *slog.Logger
+	// Timing is how fast raft, gossip and rehoming react: LANTiming (the
+	// zero Timing means it) or LocalTiming (cachenode --timing).
+	Timing Timing
 
 	// Cluster settings. With no GossipBind the node runs alone.
 	GossipBind  string
@@ -92,6 +94,36 @@ type Config struct {
 	MaxItemBytes int64
 }
 
+// Timing is a node's timing profile, one per package that keeps time.
+type Timing struct {
+	Catalog catalog.Timing
+	Cluster cluster.Timing
+	// Rehome is how often the node looks whether membership has settled
+	// and copies left by earlier rings should move to their owners.
+	Rehome time.Duration
+}
+
+// LANTiming is for hosts on one network.
+func LANTiming() Timing {
+	return Timing{Catalog: catalog.LANTiming(), Cluster: cluster.LANTiming(), Rehome: 2 * time.Second}
+}
+
+// LocalTiming is for nodes on one host: loopback tests and demos.
+func LocalTiming() Timing {
+	return Timing{Catalog: catalog.LocalTiming(), Cluster: cluster.LocalTiming(), Rehome: 300 * time.Millisecond}
+}
+
+// TimingNamed is the profile cachenode's --timing names: "lan" or "local".
+func TimingNamed(name string) (Timing, error) {
+	switch name {
+	case "lan":
+		return LANTiming(), nil
+	case "local":
+		return LocalTiming(), nil
+	}
+	return Timing{}, fmt.Errorf("timing %q: want lan or local", name)
+}
+
 // Node is safe for concurrent use.
 type Node struct {
 	cfg      Config
@@ -106,21 +138,12 @@ type Node struct {
 	mu      sync.Mutex
 	sources map[uint32]*source.Bounded
 	warmups map[string]*warmup
-	// registrations are the listings this node ran, by dataset name.
-	registrations map[string]*registration
-	// resumed are re-split remainders of interrupted epochs (ResumedOrder);
-	// active is, per job, the one its ranks here asked for last.
-	resumed map[resumeKey]*locality.EpochPlan
-	active  map[string]resumeKey
-	// positions are what ranks reported, by job and rank.
-	positions map[string]map[int]rankPosition
-	owners    map[uint32]ownerMap // by dataset ID
+	owners  map[uint32]ownerMap // by dataset ID
 
 	peers    Peers
-	leader   leaderLink
+	ctl      *control.Control
 	inflight inflight
 
-	plans      plans
 	jobMetrics *jobMetrics
 	foresight  foresight
 	split      splitState // quotas and the memory split (split.go)
@@ -129,8 +152,6 @@ type Node struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
-
-	catchup *catchup.Gate // catalog reads wait for it (CatalogReady)
 }
 
 // New opens the catalog and the store, and joins the cluster when
@@ -151,18 +172,9 @@ func New(cfg Config) (*Node, error) {
 	} else if pol, err = store.NewPolicy(cfg.Policy); err != nil {
 		return nil, err
 	}
-	allowed := make([]string, len(cfg.AllowSources))
-	for i, p := range cfg.AllowSources {
-		// Compared resolved: a symlink inside an allowed prefix must not
-		// lead out of it, and an allowed path reached through a symlink is
-		// still allowed.
-		real, err := source.Resolve(p)
-		if err != nil {
-			return nil, fmt.Errorf("--allow-source: %w", err)
-		}
-		allowed[i] = real
+	if cfg.AllowSources, err = control.Resolve(cfg.AllowSources); err != nil {
+		return nil, err
 	}
-	cfg.AllowSources = allowed
 	if cfg.RaftAdvert == "" {
 		cfg.RaftAdvert = cfg.RaftBind
 	}
@@ -172,6 +184,9 @@ func New(cfg Config) (*Node, error) {
 	if cfg.StorageReaders <= 0 {
 		cfg.StorageReaders = 64
 	}
+	if cfg.Timing == (Timing{}) {
+		cfg.Timing = LANTiming()
+	}
 	if cfg.MaxInflightBytes == 0 {
 		cfg.MaxInflightBytes = max(cfg.Memory/4, 256<<20)
 	}
@@ -180,7 +195,7 @@ func New(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	cat, err := catalog.Open(catalog.Config{NodeID: cfg.Name, Bind: cfg.RaftBind, Advertise: cfg.RaftAdvert,
-		Dir: cfg.DataDir, Bootstrap: cfg.Bootstrap, Logger: cfg.Logger, Fast: cfg.FastRaft,
+		Dir: cfg.DataDir, Bootstrap: cfg.Bootstrap, Logger: cfg.Logger, Timing: cfg.Timing.Catalog,
 		Key: clusterauth.Derive(cfg.ClusterKey, "raft")})
 	if err != nil {
 		st.Close()
@@ -188,21 +203,28 @@ func New(cfg Config) (*Node, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	n := &Node{cfg: cfg, log: cfg.Logger, cat: cat, store: st, sources: map[uint32]*source.Bounded{}, owners: map[uint32]ownerMap{},
-		warmups: map[string]*warmup{}, registrations: map[string]*registration{}, resumed: map[resumeKey]*locality.EpochPlan{}, active: map[string]resumeKey{}, positions: map[string]map[int]rankPosition{}, ctx: ctx, cancel: cancel, foresight: fore, peers: newNoPeers(cfg.Name)}
-	n.leader = newLeaderLink(cfg.Name, cfg.Token)
+		warmups: map[string]*warmup{}, ctx: ctx, cancel: cancel, foresight: fore, peers: newNoPeers(cfg.Name)}
 	n.split = newSplitState()
 	n.prep = derived.New(derived.Config{Name: cfg.Name, Token: cfg.Token, MaxItemBytes: cfg.MaxItemBytes, Logger: cfg.Logger},
 		cat, st, derivedHost{n})
 	n.inflight.limit = cfg.MaxInflightBytes
 	n.registry = n.registerMetrics()
 	n.jobMetrics = newJobMetrics(n.registry)
+	var cl *cluster.Cluster
 	if cfg.GossipBind != "" {
-		cl := cluster.New(cluster.Config{Name: cfg.Name, GossipBind: cfg.GossipBind, Advertise: cfg.Advertise,
+		cl = cluster.New(cluster.Config{Name: cfg.Name, GossipBind: cfg.GossipBind, Advertise: cfg.Advertise,
 			Join: cfg.Join, PeerBind: cfg.PeerBind, ClusterKey: cfg.ClusterKey, HTTPAdvert: cfg.HTTPAdvert,
 			PeerAdvert: cfg.PeerAdvert, RaftAdvert: cfg.RaftAdvert, Capacity: cfg.Memory, PeerTimeout: cfg.PeerTimeout,
-			DeadGrace: cfg.DeadGrace, Fast: cfg.FastRaft, Logger: cfg.Logger, MaxPeerConns: cfg.MaxPeerConns, Resolver: cfg.Resolver},
+			DeadGrace: cfg.DeadGrace, Timing: cfg.Timing.Cluster, Logger: cfg.Logger, MaxPeerConns: cfg.MaxPeerConns, Resolver: cfg.Resolver},
 			forPeers{n}, cat, st)
 		n.peers = cl
+	}
+	// Before the cluster starts: a peer's first request may open a source,
+	// which --allow-source (control) guards.
+	n.ctl = control.New(control.Config{Name: cfg.Name, HTTPAdvert: cfg.HTTPAdvert, Token: cfg.Token,
+		AllowSources: cfg.AllowSources, S3: cfg.S3, Logger: cfg.Logger, Replanned: fore.Refresh,
+		RelayedRead: func() { n.counters.relayedReads.Add(1) }}, cat, members{n})
+	if cl != nil {
 		if err := cl.Start(); err != nil {
 			cancel()
 			cat.Close()
@@ -217,17 +239,12 @@ func New(cfg Config) (*Node, error) {
 	n.wg.Add(1)
 	go n.watchCatalog()
 	n.wg.Add(1)
-	go n.quotaLoop()
-	n.catchup = catchup.New(catchupSource{n})
-	n.wg.Go(func() { n.catchup.Run(ctx, 10*time.Millisecond) }) // local checks until a leader is known; one request then
+	go n.Split().quotaLoop()
+	n.wg.Go(func() { n.ctl.RunCatchup(ctx, 10*time.Millisecond) }) // local checks until a leader is known; one request then
 	if cfg.GossipBind != "" {
 		// Alone, a node owns everything: nothing to move, nothing to rewarm.
-		rehomeEvery := 2 * time.Second
-		if cfg.FastRaft {
-			rehomeEvery = 300 * time.Millisecond
-		}
 		n.wg.Add(1)
-		go n.rehomeLoop(rehomeEvery)
+		go n.rehomeLoop(cfg.Timing.Rehome)
 	}
 	return n, nil
 }
@@ -259,11 +276,11 @@ func (n *Node) Ready() (ok bool, reason string) {
 	if ok, why := n.cat.CaughtUp(); !ok {
 		return false, why
 	}
-	if ok, why := n.catchup.Ready(); !ok {
+	if ok, why := n.ctl.CatalogReady(); !ok {
 		return false, why
 	}
 	for _, spec := range n.cfg.Datasets {
-		if name, _, _ := strings.Cut(spec, "="); !n.HasDataset(name) {
+		if name, _, _ := strings.Cut(spec, "="); !n.ctl.HasDataset(name) {
 			return false, fmt.Sprintf("--dataset %s not registered yet", name)
 		}
 	}
@@ -272,6 +289,10 @@ func (n *Node) Ready() (ok bool, reason string) {
 
 // Name is the node's stable name.
 func (n *Node) Name() string { return n.cfg.Name }
+
+// Control is the catalog's rules as this node applies them: registrations,
+// jobs, epoch plans, the way to the leader.
+func (n *Node) Control() *control.Control { return n.ctl }
 
 // Registry holds the node's Prometheus metrics.
 func (n *Node) Registry() *prometheus.Registry { return n.registry }
@@ -306,130 +327,13 @@ func (n *Node) watchCatalog() {
 	}
 }
 
-// CheckSource normalizes spec and applies --allow-source.
-func (n *Node) CheckSource(spec string) (string, error) {
-	norm, err := source.Normalize(spec)
-	if err != nil {
-		return "", fmt.Errorf("%w: %w", ErrBadRequest, err)
-	}
-	if err := n.allowed(norm); err != nil {
-		return "", err
-	}
-	return norm, nil
-}
-
-// allowed applies --allow-source to where the source really is, symlinks
-// followed; it is checked at registration and again whenever a node opens the
-// source, so a symlink changed in between cannot lead out either.
-func (n *Node) allowed(norm string) error {
-	if len(n.cfg.AllowSources) == 0 {
-		return nil
-	}
-	real, err := source.Resolve(norm)
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrBadRequest, err)
-	}
-	for _, p := range n.cfg.AllowSources {
-		if source.Within(real, p) {
-			return nil
-		}
-	}
-	if real != norm {
-		return fmt.Errorf("%w: %s (really %s) is outside every --allow-source prefix", ErrForbiddenSource, norm, real)
-	}
-	return fmt.Errorf("%w: %s is outside every --allow-source prefix", ErrForbiddenSource, norm)
-}
-
-// RegisterDataset lists the source and records the dataset in the catalog.
-// It must run on the raft leader (the API forwards otherwise).
-func (n *Node) RegisterDataset(ctx context.Context, name, spec string) (_ *catalog.Dataset, _ bool, err error) {
-	norm, err := n.CheckSource(spec)
-	if err != nil {
-		return nil, false, err
-	}
-	if d, ok := n.cat.Dataset(name); ok {
-		if d.Source == norm {
-			return d, false, nil
-		}
-		return nil, false, fmt.Errorf("%w: dataset %q is registered with source %s", catalog.ErrConflict, name, d.Source)
-	}
-	reg := n.startRegistration(name)
-	defer func() { reg.end(err) }()
-	src, err := source.Open(norm, source.Options{S3: n.cfg.S3, Progress: &reg.progress})
-	if err != nil {
-		return nil, false, fmt.Errorf("%w: %w", ErrBadRequest, err)
-	}
-	defer src.Close()
-	entries, err := src.List(ctx)
-	if err != nil {
-		if storageFault(err) {
-			return nil, false, err // 403, 404 or 502 as storage said
-		}
-		return nil, false, fmt.Errorf("%w: %w", ErrBadRequest, err)
-	}
-	if len(entries) > 1<<31 {
-		return nil, false, fmt.Errorf("%w: %d items is more than one dataset may hold", ErrBadRequest, len(entries))
-	}
-	leftOut := 0
-	if t, ok := src.(*source.Tar); ok {
-		leftOut = t.LeftOut()
-	}
-	return n.cat.RegisterDataset(name, norm, entries, leftOut)
-}
-
-// storageFault reports whether err is storage's answer rather than a fault
-// in the request: the API passes it on with its own status.
-func storageFault(err error) bool {
-	return errors.Is(err, source.ErrDenied) || errors.Is(err, source.ErrNotFound) ||
-		errors.Is(err, source.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded)
-}
-
-// RegisterAtStart registers --dataset flags once the catalog has a leader.
-// Followers leave registration to the leader's own flags or to cachectl.
-func (n *Node) RegisterAtStart(ctx context.Context, specs []string) error {
-	for _, spec := range specs {
-		name, src, ok := strings.Cut(spec, "=")
-		if !ok || name == "" || src == "" {
-			return fmt.Errorf("--dataset %q: want NAME=SOURCE", spec)
-		}
-		for {
-			if err := n.cat.WaitLeader(ctx); err != nil {
-				return err
-			}
-			if !n.cat.IsLeader() {
-				if _, ok := n.cat.Dataset(name); ok {
-					break
-				}
-				if n.cat.Leader() != n.cfg.Name { // raft may name this node a moment before it leads
-					return fmt.Errorf("--dataset %s: this node is not the raft leader; register on the leader (%s)", name, n.cat.Leader())
-				}
-			}
-			d, created, err := n.RegisterDataset(ctx, name, src)
-			if errors.Is(err, catalog.ErrNoLeader) || errors.Is(err, catalog.ErrNotLeader) {
-				select { // leadership is settling
-				case <-ctx.Done():
-					return fmt.Errorf("--dataset %s: %w", name, err)
-				case <-time.After(20 * time.Millisecond):
-				}
-				continue
-			}
-			if err != nil {
-				return fmt.Errorf("--dataset %s: %w", name, err)
-			}
-			n.log.Info("dataset", "name", name, "source", d.Source, "items", d.Manifest.Len(), "created", created)
-			break
-		}
-	}
-	return nil
-}
-
 func (n *Node) source(d *catalog.Dataset) (*source.Bounded, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if s, ok := n.sources[d.ID]; ok {
 		return s, nil
 	}
-	if err := n.allowed(d.Source); err != nil {
+	if err := n.ctl.Allowed(d.Source); err != nil {
 		return nil, err
 	}
 	opened, err := source.Open(d.Source, source.Options{BytesPerSecond: n.cfg.SourceRate, S3: n.cfg.S3})
@@ -499,36 +403,19 @@ func (n *Node) Get(ctx context.Context, d *catalog.Dataset, index int) (Item, er
 	if err != nil {
 		return Item{}, err
 	}
-	n.count(f.cache)
+	n.counters.count(f.cache)
 	return Item{Key: key, Data: f.data, Sum: f.sum, Cache: f.cache, recycle: f.recycle}, nil
 }
 
-func (n *Node) count(c Cache) {
-	switch c {
+func (c *counters) count(from Cache) {
+	switch from {
 	case Hit:
-		n.counters.hitsLocal.Add(1)
+		c.hitsLocal.Add(1)
 	case Peer:
-		n.counters.hitsPeer.Add(1)
+		c.hitsPeer.Add(1)
 	default:
-		n.counters.misses.Add(1)
+		c.misses.Add(1)
 	}
-}
-
-// Holds reports whether this node's memory holds item index of d now. Tests
-// and diagnostics use it to wait for read-ahead instead of racing it.
-func (n *Node) Holds(d *catalog.Dataset, index int) bool {
-	return n.store.Contains(store.MakeKey(d.ID, uint32(index)))
-}
-
-// resident returns a copy of an item that became resident between a caller's
-// store lookup and its flight (a flight that just finished filled it).
-func (n *Node) resident(k store.Key) (filled, bool) {
-	ref, ok := n.store.Get(k)
-	if !ok {
-		return filled{}, false
-	}
-	defer ref.Release()
-	return filled{data: bytes.Clone(ref.Data), sum: ref.Sum, cache: Hit}, true
 }
 
 // shared runs fill once for an item however many callers want it at the
@@ -536,8 +423,12 @@ func (n *Node) resident(k store.Key) (filled, bool) {
 func (n *Node) shared(ctx context.Context, d *catalog.Dataset, index int, fill func(context.Context) (filled, error)) (filled, error) {
 	k := store.MakeKey(d.ID, uint32(index))
 	v, err, shared := n.flight.Do(strconv.FormatUint(uint64(k), 36), func() (any, error) {
-		if f, ok := n.resident(k); ok {
-			return f, nil
+		// An item that became resident between the caller's store lookup
+		// and this flight (a flight that just ended filled it) is served
+		// from memory, as a copy: the flight's result outlives the pin.
+		if ref, ok := n.store.Get(k); ok {
+			defer ref.Release()
+			return filled{data: bytes.Clone(ref.Data), sum: ref.Sum, cache: Hit}, nil
 		}
 		// A flight is shared, so it must not die with the first caller's request.
 		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
@@ -661,14 +552,10 @@ func (n *Node) readSource(ctx context.Context, d *catalog.Dataset, index int, ca
 	return filled{data: data, sum: sum, cache: Miss, recycle: func() { n.bufs.Put(buf) }}, nil
 }
 
-// GetMany returns several items in order; on error, those already fetched
-// are released. Items owned by one peer travel in one transport request.
-func (n *Node) GetMany(ctx context.Context, d *catalog.Dataset, indices []int) ([]Item, error) {
-	return n.GetManyFor(ctx, d, indices, "")
-}
-
-// GetManyFor is GetMany on behalf of a registered job, whose read-ahead
-// schedule the request advances.
+// GetManyFor returns several items in order, on behalf of a registered job
+// (whose read-ahead schedule the request advances) or of none (""); on
+// error, those already fetched are released. Items owned by one peer travel
+// in one transport request.
 func (n *Node) GetManyFor(ctx context.Context, d *catalog.Dataset, indices []int, job string) ([]Item, error) {
 	if len(indices) > MaxBatch {
 		return nil, fmt.Errorf("%w: %d items in one batch; the limit is %d", ErrTooLarge, len(indices), MaxBatch)
@@ -722,7 +609,7 @@ func (n *Node) GetManyFor(ctx context.Context, d *catalog.Dataset, indices []int
 			if err != nil {
 				return err
 			}
-			n.count(f.cache)
+			n.counters.count(f.cache)
 			out[j] = Item{Key: d.Manifest.Key(indices[j]), Data: f.data, Sum: f.sum, Cache: f.cache, recycle: f.recycle,
 				charged: out[j].charged, budget: out[j].budget}
 			return nil
@@ -768,9 +655,3 @@ func (n *Node) fromOwners(ctx context.Context, d *catalog.Dataset, indices, miss
 
 // ServedBytes counts bytes sent to clients.
 func (n *Node) ServedBytes(b int) { n.counters.bytesServed.Add(uint64(b)) }
-
-// ReportLoaderWait records time a training loop waited for data.
-func (n *Node) ReportLoaderWait(d time.Duration, batches uint64) {
-	n.counters.loaderWaitNs.Add(uint64(d))
-	n.counters.loaderBatches.Add(batches)
-}

@@ -6,9 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"net"
-	"os"
-	"path/filepath"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -18,17 +15,8 @@ import (
 	"stallfree/api"
 	"stallfree/catalog"
 	"stallfree/cluster"
+	"stallfree/internal/testutil"
 )
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
 
 // startNode runs a node, alone or as a one-member cluster, with a directory
 // of items random files of size bytes registered as dataset "ds".
@@ -39,23 +27,11 @@ func startNode(t *testing.T, items, size int, memory uint64, clustered bool) (*N
 
 func startNodeWith(t *testing.T, items, size int, memory uint64, clustered bool, policy string) (*Node, *catalog.Dataset, map[string][]byte) {
 	t.Helper()
-	dir := t.TempDir()
-	files := map[string][]byte{}
-	for i := range items {
-		b := make([]byte, size)
-		for j := range b {
-			b[j] = byte(rand.Uint32())
-		}
-		name := fmt.Sprintf("item%04d.bin", i)
-		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		files[name] = b
-	}
-	cfg := Config{Name: "t1", RaftBind: freeAddr(t), DataDir: t.TempDir(), Bootstrap: true, Memory: memory,
-		Policy: policy, FastRaft: true, Logger: slog.New(slog.DiscardHandler)}
+	dir, files := testutil.RandomFiles(t, items, size)
+	cfg := Config{Name: "t1", RaftBind: testutil.FreeAddr(t), DataDir: t.TempDir(), Bootstrap: true, Memory: memory,
+		Policy: policy, Timing: LocalTiming(), Logger: slog.New(slog.DiscardHandler)}
 	if clustered {
-		cfg.GossipBind, cfg.Advertise, cfg.PeerBind = freeAddr(t), "127.0.0.1", freeAddr(t)
+		cfg.GossipBind, cfg.Advertise, cfg.PeerBind = testutil.FreeAddr(t), "127.0.0.1", testutil.FreeAddr(t)
 		cfg.PeerAdvert = cfg.PeerBind
 	}
 	n, err := New(cfg)
@@ -65,10 +41,10 @@ func startNodeWith(t *testing.T, items, size int, memory uint64, clustered bool,
 	t.Cleanup(func() { n.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if err := n.RegisterAtStart(ctx, []string{"ds=" + dir}); err != nil {
+	if err := n.Control().RegisterAtStart(ctx, []string{"ds=" + dir}); err != nil {
 		t.Fatal(err)
 	}
-	d, err := n.Dataset(ctx, "ds")
+	d, err := n.Control().Dataset(ctx, "ds")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,17 +116,7 @@ func TestWarmupStopsWhenFull(t *testing.T) {
 // awaitWarmup waits until the node's warm-up of d has ended.
 func awaitWarmup(t *testing.T, n *Node, d *catalog.Dataset) {
 	t.Helper()
-	await(t, "the warm-up to end", func() bool { return !n.WarmupProgress(d).Running })
-}
-
-// await polls cond until it holds, failing the test after 30 s.
-func await(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("still waiting for %s", what)
-		}
-	}
+	testutil.Await(t, "the warm-up to end", func() bool { return !n.WarmupProgress(d).Running })
 }
 
 // movingPeers is a lone node's view that changes once a warm-up has listed
@@ -200,14 +166,14 @@ func TestWarmupLeavesMovedItemsToTheirOwner(t *testing.T) {
 func TestCachePolicyFollowsAResumedEpoch(t *testing.T) {
 	n, _, _ := startNode(t, 60, 64, 1<<20, false)
 	ctx := context.Background()
-	old, err := n.PutJob(ctx, api.Job{Name: "train", Dataset: "ds", Seed: 3, WorldSize: 2, BatchSize: 4, Ranks: []string{"t1", "t1"}})
+	old, err := n.Control().PutJob(ctx, api.Job{Name: "train", Dataset: "ds", Seed: 3, WorldSize: 2, BatchSize: 4, Ranks: []string{"t1", "t1"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := n.RankOrder(ctx, "train", 0, 0); err != nil { // epoch 0 starts under 2 ranks
+	if _, err := n.Control().RankOrder(ctx, "train", 0, 0); err != nil { // epoch 0 starts under 2 ranks
 		t.Fatal(err)
 	}
-	if _, err := n.PutJob(ctx, api.Job{Name: "train", Dataset: "ds", Seed: 3, WorldSize: 1, BatchSize: 4, Ranks: []string{"t1"}}); err != nil {
+	if _, err := n.Control().PutJob(ctx, api.Job{Name: "train", Dataset: "ds", Seed: 3, WorldSize: 1, BatchSize: 4, Ranks: []string{"t1"}}); err != nil {
 		t.Fatal(err)
 	}
 	host := clairvoyantHost{n}
@@ -215,7 +181,7 @@ func TestCachePolicyFollowsAResumedEpoch(t *testing.T) {
 	if err != nil || len(plain.Ranks[0]) != 60 {
 		t.Fatalf("before the resume: %v, want the plain 1-rank order of 60", err)
 	}
-	o, err := n.ResumedOrder(ctx, "train", 0, 0, old.Version, 10)
+	o, err := n.Control().ResumedOrder(ctx, "train", 0, 0, old.Version, 10)
 	if err != nil || len(o.Indices) != 40 {
 		t.Fatalf("resumed order: %d samples, %v; want the 2 x 20 left", len(o.Indices), err)
 	}
@@ -230,5 +196,20 @@ func TestCachePolicyFollowsAResumedEpoch(t *testing.T) {
 	}
 	if next, err := host.Plan("train", 1); err != nil || len(next.Ranks[0]) != 60 {
 		t.Fatalf("epoch 1: %v, want a plain epoch", err)
+	}
+}
+
+// A node that knows no leader is not ready, and says why (the rest of what
+// such a node does, its writes refused with 503, is control's
+// TestWritesWithoutALeader).
+func TestNotReadyWithoutALeader(t *testing.T) {
+	n, err := New(Config{Name: "f1", RaftBind: testutil.FreeAddr(t), DataDir: t.TempDir(), Memory: 1 << 20, Policy: "lru",
+		Timing: LocalTiming(), Logger: testutil.Discard()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	if ok, why := n.Ready(); ok || why == "" {
+		t.Fatalf("ready without a leader: %v %q", ok, why)
 	}
 }

@@ -72,6 +72,13 @@ func newNoPeers(self string) noPeers {
 	return noPeers{self: self, ring: empty}
 }
 
+// members is the cluster as control sees it: whatever n.peers is when asked
+// (a lone node's, or the cluster's once it is built).
+type members struct{ n *Node }
+
+func (m members) Members() []string                     { return m.n.peers.Members() }
+func (m members) HTTPAddr(member string) (string, bool) { return m.n.peers.HTTPAddr(member) }
+
 // forPeers is the node as the cluster sees it (cluster.Local).
 type forPeers struct{ n *Node }
 
@@ -107,14 +114,10 @@ func (h clairvoyantHost) EpochMembers(job string, epoch uint64) ([]string, bool)
 	return h.n.cat.EpochMembers(job, epoch)
 }
 func (h clairvoyantHost) Plan(job string, epoch uint64) (*locality.EpochPlan, error) {
-	// An epoch resumed after a resize is read in its re-split order.
-	if ep, ok := h.n.activeResume(job, epoch); ok {
-		return ep, nil
-	}
-	return h.n.planHere(job, epoch)
+	return h.n.ctl.ReadingPlan(job, epoch)
 }
 func (h clairvoyantHost) PredictPlan(job string, epoch uint64) (*locality.EpochPlan, []string, error) {
-	return h.n.PredictPlan(job, epoch)
+	return h.n.ctl.PredictPlan(job, epoch)
 }
 func (h clairvoyantHost) Owns(d *catalog.Dataset, index int) bool {
 	_, self := h.n.peers.Owner(d, index)

@@ -15,6 +15,8 @@ import (
 
 	"stallfree/api"
 	"stallfree/catalog"
+	"stallfree/control"
+	"stallfree/internal/testutil"
 	"stallfree/partition"
 )
 
@@ -23,27 +25,27 @@ import (
 func TestDatasetRegistration(t *testing.T) {
 	n, d, _ := startNode(t, 12, 10, 1<<20, false)
 	ctx := context.Background()
-	info, created, err := n.PutDataset(ctx, "ds", d.Source)
+	info, created, err := n.Control().PutDataset(ctx, "ds", d.Source)
 	if err != nil || created || info.ID != d.ID || info.Items != 12 || info.Bytes != 120 || info.Source != d.Source {
 		t.Fatalf("again: %+v created %v, %v", info, created, err)
 	}
-	if _, _, err := n.PutDataset(ctx, "ds", t.TempDir()); !errors.Is(err, catalog.ErrConflict) {
+	if _, _, err := n.Control().PutDataset(ctx, "ds", t.TempDir()); !errors.Is(err, catalog.ErrConflict) {
 		t.Fatalf("another source: %v", err)
 	}
-	if _, _, err := n.PutDataset(ctx, "x", "ftp://host/x"); !errors.Is(err, ErrBadRequest) {
+	if _, _, err := n.Control().PutDataset(ctx, "x", "ftp://host/x"); !errors.Is(err, ErrBadRequest) {
 		t.Fatalf("unsupported scheme: %v", err)
 	}
-	if _, _, err := n.PutDataset(ctx, "x", filepath.Join(t.TempDir(), "missing")); !errors.Is(err, ErrBadRequest) {
+	if _, _, err := n.Control().PutDataset(ctx, "x", filepath.Join(t.TempDir(), "missing")); !errors.Is(err, ErrBadRequest) {
 		t.Fatalf("missing directory: %v", err)
 	}
-	r, ok := n.Registration("ds")
+	r, ok := n.Control().Registration("ds")
 	if !ok || r.Running || r.Listed != 12 || r.Error != "" || r.Seconds <= 0 {
 		t.Fatalf("registration of ds: %+v %v", r, ok)
 	}
-	if r, ok := n.Registration("x"); !ok || r.Running || r.Error == "" {
+	if r, ok := n.Control().Registration("x"); !ok || r.Running || r.Error == "" {
 		t.Fatalf("the failed registration of x: %+v %v", r, ok)
 	}
-	if _, ok := n.Registration("never"); ok {
+	if _, ok := n.Control().Registration("never"); ok {
 		t.Fatal("a registration never run")
 	}
 	second := t.TempDir()
@@ -52,18 +54,18 @@ func TestDatasetRegistration(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	info, created, err = n.PutDataset(ctx, "two", second)
+	info, created, err = n.Control().PutDataset(ctx, "two", second)
 	if err != nil || !created || info.Items != 3 || info.ID == d.ID {
 		t.Fatalf("a second dataset: %+v %v %v", info, created, err)
 	}
 	names := map[string]int{}
-	for _, ds := range n.Datasets() {
+	for _, ds := range n.Control().Datasets() {
 		names[ds.Name] = ds.Items
 	}
-	if len(names) != 2 || names["ds"] != 12 || names["two"] != 3 || !n.HasDataset("two") {
+	if len(names) != 2 || names["ds"] != 12 || names["two"] != 3 || !n.Control().HasDataset("two") {
 		t.Fatalf("datasets %v", names)
 	}
-	if _, err := n.Dataset(ctx, "nope"); !errors.Is(err, catalog.ErrNotFound) {
+	if _, err := n.Control().Dataset(ctx, "nope"); !errors.Is(err, catalog.ErrNotFound) {
 		t.Fatalf("unknown dataset: %v", err)
 	}
 }
@@ -79,13 +81,13 @@ func TestDeleteDatasetDropsItsItems(t *testing.T) {
 		}
 		it.Release()
 	}
-	if err := n.DeleteDataset(ctx, "ds"); err != nil {
+	if err := n.Control().DeleteDataset(ctx, "ds"); err != nil {
 		t.Fatal(err)
 	}
-	if n.HasDataset("ds") {
+	if n.Control().HasDataset("ds") {
 		t.Fatal("deleted dataset still listed")
 	}
-	await(t, "the deleted dataset's items to be dropped", func() bool { return n.Stats().ItemsCached == 0 })
+	testutil.Await(t, "the deleted dataset's items to be dropped", func() bool { return n.Stats().ItemsCached == 0 })
 	n.mu.Lock()
 	open := len(n.sources)
 	n.mu.Unlock()
@@ -107,33 +109,33 @@ func TestAllowSource(t *testing.T) {
 	if err := os.Symlink(outside, link); err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{Name: "t1", RaftBind: freeAddr(t), DataDir: t.TempDir(), Bootstrap: true, Memory: 1 << 20,
-		Policy: "lru", FastRaft: true, Logger: discard(), AllowSources: []string{allowed}}
+	cfg := Config{Name: "t1", RaftBind: testutil.FreeAddr(t), DataDir: t.TempDir(), Bootstrap: true, Memory: 1 << 20,
+		Policy: "lru", Timing: LocalTiming(), Logger: testutil.Discard(), AllowSources: []string{allowed}}
 	n, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer n.Close()
-	if _, err := n.CheckSource(inside); err != nil {
+	if _, err := n.Control().CheckSource(inside); err != nil {
 		t.Fatalf("inside: %v", err)
 	}
-	if _, err := n.CheckSource(outside); !errors.Is(err, ErrForbiddenSource) || strings.Contains(err.Error(), "really") {
+	if _, err := n.Control().CheckSource(outside); !errors.Is(err, control.ErrForbiddenSource) || strings.Contains(err.Error(), "really") {
 		t.Fatalf("outside: %v", err)
 	}
-	if _, err := n.CheckSource(link); !errors.Is(err, ErrForbiddenSource) || !strings.Contains(err.Error(), "really") {
+	if _, err := n.Control().CheckSource(link); !errors.Is(err, control.ErrForbiddenSource) || !strings.Contains(err.Error(), "really") {
 		t.Fatalf("a symlink out: %v", err)
 	}
-	if _, err := n.CheckSource(filepath.Join(allowed, "missing")); !errors.Is(err, ErrBadRequest) {
+	if _, err := n.Control().CheckSource(filepath.Join(allowed, "missing")); !errors.Is(err, ErrBadRequest) {
 		t.Fatalf("a path that does not exist: %v", err)
 	}
-	if _, _, err := n.PutDataset(context.Background(), "x", outside); !errors.Is(err, ErrForbiddenSource) {
+	if _, _, err := n.Control().PutDataset(context.Background(), "x", outside); !errors.Is(err, control.ErrForbiddenSource) {
 		t.Fatalf("PutDataset outside: %v", err)
 	}
-	if _, err := New(Config{Name: "t2", RaftBind: freeAddr(t), DataDir: t.TempDir(), Memory: 1 << 20, Policy: "lru",
-		Logger: discard(), AllowSources: []string{filepath.Join(allowed, "missing")}}); err == nil {
+	if _, err := New(Config{Name: "t2", RaftBind: testutil.FreeAddr(t), DataDir: t.TempDir(), Memory: 1 << 20, Policy: "lru",
+		Logger: testutil.Discard(), AllowSources: []string{filepath.Join(allowed, "missing")}}); err == nil {
 		t.Fatal("an --allow-source that does not exist was accepted")
 	}
-	if _, err := New(Config{Name: "t2", RaftBind: freeAddr(t), DataDir: t.TempDir(), Memory: 1 << 20, Policy: "fifo", Logger: discard()}); err == nil {
+	if _, err := New(Config{Name: "t2", RaftBind: testutil.FreeAddr(t), DataDir: t.TempDir(), Memory: 1 << 20, Policy: "fifo", Logger: testutil.Discard()}); err == nil {
 		t.Fatal("an unknown policy was accepted")
 	}
 }
@@ -145,8 +147,8 @@ func TestRegisterAtStartAndReady(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "a"), []byte("x"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{Name: "t1", RaftBind: freeAddr(t), DataDir: t.TempDir(), Bootstrap: true, Memory: 1 << 20,
-		Policy: "lru", FastRaft: true, Logger: discard(), Datasets: []string{"a=" + dir}}
+	cfg := Config{Name: "t1", RaftBind: testutil.FreeAddr(t), DataDir: t.TempDir(), Bootstrap: true, Memory: 1 << 20,
+		Policy: "lru", Timing: LocalTiming(), Logger: testutil.Discard(), Datasets: []string{"a=" + dir}}
 	n, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -155,7 +157,7 @@ func TestRegisterAtStartAndReady(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	for _, bad := range []string{"a", "=" + dir, "a="} {
-		if err := n.RegisterAtStart(ctx, []string{bad}); err == nil || !strings.Contains(err.Error(), "NAME=SOURCE") {
+		if err := n.Control().RegisterAtStart(ctx, []string{bad}); err == nil || !strings.Contains(err.Error(), "NAME=SOURCE") {
 			t.Fatalf("%q: %v", bad, err)
 		}
 	}
@@ -163,19 +165,19 @@ func TestRegisterAtStartAndReady(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A new leader applies its own log a moment after it is elected.
-	await(t, "the catalog caught up", func() bool { ok, _ := n.CatalogReady(); ok2, _ := n.cat.CaughtUp(); return ok && ok2 })
+	testutil.Await(t, "the catalog caught up", func() bool { ok, _ := n.Control().CatalogReady(); ok2, _ := n.cat.CaughtUp(); return ok && ok2 })
 	if ok, why := n.Ready(); ok || !strings.Contains(why, "--dataset a") {
 		t.Fatalf("ready before its dataset: %v %q", ok, why)
 	}
-	if err := n.RegisterAtStart(ctx, []string{"b=ftp://x"}); err == nil || !strings.Contains(err.Error(), "--dataset b") {
+	if err := n.Control().RegisterAtStart(ctx, []string{"b=ftp://x"}); err == nil || !strings.Contains(err.Error(), "--dataset b") {
 		t.Fatalf("a bad source: %v", err)
 	}
-	if err := n.RegisterAtStart(ctx, cfg.Datasets); err != nil {
+	if err := n.Control().RegisterAtStart(ctx, cfg.Datasets); err != nil {
 		t.Fatal(err)
 	}
 	// Ready also wants raft's applied index at its commit index, which it
 	// reaches a moment after the write returns.
-	await(t, "readiness", func() bool { ok, _ := n.Ready(); return ok })
+	testutil.Await(t, "readiness", func() bool { ok, _ := n.Ready(); return ok })
 }
 
 // tarShards writes shards of samples (each a .jpg and a .cls member, of size
@@ -217,10 +219,10 @@ func tarDataset(t *testing.T, n *Node, shards, samples, size int) (*catalog.Data
 	t.Helper()
 	dir, files := tarShards(t, shards, samples, size)
 	ctx := context.Background()
-	if _, _, err := n.PutDataset(ctx, "wds", "tar+dir://"+dir); err != nil {
+	if _, _, err := n.Control().PutDataset(ctx, "wds", "tar+dir://"+dir); err != nil {
 		t.Fatal(err)
 	}
-	d, err := n.Dataset(ctx, "wds")
+	d, err := n.Control().Dataset(ctx, "wds")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -259,7 +261,7 @@ func TestTarWarmupReadsItsShardsOnceAndPushes(t *testing.T) {
 			owner, self := p.Owner(d, i)
 			wantBytes += d.Manifest.Size(i)
 			switch {
-			case self && !n.Holds(d, i):
+			case self && !n.Split().Holds(d, i):
 				t.Fatalf("own member %s not kept", key)
 			case !self && !bytes.Equal(p.pushed[i], files[key]):
 				t.Fatalf("member %s of %s: pushed %d bytes, want its %d", key, owner, len(p.pushed[i]), len(files[key]))
@@ -297,7 +299,7 @@ func TestTarWarmupReadsItsShardsOnceAndPushes(t *testing.T) {
 	if _, _, err := n.GetSamplesFor(ctx, d, make([]int, MaxBatch+1), ""); !errors.Is(err, ErrTooLarge) {
 		t.Fatalf("too many samples: %v", err)
 	}
-	plain, err := n.Dataset(ctx, "ds")
+	plain, err := n.Control().Dataset(ctx, "ds")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -312,7 +314,7 @@ func TestJobBatchesOfSamples(t *testing.T) {
 	_, files := tarDataset(t, n, 2, 5, 0)
 	ctx := context.Background()
 	putJob(t, n, api.Job{Name: "tj", Dataset: "wds", Seed: 1, WorldSize: 1, BatchSize: 3})
-	o, err := n.RankOrder(ctx, "tj", 0, 0)
+	o, err := n.Control().RankOrder(ctx, "tj", 0, 0)
 	if err != nil || len(o.Indices) != 10 || o.Batches != 4 {
 		t.Fatalf("order %+v, %v: want 10 samples in 4 batches", o, err)
 	}
@@ -348,7 +350,7 @@ func TestTarWarmupStopsForAFullOwner(t *testing.T) {
 func TestConfigDefaults(t *testing.T) {
 	open := func(cfg Config) Config {
 		t.Helper()
-		cfg.Name, cfg.RaftBind, cfg.DataDir, cfg.Policy, cfg.Logger = "t1", freeAddr(t), t.TempDir(), "lru", discard()
+		cfg.Name, cfg.RaftBind, cfg.DataDir, cfg.Policy, cfg.Logger = "t1", testutil.FreeAddr(t), t.TempDir(), "lru", testutil.Discard()
 		n, err := New(cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -367,7 +369,7 @@ func TestConfigDefaults(t *testing.T) {
 		t.Fatalf("in-flight default for 2 GiB: %d, want a quarter", got.MaxInflightBytes)
 	}
 	// No logger: the default one, not a nil one every log call would crash on.
-	quiet, err := New(Config{Name: "t1", RaftBind: freeAddr(t), DataDir: t.TempDir(), Policy: "lru", Memory: 1 << 20})
+	quiet, err := New(Config{Name: "t1", RaftBind: testutil.FreeAddr(t), DataDir: t.TempDir(), Policy: "lru", Memory: 1 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -402,6 +404,7 @@ func largestPush(t *testing.T, n *Node, d *catalog.Dataset, p *twoMembers) (item
 // A warm-up push holds at most pushItems samples and at most its byte bound,
 // and fills to exactly either when the samples are small or divide it.
 func TestTarWarmupPushesAreBounded(t *testing.T) {
+	testutil.Long(t)
 	for _, tc := range []struct {
 		shards, samples, size int
 		items, bytes          int // the largest push's, 0: not checked

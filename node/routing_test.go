@@ -15,6 +15,7 @@ import (
 	"stallfree/api"
 	"stallfree/catalog"
 	"stallfree/cluster"
+	"stallfree/internal/testutil"
 	"stallfree/partition"
 	"stallfree/store"
 )
@@ -180,7 +181,7 @@ func TestGetRoutesByOwner(t *testing.T) {
 		t.Fatalf("stats %+v, %d peer requests; want %d items read and kept, %d peer hits", st, p.single.Load(), len(mine), 2*len(theirs))
 	}
 	for _, i := range theirs {
-		if n.Holds(d, i) {
+		if n.Split().Holds(d, i) {
 			t.Fatalf("item %d of t2 kept on t1", i)
 		}
 	}
@@ -207,7 +208,7 @@ func TestOwnerGoneReadsStorageWithoutKeeping(t *testing.T) {
 			t.Fatalf("item %d: %v, %s", i, err, it.Cache)
 		}
 		it.Release()
-		if n.Holds(d, i) {
+		if n.Split().Holds(d, i) {
 			t.Fatalf("item %d of t2 kept after a storage read", i)
 		}
 	}
@@ -230,8 +231,8 @@ func TestFillForPeerNeverAsksAnotherOwner(t *testing.T) {
 	if p.single.Load()+p.batches.Load() != 0 {
 		t.Fatalf("%d requests to t2 while filling for a peer", p.single.Load()+p.batches.Load())
 	}
-	if !n.Holds(d, mine[0]) || n.Holds(d, theirs[0]) {
-		t.Fatalf("kept: own item %v, t2's item %v; want only its own", n.Holds(d, mine[0]), n.Holds(d, theirs[0]))
+	if !n.Split().Holds(d, mine[0]) || n.Split().Holds(d, theirs[0]) {
+		t.Fatalf("kept: own item %v, t2's item %v; want only its own", n.Split().Holds(d, mine[0]), n.Split().Holds(d, theirs[0]))
 	}
 	if p.handoffs.Load() != 1 {
 		t.Fatalf("%d handoffs: want one, for the item it owns", p.handoffs.Load())
@@ -281,7 +282,7 @@ func TestGetManyAsksEachOwnerOnce(t *testing.T) {
 
 	// t2 gone: its items are read here, one by one after the batch failed.
 	p.down = true
-	items, err := n.GetMany(context.Background(), d, theirs)
+	items, err := n.GetManyFor(context.Background(), d, theirs, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -303,10 +304,10 @@ func TestGetManyAsksEachOwnerOnce(t *testing.T) {
 func TestGetManyBounds(t *testing.T) {
 	n, d, _ := startNode(t, 8, 1000, 1<<20, false)
 	ctx := context.Background()
-	if _, err := n.GetMany(ctx, d, make([]int, MaxBatch+1)); !errors.Is(err, ErrTooLarge) {
+	if _, err := n.GetManyFor(ctx, d, make([]int, MaxBatch+1), ""); !errors.Is(err, ErrTooLarge) {
 		t.Fatalf("%d items: %v", MaxBatch+1, err)
 	}
-	most, err := n.GetMany(ctx, d, make([]int, MaxBatch))
+	most, err := n.GetManyFor(ctx, d, make([]int, MaxBatch), "")
 	if err != nil {
 		t.Fatalf("%d items (the limit): %v", MaxBatch, err)
 	}
@@ -314,23 +315,23 @@ func TestGetManyBounds(t *testing.T) {
 		it.Release()
 	}
 	for _, bad := range [][]int{{0, 8}, {-1}, {3, 2, 100}} {
-		if _, err := n.GetMany(ctx, d, bad); !errors.Is(err, ErrBadRequest) {
+		if _, err := n.GetManyFor(ctx, d, bad, ""); !errors.Is(err, ErrBadRequest) {
 			t.Fatalf("%v: %v", bad, err)
 		}
 	}
 	n.inflight.limit = 3000
-	if _, err := n.GetMany(ctx, d, []int{0, 1, 2, 3}); !errors.Is(err, ErrTooLarge) {
+	if _, err := n.GetManyFor(ctx, d, []int{0, 1, 2, 3}, ""); !errors.Is(err, ErrTooLarge) {
 		t.Fatalf("4000 bytes under a 3000-byte budget: %v", err)
 	}
-	held, err := n.GetMany(ctx, d, []int{0, 1, 2})
+	held, err := n.GetManyFor(ctx, d, []int{0, 1, 2}, "")
 	if err != nil {
 		t.Fatalf("exactly the budget: %v", err)
 	}
-	if _, err := n.GetMany(ctx, d, []int{4}); !errors.Is(err, ErrBusy) {
+	if _, err := n.GetManyFor(ctx, d, []int{4}, ""); !errors.Is(err, ErrBusy) {
 		t.Fatalf("past a held budget: %v", err)
 	}
 	held[0].Release()
-	again, err := n.GetMany(ctx, d, []int{4})
+	again, err := n.GetManyFor(ctx, d, []int{4}, "")
 	if err != nil {
 		t.Fatalf("after a release: %v", err)
 	}
@@ -382,12 +383,12 @@ func TestRehomeMovesCopiesToTheirOwner(t *testing.T) {
 		t.Fatal("rehome incomplete")
 	}
 	for _, i := range theirs {
-		if n.Holds(d, i) || !bytes.Equal(p.pushed[i], files[d.Manifest.Key(i)]) {
-			t.Fatalf("item %d: still on t1 %v, pushed bytes equal %v", i, n.Holds(d, i), bytes.Equal(p.pushed[i], files[d.Manifest.Key(i)]))
+		if n.Split().Holds(d, i) || !bytes.Equal(p.pushed[i], files[d.Manifest.Key(i)]) {
+			t.Fatalf("item %d: still on t1 %v, pushed bytes equal %v", i, n.Split().Holds(d, i), bytes.Equal(p.pushed[i], files[d.Manifest.Key(i)]))
 		}
 	}
 	for _, i := range mine {
-		if !n.Holds(d, i) || p.pushed[i] != nil {
+		if !n.Split().Holds(d, i) || p.pushed[i] != nil {
 			t.Fatalf("t1's own item %d moved", i)
 		}
 	}
@@ -470,7 +471,7 @@ func TestWarmupReadsOnlyItsShare(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 	for _, i := range mine {
-		if !n.Holds(d, i) {
+		if !n.Split().Holds(d, i) {
 			t.Fatalf("own item %d not warmed", i)
 		}
 	}
@@ -485,6 +486,7 @@ func TestWarmupReadsOnlyItsShare(t *testing.T) {
 // An owner table names members in one byte each up to 255 members and in
 // two (little-endian) from 256 on, as clients decode it.
 func TestOwnersTableWidth(t *testing.T) {
+	testutil.Long(t)
 	n, d, _, p := withTwoMembers(t, 300, 8)
 	for _, count := range []int{255, 256} {
 		names := make([]string, count)
@@ -534,14 +536,14 @@ func TestRewarmRefillsWhatIsMissing(t *testing.T) {
 	}
 	n.rewarm()
 	awaitWarmup(t, n, d)
-	if !n.Holds(d, 3) || !n.Holds(d, 7) || n.Stats().SourceReads != 22 {
-		t.Fatalf("after rewarm: item 3 %v, item 7 %v, %d storage reads (want 20 + 2)", n.Holds(d, 3), n.Holds(d, 7), n.Stats().SourceReads)
+	if !n.Split().Holds(d, 3) || !n.Split().Holds(d, 7) || n.Stats().SourceReads != 22 {
+		t.Fatalf("after rewarm: item 3 %v, item 7 %v, %d storage reads (want 20 + 2)", n.Split().Holds(d, 3), n.Split().Holds(d, 7), n.Stats().SourceReads)
 	}
 	n.warmups[d.Name].full.Store(true)
 	n.store.Delete(store.MakeKey(d.ID, 5))
 	n.rewarm()
 	awaitWarmup(t, n, d)
-	if n.Holds(d, 5) {
+	if n.Split().Holds(d, 5) {
 		t.Fatal("rewarm restarted a warm-up that had stopped full")
 	}
 }
@@ -564,7 +566,7 @@ func TestRehomeMovesAnItemLargerThanAPush(t *testing.T) {
 		t.Fatalf("%d pushes of %d items for %d items over the bound: want one each", len(p.pushes), len(p.pushed), len(theirs))
 	}
 	for _, i := range theirs {
-		if !bytes.Equal(p.pushed[i], files[d.Manifest.Key(i)]) || n.Holds(d, i) {
+		if !bytes.Equal(p.pushed[i], files[d.Manifest.Key(i)]) || n.Split().Holds(d, i) {
 			t.Fatalf("item %d not moved", i)
 		}
 	}

@@ -6,12 +6,9 @@ import (
 	"fmt"
 	"maps"
 	"math"
-	"net/url"
 	"slices"
 	"sync"
 	"time"
-
-	"github.com/valyala/fasthttp"
 
 	"stallfree/api"
 	"stallfree/catalog"
@@ -24,6 +21,20 @@ import (
 // stall meters report, and the plan. The model and the split are the
 // planner package's; the reports and storage figures are split's; what is
 // here ties them to the catalog and the store.
+
+// MemorySplit is the node's part of the memory split: its quotas, what stall
+// meters report to it, and the plan (Node.Split). It is the node seen from
+// the split's side, so the node's own method set stays the item path's.
+type MemorySplit struct{ n *Node }
+
+// Split is this node's part of the memory split.
+func (n *Node) Split() MemorySplit { return MemorySplit{n} }
+
+// Holds reports whether this node's memory holds item index of d now. Tests
+// and diagnostics use it to wait for read-ahead instead of racing it.
+func (m MemorySplit) Holds(d *catalog.Dataset, index int) bool {
+	return m.n.store.Contains(store.MakeKey(d.ID, uint32(index)))
+}
 
 // splitState is the node's part of the split.
 type splitState struct {
@@ -48,13 +59,14 @@ func newSplitState() splitState {
 
 // quotaLoop keeps the store's per-dataset limits at each quota's share
 // here: after every catalog change, and every second for ring changes.
-func (n *Node) quotaLoop() {
+func (m MemorySplit) quotaLoop() {
+	n := m.n
 	defer n.wg.Done()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
 		updated := n.cat.Updated()
-		n.applyQuotas()
+		m.applyQuotas()
 		select {
 		case <-n.ctx.Done():
 			return
@@ -67,7 +79,8 @@ func (n *Node) quotaLoop() {
 // applyQuotas sets this node's limit of every dataset with a quota to the
 // quota times the share of the dataset's bytes this node owns by the ring,
 // so that the cluster as a whole holds at most the quota.
-func (n *Node) applyQuotas() {
+func (m MemorySplit) applyQuotas() {
+	n := m.n
 	n.split.mu.Lock()
 	defer n.split.mu.Unlock()
 	live := map[uint32]bool{}
@@ -80,7 +93,7 @@ func (n *Node) applyQuotas() {
 			}
 			continue
 		}
-		share, ok := n.localShare(d)
+		share, ok := m.localShare(d)
 		if !ok {
 			continue // not on the ring yet: keep what was set
 		}
@@ -104,7 +117,8 @@ func (n *Node) applyQuotas() {
 // localShare is the fraction of d's bytes this node owns by the ring (1
 // when it runs alone); ok is false while this node is not on the ring.
 // Called with n.split.mu held.
-func (n *Node) localShare(d *catalog.Dataset) (float64, bool) {
+func (m MemorySplit) localShare(d *catalog.Dataset) (float64, bool) {
+	n := m.n
 	ring := n.peers.Ring()
 	if ring.Empty() {
 		return 1, true
@@ -141,10 +155,11 @@ func (n *Node) localShare(d *catalog.Dataset) (float64, bool) {
 	return share, true
 }
 
-func (n *Node) shareOf(d *catalog.Dataset) float64 {
+func (m MemorySplit) shareOf(d *catalog.Dataset) float64 {
+	n := m.n
 	n.split.mu.Lock()
 	defer n.split.mu.Unlock()
-	s, ok := n.localShare(d)
+	s, ok := m.localShare(d)
 	if !ok || s <= 0 {
 		return 1
 	}
@@ -152,7 +167,8 @@ func (n *Node) shareOf(d *catalog.Dataset) float64 {
 }
 
 // ClusterMemory is the cache memory of the members alive now.
-func (n *Node) ClusterMemory() uint64 {
+func (m MemorySplit) ClusterMemory() uint64 {
+	n := m.n
 	var sum uint64
 	for _, m := range n.peers.Describe(api.Member{Name: n.cfg.Name, State: "alive", Capacity: n.cfg.Memory}) {
 		if m.State == "alive" || m.State == "suspect" {
@@ -166,50 +182,28 @@ func (n *Node) ClusterMemory() uint64 {
 // from source first when source is given (as PUT /v1/datasets/{name} does
 // without a quota). A negative quota, or one over the cluster's memory, is
 // refused before anything changes.
-func (n *Node) PutQuota(ctx context.Context, name, source string, quota api.Quota) (info api.Dataset, created bool, err error) {
+func (m MemorySplit) PutQuota(ctx context.Context, name, source string, quota api.Quota) (info api.Dataset, created bool, err error) {
+	n := m.n
 	if !quota.Lift && quota.Bytes < 0 {
 		return api.Dataset{}, false, fmt.Errorf("%w: quota %d: want a number of bytes, 0 or more", ErrBadRequest, quota.Bytes)
 	}
-	if mem := n.ClusterMemory(); !quota.Lift && uint64(quota.Bytes) > mem {
+	if mem := m.ClusterMemory(); !quota.Lift && uint64(quota.Bytes) > mem {
 		return api.Dataset{}, false, fmt.Errorf("%w: quota %d bytes is over the cluster's memory (%d bytes)", ErrBadRequest, quota.Bytes, mem)
 	}
-	if source != "" {
-		if _, err := n.CheckSource(source); err != nil {
-			return api.Dataset{}, false, err
-		}
-	}
-	if !n.cat.IsLeader() {
-		code, err := n.forward(ctx, fasthttp.MethodPut, "/v1/datasets/"+url.PathEscape(name),
-			api.PutDataset{Source: source, Quota: quota}, &info, 10*time.Minute)
-		if err == nil {
-			n.applyQuotas()
-		}
-		return info, code == fasthttp.StatusCreated, err
-	}
-	if source != "" {
-		if _, created, err = n.RegisterDataset(ctx, name, source); err != nil {
-			return api.Dataset{}, false, err
-		}
-	} else if _, ok := n.cat.Dataset(name); !ok {
-		return api.Dataset{}, false, fmt.Errorf("%w: no dataset %q (give its source to register it with the quota)", catalog.ErrNotFound, name)
-	}
-	var q *uint64 // nil lifts it
-	if !quota.Lift {
-		b := uint64(quota.Bytes)
-		q = &b
-	}
-	d, err := n.cat.SetQuota(name, q)
-	if err != nil {
+	// The write takes the one way to the leader (control.Leader).
+	if info, created, err = n.ctl.SetQuota(ctx, name, source, quota); err != nil {
 		return api.Dataset{}, false, err
 	}
-	n.applyQuotas() // this node's limit holds when the answer arrives
-	return DatasetInfo(d), created, nil
+	m.applyQuotas() // this node's limit holds when the answer arrives
+	return info, created, nil
 }
 
 // ReportLoader records a stall meter's report: the node-wide wait counters
 // and, for the split, the job's epoch figures.
-func (n *Node) ReportLoader(r api.LoaderWait) {
-	n.ReportLoaderWait(time.Duration(r.Seconds*float64(time.Second)), r.Batches)
+func (m MemorySplit) ReportLoader(r api.LoaderWait) {
+	n := m.n
+	n.counters.loaderWaitNs.Add(uint64(r.Seconds * float64(time.Second)))
+	n.counters.loaderBatches.Add(r.Batches)
 	ds := r.Dataset
 	if ds == "" && r.Job != "" {
 		if j, ok := n.cat.Job(r.Job); ok {
@@ -228,7 +222,8 @@ func (n *Node) ReportLoader(r api.LoaderWait) {
 
 // EpochsDone is how many epochs every job with a complete epoch has done
 // (the least among them): split.Auto plans as it grows.
-func (n *Node) EpochsDone() uint64 {
+func (m MemorySplit) EpochsDone() uint64 {
+	n := m.n
 	done, any := uint64(math.MaxUint64), false
 	for _, j := range n.split.book.Jobs() {
 		if j.Last.Batches > 0 {
@@ -246,7 +241,8 @@ func (n *Node) EpochsDone() uint64 {
 // for its share of a dataset (storage bytes and throughput, bytes cached)
 // are scaled to the cluster by that share: every node reads and holds its
 // own share at the same time.
-func (n *Node) SplitPlan(_ context.Context) (api.Plan, error) {
+func (m MemorySplit) SplitPlan(_ context.Context) (api.Plan, error) {
+	n := m.n
 	in := planner.Input{Datasets: map[string]planner.Dataset{}}
 	out := api.Plan{Jobs: []api.PlanJob{}, Split: map[string]uint64{}, Datasets: []api.PlanDataset{}}
 	stats := map[string]split.JobStats{}
@@ -261,7 +257,7 @@ func (n *Node) SplitPlan(_ context.Context) (api.Plan, error) {
 			continue
 		}
 		if _, seen := in.Datasets[d.Name]; !seen {
-			share := n.shareOf(d)
+			share := m.shareOf(d)
 			shares[d.Name] = share
 			cached := float64(n.store.DatasetBytes(d.ID)) / share
 			cur := cached
@@ -292,10 +288,10 @@ func (n *Node) SplitPlan(_ context.Context) (api.Plan, error) {
 	// The memory to split: the cluster's, less what datasets no reporting
 	// job reads hold, less each item's bookkeeping (the store charges it to
 	// the budget; quotas count payload bytes).
-	memory := float64(n.ClusterMemory())
+	memory := float64(m.ClusterMemory())
 	for _, d := range n.cat.Datasets() {
 		if _, ok := in.Datasets[d.Name]; !ok {
-			memory -= float64(n.store.DatasetBytes(d.ID)) / n.shareOf(d)
+			memory -= float64(n.store.DatasetBytes(d.ID)) / m.shareOf(d)
 		}
 	}
 	if !math.IsInf(minItem, 1) {
@@ -319,9 +315,9 @@ func (n *Node) SplitPlan(_ context.Context) (api.Plan, error) {
 }
 
 // ApplySplit sets the quotas of a plan's split.
-func (n *Node) ApplySplit(ctx context.Context, p api.Plan) error {
+func (m MemorySplit) ApplySplit(ctx context.Context, p api.Plan) error {
 	for _, name := range slices.Sorted(maps.Keys(p.Split)) {
-		if _, _, err := n.PutQuota(ctx, name, "", api.QuotaOf(int64(p.Split[name]))); err != nil {
+		if _, _, err := m.PutQuota(ctx, name, "", api.QuotaOf(int64(p.Split[name]))); err != nil {
 			return fmt.Errorf("quota of %s: %w", name, err)
 		}
 	}

@@ -50,7 +50,7 @@ func (n *Node) StartWarmup(d *catalog.Dataset) api.Progress {
 		shards, items = n.shardsToRead(d)
 		w.total = int64(items)
 	} else {
-		owned = n.ownedIndices(d)
+		owned = ownedIndices(n.peers, d)
 		w.total = int64(len(owned))
 	}
 	w.running.Store(true)
@@ -85,7 +85,7 @@ func (n *Node) WarmupProgress(d *catalog.Dataset) api.Progress {
 			_, items := n.shardsToRead(d)
 			return api.Progress{Total: int64(items)}
 		}
-		return api.Progress{Total: int64(len(n.ownedIndices(d)))}
+		return api.Progress{Total: int64(len(ownedIndices(n.peers, d)))}
 	}
 	return w.progress()
 }
@@ -94,10 +94,10 @@ var errFull = errors.New("store full")
 
 // ownedIndices lists the items this node owns: in a cluster each member warms
 // its own share, so warming on every member loads the dataset exactly once.
-func (n *Node) ownedIndices(d *catalog.Dataset) []int {
+func ownedIndices(peers Peers, d *catalog.Dataset) []int {
 	var out []int
 	for i := range d.Manifest.Len() {
-		if _, self := n.peers.Owner(d, i); self {
+		if _, self := peers.Owner(d, i); self {
 			out = append(out, i)
 		}
 	}

@@ -5,6 +5,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"stallfree/internal/testutil"
 )
 
 func names(r *rand.Rand, n int) []string {
@@ -43,6 +45,7 @@ func TestOwnerIsPureFunctionOfMemberSet(t *testing.T) {
 // (up to 14% of the moved keys over these 20 name sets), which a handoff
 // must therefore cover.
 func TestJoinMovesLittle(t *testing.T) {
+	testutil.Long(t)
 	r := rand.New(rand.NewPCG(1, 1))
 	worst := 0.0
 	for trial := range 20 {
@@ -80,6 +83,7 @@ func TestJoinMovesLittle(t *testing.T) {
 }
 
 func TestBalanced(t *testing.T) {
+	testutil.Long(t)
 	r := rand.New(rand.NewPCG(2, 2))
 	for _, n := range []int{2, 3, 4, 8} {
 		for range 10 {

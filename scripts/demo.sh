@@ -23,7 +23,7 @@ echo "== starting cachenode on $http"
 host=${http%:*}
 bin/cachenode --name demo-node --http "$http" --raft "${DEMO_RAFT:-$host:17072}" --peer "${DEMO_PEER:-$host:17071}" \
   --gossip "${DEMO_GOSSIP:-$host:17946}" \
-  --bootstrap --data-dir "$work/state" --memory 512MiB --fast-timers --log-level warn --source-rate 150MB \
+  --bootstrap --data-dir "$work/state" --memory 512MiB --timing local --log-level warn --source-rate 150MB \
   --dataset "demo=$(cd "$work/data" && pwd)" 2>"$work/node.log" &
 pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null || true' EXIT

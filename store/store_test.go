@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/cespare/xxhash/v2"
+
+	"stallfree/internal/testutil"
 )
 
 func item(i, size int) []byte {
@@ -142,6 +144,7 @@ func TestPinnedBytesSurviveEviction(t *testing.T) {
 }
 
 func TestChurnKeepsBudgetAndContent(t *testing.T) {
+	testutil.Long(t)
 	s := mustNew(t, 1<<20, NewLRU())
 	var wg sync.WaitGroup
 	for w := range 4 {

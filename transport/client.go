@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/vmihailenco/msgpack/v5"
 
 	"stallfree/bufpool"
 )
@@ -190,6 +191,35 @@ func (c *Client) Push(ctx context.Context, addr string, req *Request) (kept []bo
 		kept[j] = sz >= 0
 	}
 	return kept, nil
+}
+
+// Figures asks the member at addr for its cache figures (OpStats).
+func (c *Client) Figures(ctx context.Context, addr string) (Figures, error) {
+	cn, err := c.conn(ctx, addr)
+	if err != nil {
+		return Figures{}, err
+	}
+	resp, pb, err := cn.roundTrip(ctx, &Header{Op: OpStats}, nil)
+	if err != nil {
+		return Figures{}, err
+	}
+	var payload []byte
+	if pb != nil {
+		defer c.bufs.Put(pb)
+		payload = pb.B
+	}
+	if resp.Status != StatusOK {
+		return Figures{}, fmt.Errorf("transport: peer %s: %s", addr, resp.Err)
+	}
+	var f Figures
+	if len(payload) == 0 || len(payload) > maxFigures {
+		cn.fail(ErrFrame)
+		return Figures{}, fmt.Errorf("%w: figures of %d bytes", ErrFrame, len(payload))
+	}
+	if err := msgpack.Unmarshal(payload, &f); err != nil {
+		return Figures{}, fmt.Errorf("%w: figures: %v", ErrFrame, err)
+	}
+	return f, nil
 }
 
 // Ping proves that the process behind addr is running and holds the key.

@@ -37,7 +37,22 @@ type Op uint8
 const (
 	OpGet  Op = 1 // fetch items by manifest index
 	OpPush Op = 2 // hand items to their owner (a tar shard's warm-up)
+	// OpStats asks a member for its cache figures (Figures), which the
+	// cluster view shows: a header without indices, answered with the
+	// figures msgpack-encoded as the payload.
+	OpStats Op = 3
 )
+
+// Figures are a member's cache figures, as other members read them for the
+// cluster view: a typed message, so no member parses another's Prometheus
+// text.
+type Figures struct {
+	Items int    `msgpack:"items"`
+	Bytes uint64 `msgpack:"bytes"`
+}
+
+// maxFigures bounds an encoded Figures answer.
+const maxFigures = 4 << 10
 
 // Status of a response.
 type Status uint8

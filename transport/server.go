@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/vmihailenco/msgpack/v5"
 
 	"stallfree/bufpool"
 )
@@ -71,6 +72,10 @@ func requestPayload(h *Header) uint64 {
 
 // Server accepts authenticated peer connections.
 type Server struct {
+	// Figures answers OpStats: this member's cache figures. Set it before
+	// Serve; nil answers OpStats with an error. It must not block.
+	Figures func() Figures
+
 	key     []byte
 	handler Handler
 	log     *slog.Logger
@@ -157,6 +162,10 @@ func (s *Server) serveConn(c net.Conn) {
 				s.log.Warn("dropping peer connection", "remote", c.RemoteAddr().String(), "err", err)
 			}
 			return
+		}
+		if h.Op == OpStats {
+			s.respondFigures(c, bw, &wmu, h)
+			continue
 		}
 		req, err := s.request(h, payload)
 		if err != nil {
@@ -284,6 +293,25 @@ func (s *Server) respond(c net.Conn, bw *bufio.Writer, wmu *sync.Mutex, h *Heade
 	c.SetWriteDeadline(time.Now().Add(frameTimeout))
 	if err := writeFrameTo(c, bw, resp, payload); err != nil {
 		c.Close() // the reader loop sees the close and ends the connection
+	}
+}
+
+// respondFigures answers an OpStats request with this member's figures.
+func (s *Server) respondFigures(c net.Conn, bw *bufio.Writer, wmu *sync.Mutex, h *Header) {
+	resp := &Header{ID: h.ID, Op: h.Op}
+	var payload [][]byte
+	if s.Figures == nil {
+		resp.Status, resp.Err = StatusError, "this member keeps no figures"
+	} else if b, err := msgpack.Marshal(s.Figures()); err != nil {
+		resp.Status, resp.Err = StatusError, err.Error()
+	} else {
+		payload = [][]byte{b}
+	}
+	wmu.Lock()
+	defer wmu.Unlock()
+	c.SetWriteDeadline(time.Now().Add(frameTimeout))
+	if err := writeFrameTo(c, bw, resp, payload); err != nil {
+		c.Close()
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -413,5 +414,37 @@ func TestPingNeedsAnAnsweringPeer(t *testing.T) {
 	}
 	if calls.Load() != 0 {
 		t.Fatalf("%d pings reached the handler", calls.Load())
+	}
+}
+
+// A member asks another for its figures: the answer is what that member's
+// Figures says, typed; a member that keeps none answers an error, and the
+// connection stays usable for items.
+func TestFigures(t *testing.T) {
+	s := NewServer(key, func(_ context.Context, req *Request) ([]Item, error) {
+		b := itemBytes(req.Indices[0])
+		return []Item{{Data: b, Sum: xxhash.Sum64(b), Found: true}}, nil
+	}, slog.New(slog.DiscardHandler))
+	asked := 0
+	s.Figures = func() Figures { asked++; return Figures{Items: 42, Bytes: 4200} }
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(ln)
+	t.Cleanup(func() { s.Close() })
+	c := NewClient(key)
+	defer c.Close()
+	ctx := context.Background()
+	f, err := c.Figures(ctx, ln.Addr().String())
+	if err != nil || f != (Figures{Items: 42, Bytes: 4200}) || asked != 1 {
+		t.Fatalf("figures %+v, %v, asked %d times", f, err, asked)
+	}
+	if res, err := c.Get(ctx, ln.Addr().String(), &Request{Dataset: "d", Indices: []uint32{7}}); err != nil || !bytes.Equal(res[0].Data, itemBytes(7)) {
+		t.Fatalf("a get after the figures: %v", err)
+	}
+	none := serveWith(t, key, func(context.Context, *Request) ([]Item, error) { return nil, nil })
+	if _, err := c.Figures(ctx, none); err == nil || !strings.Contains(err.Error(), "keeps no figures") {
+		t.Fatalf("a member without figures: %v", err)
 	}
 }

@@ -13,7 +13,7 @@ import (
 
 // startCheckpoints starts the checkpoint service (checkpoints in peer
 // memory) over the node's catalog and members.
-func startCheckpoints(n *node.Node, memory string, keep int, persist string, deadGrace time.Duration, fast bool,
+func startCheckpoints(n *node.Node, memory string, keep int, persist string, deadGrace time.Duration, local bool,
 	token string, log *slog.Logger, s3 source.S3Config) (*checkpoint.Service, error) {
 	mem, err := parseSize("checkpoint-memory", memory, 0, math.MaxInt64, "a size such as 2GiB (IEC units; 0 refuses every part)")
 	if err != nil {
@@ -28,13 +28,14 @@ func startCheckpoints(n *node.Node, memory string, keep int, persist string, dea
 	tick := time.Second
 	if deadGrace == 0 {
 		deadGrace = time.Minute
-		if fast {
+		if local {
 			deadGrace = 5 * time.Second
 		}
 	}
-	if fast {
+	if local {
 		tick = 300 * time.Millisecond
 	}
+	view := n.MemberView()
 	return checkpoint.New(checkpoint.Config{Self: n.Name(), Memory: mem, Keep: keep, Persist: persist, S3: s3,
-		Token: token, DeadGrace: deadGrace, Tick: tick, Logger: log}, n.Catalog(), n)
+		Token: token, DeadGrace: deadGrace, Tick: tick, Logger: log}, view.Catalog(), view)
 }

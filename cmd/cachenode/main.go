@@ -69,7 +69,8 @@ func run(args []string) error {
 		tokenFile = fs.String("token-file", "", "file holding the HTTP bearer token; when set, every /v1 call needs it")
 		keyFile   = fs.String("cluster-key-file", "", "file holding the cluster key (gossip encryption, peer authentication)")
 		srcRate   = fs.String("source-rate", "0", "throttle each source to this many bytes/s, e.g. 100MB (0 = off; for simulating slow storage)")
-		fast      = fs.Bool("fast-timers", false, "short raft and gossip timers for loopback tests and demos")
+		timing    = fs.String("timing", "lan", "timing profile of raft, gossip and rehoming: lan (hosts on one network) or local (nodes on one host: loopback tests and demos)")
+		fast      = fs.Bool("fast-timers", false, "the same as --timing local (kept for existing scripts)")
 		peerWait  = fs.Duration("peer-timeout", 2*time.Second, "longest wait for a peer before reading storage instead")
 		storeWait = fs.Duration("storage-timeout", 30*time.Second, "bound on every storage read (a hung mount answers 504 after it)")
 		inflight  = fs.String("max-inflight-bytes", "", "bound on response bytes being assembled at once (batches, peer answers); beyond it 503 with Retry-After (default: a quarter of --memory, at least 256MiB)")
@@ -92,7 +93,7 @@ func run(args []string) error {
 		ckptMemory  = fs.String("checkpoint-memory", "2GiB", "memory for checkpoint parts, reserved apart from --memory; a part beyond it is refused (507)")
 		ckptKeep    = fs.Int("checkpoint-keep", 2, "committed steps kept per checkpoint name")
 		ckptPersist = fs.String("checkpoint-persist", "", "persist committed checkpoint steps in the background to dir:///path or s3://bucket/prefix (S3 as for datasets: --s3-endpoint, credentials)")
-		deadGrace   = fs.Duration("dead-grace", 0, "how long a member stays dead before it leaves the raft configuration and its checkpoint parts are copied again (default 1m; 5s with --fast-timers)")
+		deadGrace   = fs.Duration("dead-grace", 0, "how long a member stays dead before it leaves the raft configuration and its checkpoint parts are copied again (default 1m; 5s with --timing local)")
 	)
 	// Coordinated prep (groups, DESIGN §4 v3).
 	groupTimeout := fs.Duration("group-timeout", 30*time.Second, "detach a group's job after this long without a request from it")
@@ -169,6 +170,13 @@ func run(args []string) error {
 	}
 	if *peerWait <= 0 {
 		return fmt.Errorf("--peer-timeout %v: want a positive duration", *peerWait)
+	}
+	if *fast { // the contract only grows: the old flag names the local profile
+		*timing = "local"
+	}
+	timings, err := node.TimingNamed(*timing)
+	if err != nil {
+		return fmt.Errorf("--timing: %w", err)
 	}
 	for _, spec := range datasets {
 		if n, src, ok := strings.Cut(spec, "="); !ok || n == "" || src == "" {
@@ -273,7 +281,7 @@ func run(args []string) error {
 	n, err := node.New(node.Config{
 		Name: *name, HTTPAdvert: httpAdv, PeerAdvert: peerAdv, RaftBind: *raftAddr, RaftAdvert: raftAdv,
 		DataDir: *dataDir, Bootstrap: *bootstrap, Memory: mem, Policy: *policy, AllowSources: allow,
-		SourceRate: int64(rate), FastRaft: *fast, Logger: log, Token: token, Datasets: datasets,
+		SourceRate: int64(rate), Timing: timings, Logger: log, Token: token, Datasets: datasets,
 		StorageTimeout: *storeWait, MaxInflightBytes: maxInflight, MaxPeerConns: max(64, files/5),
 		S3:         source.S3Config{Endpoint: *s3Endpt, Region: *s3Region, CredentialsFile: *s3Creds, Profile: *s3Profile, Env: os.Getenv},
 		GossipBind: *gossip, Advertise: advIP, Join: seeds, PeerBind: *peerAddr, ClusterKey: clusterKey, PeerTimeout: *peerWait,
@@ -296,14 +304,14 @@ func run(args []string) error {
 	}
 	srv := httpapi.New(n, token, log)
 	srv.SendBuffer = int(sndbuf)
-	ckpt, err := startCheckpoints(n, *ckptMemory, *ckptKeep, *ckptPersist, *deadGrace, *fast, token, log,
+	ckpt, err := startCheckpoints(n, *ckptMemory, *ckptKeep, *ckptPersist, *deadGrace, *timing == "local", token, log,
 		source.S3Config{Endpoint: *s3Endpt, Region: *s3Region, CredentialsFile: *s3Creds, Profile: *s3Profile, Env: os.Getenv})
 	if err != nil {
 		return err
 	}
 	defer ckpt.Close()
 	srv.SetCheckpoints(ckpt)
-	grp := groups.New(n, groups.Config{Timeout: *groupTimeout, MaxBatchBytes: int(maxItemBytes), Token: token, Logger: log})
+	grp := groups.New(n.GroupHost(), groups.Config{Timeout: *groupTimeout, MaxBatchBytes: int(maxItemBytes), Token: token, Logger: log})
 	defer grp.Close()
 	srv.EnableGroups(grp)
 	// Half the descriptors for clients, a fifth for peers: a flood on one
@@ -320,14 +328,14 @@ func run(args []string) error {
 	defer stop()
 	if len(datasets) > 0 {
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-		err := n.RegisterAtStart(rctx, datasets)
+		err := n.Control().RegisterAtStart(rctx, datasets)
 		cancel()
 		if err != nil {
 			log.Error("registering --dataset", "err", err)
 		}
 	}
 	if *autoSplit {
-		go split.Auto(ctx, n, split.AutoConfig{Every: *autoEvery, Log: log})
+		go split.Auto(ctx, n.Split(), split.AutoConfig{Every: *autoEvery, Log: log})
 	}
 	select {
 	case <-ctx.Done():

@@ -1,18 +1,45 @@
-package node
+package control
 
 import (
 	"context"
 	"errors"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/valyala/fasthttp"
+
 	"stallfree/api"
+	"stallfree/catalog"
+	"stallfree/internal/testutil"
 )
+
+// lone is the cluster of a node that runs alone.
+type lone struct{ self string }
+
+func (l lone) Members() []string            { return []string{l.self} }
+func (lone) HTTPAddr(string) (string, bool) { return "", false }
+
+// openLeader is control over a one-member raft that leads.
+func openLeader(t *testing.T) *Control {
+	t.Helper()
+	cat, err := catalog.Open(catalog.Config{NodeID: "n1", Bind: testutil.FreeAddr(t), Dir: t.TempDir(), Bootstrap: true, Timing: catalog.LocalTiming(), Logger: testutil.Discard()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cat.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := cat.WaitLeader(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return New(Config{Name: "n1", Logger: testutil.Discard()}, cat, lone{"n1"})
+}
 
 // leaderStub is the leader's HTTP API as a relaying follower sees it: it
 // records the last request and answers as told.
@@ -48,9 +75,9 @@ func (s *leaderStub) addr() string { return strings.TrimPrefix(s.srv.URL, "http:
 func TestRelayCarriesTheRequestAndItsAnswer(t *testing.T) {
 	s := newLeaderStub(t)
 	s.status, s.answer, s.applied = http.StatusCreated, `{"name":"ds","items":7}`, "42"
-	l := newLeaderLink("n2", "sekrit")
+	l := newRelayClient("n2", "sekrit")
 	var got api.Dataset
-	code, applied, err := l.relay(s.addr(), http.MethodPut, "/v1/datasets/ds", api.PutDataset{Source: "/data"}, &got, 5*time.Second)
+	code, applied, err := l.write(s.addr(), http.MethodPut, "/v1/datasets/ds", api.PutDataset{Source: "/data"}, &got, 5*time.Second)
 	if err != nil || code != http.StatusCreated || applied != 42 {
 		t.Fatalf("relay: code %d, applied %d, %v; want 201, 42, nil", code, applied, err)
 	}
@@ -66,7 +93,7 @@ func TestRelayCarriesTheRequestAndItsAnswer(t *testing.T) {
 
 	// No body, no token, no index: nothing of them is sent or made up.
 	s.status, s.answer, s.applied = http.StatusOK, "", ""
-	code, applied, err = newLeaderLink("n3", "").relay(s.addr(), http.MethodDelete, "/v1/jobs/j", nil, nil, 5*time.Second)
+	code, applied, err = newRelayClient("n3", "").write(s.addr(), http.MethodDelete, "/v1/jobs/j", nil, nil, 5*time.Second)
 	if err != nil || code != http.StatusOK || applied != 0 {
 		t.Fatalf("relay without body: %d, %d, %v", code, applied, err)
 	}
@@ -80,38 +107,39 @@ func TestRelayCarriesTheRequestAndItsAnswer(t *testing.T) {
 // not answer is a 503; an undecodable 2xx is an error.
 func TestRelayErrors(t *testing.T) {
 	s := newLeaderStub(t)
-	l := newLeaderLink("n2", "")
+	l := newRelayClient("n2", "")
 	var e *api.Error
 
 	s.status, s.answer = http.StatusConflict, `{"error":"dataset ds is registered with source /x"}`
-	code, _, err := l.relay(s.addr(), http.MethodPut, "/v1/datasets/ds", nil, nil, 5*time.Second)
+	code, _, err := l.write(s.addr(), http.MethodPut, "/v1/datasets/ds", nil, nil, 5*time.Second)
 	if !errors.As(err, &e) || code != http.StatusConflict || e.Status != http.StatusConflict || e.Message != "dataset ds is registered with source /x" {
 		t.Fatalf("refusal: code %d, %v", code, err)
 	}
 	s.status, s.answer = http.StatusBadGateway, "upstream broke"
-	if _, _, err := l.relay(s.addr(), http.MethodGet, "/", nil, nil, 5*time.Second); !errors.As(err, &e) || e.Status != http.StatusBadGateway || e.Message != "upstream broke" {
+	if _, _, err := l.write(s.addr(), http.MethodGet, "/", nil, nil, 5*time.Second); !errors.As(err, &e) || e.Status != http.StatusBadGateway || e.Message != "upstream broke" {
 		t.Fatalf("plain-text refusal: %v", err)
 	}
 	s.status, s.answer = http.StatusMultipleChoices, `{"error":""}`
-	if _, _, err := l.relay(s.addr(), http.MethodGet, "/", nil, nil, 5*time.Second); !errors.As(err, &e) || e.Status != http.StatusMultipleChoices || e.Message != `{"error":""}` {
+	if _, _, err := l.write(s.addr(), http.MethodGet, "/", nil, nil, 5*time.Second); !errors.As(err, &e) || e.Status != http.StatusMultipleChoices || e.Message != `{"error":""}` {
 		t.Fatalf("3xx with an empty message: %v", err)
 	}
 	s.status, s.answer = http.StatusOK, "not json"
 	var out api.Job
-	if code, _, err := l.relay(s.addr(), http.MethodGet, "/", nil, &out, 5*time.Second); err == nil || errors.As(err, &e) || code != http.StatusOK {
+	if code, _, err := l.write(s.addr(), http.MethodGet, "/", nil, &out, 5*time.Second); err == nil || errors.As(err, &e) || code != http.StatusOK {
 		t.Fatalf("undecodable answer: %d, %v", code, err)
 	}
-	if _, _, err := l.relay(freeAddr(t), http.MethodGet, "/", nil, nil, 5*time.Second); !errors.As(err, &e) || e.Status != http.StatusServiceUnavailable {
+	if _, _, err := l.write(testutil.FreeAddr(t), http.MethodGet, "/", nil, nil, 5*time.Second); !errors.As(err, &e) || e.Status != http.StatusServiceUnavailable {
 		t.Fatalf("no leader listening: %v", err)
 	}
-	if _, _, err := l.relay(s.addr(), http.MethodPut, "/", func() {}, nil, 5*time.Second); err == nil {
+	if _, _, err := l.write(s.addr(), http.MethodPut, "/", func() {}, nil, 5*time.Second); err == nil {
 		t.Fatal("a body that is not JSON was relayed")
 	}
 }
 
+// has asks the leader whether it answers 200, as this node.
 func TestLeaderHas(t *testing.T) {
 	s := newLeaderStub(t)
-	l := newLeaderLink("n2", "tok")
+	l := newRelayClient("n2", "tok")
 	if !l.has(s.addr(), "/v1/datasets/ds") || s.method != http.MethodGet || s.path != "/v1/datasets/ds" || s.auth != "Bearer tok" {
 		t.Fatalf("has: saw %s %s %q", s.method, s.path, s.auth)
 	}
@@ -119,67 +147,93 @@ func TestLeaderHas(t *testing.T) {
 	if l.has(s.addr(), "/v1/datasets/ds") {
 		t.Fatal("a 404 counted as having it")
 	}
-	if l.has(freeAddr(t), "/") {
+	if l.has(testutil.FreeAddr(t), "/") {
 		t.Fatal("no answer counted as having it")
+	}
+}
+
+// A read relayed to the leader goes as the client sent it (its method, path
+// and credentials), marked relayed, and the leader's answer comes back whole.
+func TestProxyCarriesTheClientsRequest(t *testing.T) {
+	s := newLeaderStub(t)
+	s.status, s.answer = http.StatusOK, `{"name":"ds"}`
+	in, out := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(in)
+	defer fasthttp.ReleaseResponse(out)
+	in.Header.SetMethod(http.MethodGet)
+	in.SetRequestURI("http://follower/v1/datasets/ds")
+	in.Header.Set("Authorization", "Bearer client")
+	if err := newRelayClient("n2", "node-token").proxy(s.addr(), in, out); err != nil {
+		t.Fatal(err)
+	}
+	if s.method != http.MethodGet || s.path != "/v1/datasets/ds" || s.auth != "Bearer client" || s.forwarded != "n2" {
+		t.Fatalf("leader saw %s %s, authorization %q, forwarded %q", s.method, s.path, s.auth, s.forwarded)
+	}
+	if out.StatusCode() != http.StatusOK || string(out.Body()) != `{"name":"ds"}` {
+		t.Fatalf("answer %d %q", out.StatusCode(), out.Body())
+	}
+	if err := newRelayClient("n2", "").proxy(testutil.FreeAddr(t), in, out); err == nil {
+		t.Fatal("no leader listening, yet an answer")
 	}
 }
 
 // A node that knows no leader refuses writes at once with a 503, and a
 // request relayed to it is never relayed again.
 func TestWritesWithoutALeader(t *testing.T) {
-	cfg := Config{Name: "f1", RaftBind: freeAddr(t), DataDir: t.TempDir(), Memory: 1 << 20, Policy: "lru", FastRaft: true,
-		Logger: discard()}
-	n, err := New(cfg)
+	cat, err := catalog.Open(catalog.Config{NodeID: "f1", Bind: testutil.FreeAddr(t), Dir: t.TempDir(), Timing: catalog.LocalTiming(), Logger: testutil.Discard()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer n.Close()
+	defer cat.Close()
+	c := New(Config{Name: "f1", Logger: testutil.Discard()}, cat, lone{"f1"})
 	ctx := context.Background()
 	var e *api.Error
-	if n.IsLeader() || n.LeaderHTTP() != "" {
+	if c.IsLeader() || c.LeaderHTTP() != "" {
 		t.Fatal("a node never bootstrapped leads")
 	}
-	if _, err := n.PutJob(ctx, api.Job{Name: "j", Dataset: "ds", Seed: 1, WorldSize: 1, BatchSize: 1}); !errors.As(err, &e) ||
+	if _, err := c.PutJob(ctx, api.Job{Name: "j", Dataset: "ds", Seed: 1, WorldSize: 1, BatchSize: 1}); !errors.As(err, &e) ||
 		e.Status != http.StatusServiceUnavailable || !strings.Contains(e.Message, "no raft leader") {
 		t.Fatalf("PutJob: %v", err)
 	}
-	if err := n.DeleteJob(Relayed(ctx), "j"); !errors.As(err, &e) || !strings.Contains(e.Message, "leadership is moving") {
+	if err := c.DeleteJob(Relayed(ctx), "j"); !errors.As(err, &e) || !strings.Contains(e.Message, "leadership is moving") {
 		t.Fatalf("relayed DeleteJob: %v", err)
 	}
-	if err := n.DeleteDataset(ctx, "ds"); !errors.As(err, &e) || e.Status != http.StatusServiceUnavailable {
+	if err := c.DeleteDataset(ctx, "ds"); !errors.As(err, &e) || e.Status != http.StatusServiceUnavailable {
 		t.Fatalf("DeleteDataset: %v", err)
 	}
-	if _, _, err := n.PutDataset(ctx, "ds", t.TempDir()); !errors.As(err, &e) || e.Status != http.StatusServiceUnavailable {
+	if _, _, err := c.PutDataset(ctx, "ds", t.TempDir()); !errors.As(err, &e) || e.Status != http.StatusServiceUnavailable {
 		t.Fatalf("PutDataset: %v", err)
 	}
-	if err := n.PinEpoch(ctx, "j", 0); !errors.As(err, &e) || e.Status != http.StatusServiceUnavailable {
+	if err := c.PinEpoch(ctx, "j", 0); !errors.As(err, &e) || e.Status != http.StatusServiceUnavailable {
 		t.Fatalf("PinEpoch: %v", err)
 	}
 	start := time.Now()
-	if addr := n.AwaitLeader(ctx); addr != "" {
+	if addr := c.AwaitLeader(ctx); addr != "" {
 		t.Fatalf("AwaitLeader: %q", addr)
 	}
 	if waited := time.Since(start); waited < followerGrace {
 		t.Fatalf("AwaitLeader gave up after %v, before its grace", waited)
 	}
-	if ok, why := n.Ready(); ok || why == "" {
-		t.Fatalf("ready without a leader: %v %q", ok, why)
-	}
 }
-
-func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
 // A relayed write's index counts as applied once this node is at it, not
 // only past it; waiting for one ahead gives up at the caller's deadline.
 func TestAwaitApplied(t *testing.T) {
-	n, _, _ := startNode(t, 1, 1, 1<<20, false)
+	c := openLeader(t)
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "a"), []byte("a"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := c.PutDataset(context.Background(), "ds", dir); err != nil { // a write: an index past 0
+		t.Fatal(err)
+	}
 	done, cancel := context.WithCancel(context.Background())
 	cancel() // nothing to wait for: the answer must not need a wait
-	at := n.AppliedIndex()
-	if !n.awaitApplied(done, at) || !n.awaitApplied(done, at-1) {
+	at := c.AppliedIndex()
+	if !c.awaitApplied(done, at) || !c.awaitApplied(done, at-1) {
 		t.Fatalf("index %d (applied) not counted as applied", at)
 	}
-	if n.awaitApplied(done, at+1) {
+	if c.awaitApplied(done, at+1) {
 		t.Fatalf("index %d counted as applied at %d", at+1, at)
 	}
 }

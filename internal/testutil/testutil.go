@@ -1,0 +1,104 @@
+// Package testutil holds what the tests of every package need, once: a free
+// loopback address, an await with a deadline, a logger that discards, a
+// dataset's files on disk, and the rule for tests too long for -short.
+// It imports nothing of the product, so any package's tests may use it.
+package testutil
+
+import (
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// Patience is how long Await waits: far past what any condition needs on a
+// loaded 2-core machine, so a failure means the condition never held.
+const Patience = 30 * time.Second
+
+// FreeAddr is a loopback host:port nothing listens on now.
+func FreeAddr(t testing.TB) string { t.Helper(); return FreeAddrOn(t, "127.0.0.1") }
+
+// FreeAddrOn is a host:port on host nothing listens on now.
+func FreeAddrOn(t testing.TB, host string) string {
+	t.Helper()
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// Await waits until cond holds, failing the test after Patience. what names
+// the condition in the failure.
+func Await(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	AwaitWithin(t, Patience, what, cond)
+}
+
+// AwaitWithin is Await with a deadline of d.
+func AwaitWithin(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	if !Within(d, cond) {
+		t.Fatalf("still waiting for %s after %v", what, d)
+	}
+}
+
+// Within reports whether cond holds within d, asking every few milliseconds.
+func Within(d time.Duration, cond func() bool) bool {
+	for deadline := time.Now().Add(d); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+	return true
+}
+
+// Discard is a logger that drops everything.
+func Discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// WriteTree writes files (by slash-separated key) under a new temporary
+// directory and returns it.
+func WriteTree(t testing.TB, files map[string][]byte) string {
+	t.Helper()
+	dir := t.TempDir()
+	for key, b := range files {
+		p := filepath.Join(dir, filepath.FromSlash(key))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// RandomFiles is a directory dataset of n files of size random bytes,
+// item0000.bin on, and the bytes of each by key.
+func RandomFiles(t testing.TB, n, size int) (string, map[string][]byte) {
+	t.Helper()
+	files := make(map[string][]byte, n)
+	for i := range n {
+		b := make([]byte, size)
+		for j := range b {
+			b[j] = byte(rand.Uint32())
+		}
+		files[fmt.Sprintf("item%04d.bin", i)] = b
+	}
+	return WriteTree(t, files), files
+}
+
+// Long skips t under -short: tests that start clusters, wait out timers or
+// move many items take more than a few seconds, and `make test-short` is
+// for editing. `make test` runs them all.
+func Long(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("long test: skipped under -short (make test runs it)")
+	}
+}

@@ -1,0 +1,45 @@
+package testutil
+
+import (
+	"bytes"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+func TestFreeAddrIsFree(t *testing.T) {
+	l, err := net.Listen("tcp", FreeAddr(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+}
+
+func TestWithin(t *testing.T) {
+	n := 0
+	if !Within(time.Second, func() bool { n++; return n == 3 }) || n != 3 {
+		t.Fatalf("held after %d asks", n)
+	}
+	if Within(20*time.Millisecond, func() bool { return false }) {
+		t.Fatal("a condition that never holds held")
+	}
+}
+
+func TestRandomFiles(t *testing.T) {
+	dir, files := RandomFiles(t, 3, 16)
+	if len(files) != 3 {
+		t.Fatalf("%d files", len(files))
+	}
+	for key, want := range files {
+		got, err := os.ReadFile(filepath.Join(dir, key))
+		if err != nil || !bytes.Equal(got, want) || len(got) != 16 {
+			t.Fatalf("%s: %v", key, err)
+		}
+	}
+	nested := WriteTree(t, map[string][]byte{"a/b/c.bin": []byte("x")})
+	if b, err := os.ReadFile(filepath.Join(nested, "a", "b", "c.bin")); err != nil || string(b) != "x" {
+		t.Fatalf("nested key: %q %v", b, err)
+	}
+}
