@@ -334,6 +334,27 @@ func (c *Catalog) CaughtUp() (bool, string) {
 // LastIndex is the index of the last entry in this node's raft log.
 func (c *Catalog) LastIndex() uint64 { return c.raft.LastIndex() }
 
+// HasApplied reports whether this node's catalog holds every change up to
+// raft index (of any kind, as LastIndex counts). Raft's own count
+// (LogApplied) runs ahead of the FSM, by a whole batch of commands just
+// after a start, so it is not enough: when the entry at index is a command,
+// the FSM must have applied it (commands apply in order); when it is not (a
+// no-op, a configuration) or lies in a snapshot, raft's count is the word.
+// The catch-up gate opens on it.
+func (c *Catalog) HasApplied(index uint64) bool {
+	if c.raft.AppliedIndex() < index {
+		return false
+	}
+	if a := c.fsm.applied.Load(); a >= index || (a == 0 && c.fsm.restored.Load()) {
+		return true
+	}
+	var l raft.Log
+	if err := c.store.GetLog(index, &l); err != nil {
+		return true // compacted into the snapshot this node restored
+	}
+	return l.Type != raft.LogCommand
+}
+
 // LogApplied is the index of the last raft entry of any kind (commands,
 // configuration changes, a new term's no-op) this node has applied; a
 // moment ahead of AppliedIndex for commands, and unlike it comparable with

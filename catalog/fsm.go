@@ -167,6 +167,10 @@ type fsm struct {
 	// applied is the index of the last command this FSM has applied, 0
 	// before the first since a start or a restore (see Catalog.AppliedIndex).
 	applied atomic.Uint64
+	// restored is set by a snapshot restore (after which raft's applied
+	// index is the snapshot's, and the FSM holds it all) until the next
+	// command is applied.
+	restored atomic.Bool
 }
 
 // beginResult tells the registering node whether to upload a manifest.
@@ -430,6 +434,7 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	f.mu.Lock()
 	f.st = st
 	f.applied.Store(0) // the snapshot's index is raft's to tell
+	f.restored.Store(true)
 	f.mu.Unlock()
 	if f.onChange != nil {
 		f.onChange()

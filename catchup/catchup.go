@@ -23,7 +23,13 @@ type Source interface {
 	// so a leader opens the moment it has applied its log, not at Run's next
 	// tick.
 	LocalTarget() (uint64, bool)
+	// AppliedIndex is raft's count of entries applied (for the reason).
 	AppliedIndex() uint64
+	// HasApplied reports whether the catalog holds every change up to
+	// index: raft counts an entry applied when it hands it to the FSM, a
+	// batch ahead of what the catalog holds just after a start, so
+	// AppliedIndex alone would open the gate on an empty catalog.
+	HasApplied(index uint64) bool
 }
 
 // Gate latches open once the catalog has applied the target it learnt at
@@ -87,7 +93,7 @@ func (g *Gate) Ready() (ok bool, reason string) {
 			return false, g.why
 		}
 	}
-	if applied := g.src.AppliedIndex(); applied < g.target {
+	if applied := g.src.AppliedIndex(); applied < g.target || !g.src.HasApplied(g.target) {
 		return false, fmt.Sprintf("catalog catching up with the raft leader (applied %d of %d)", applied, g.target)
 	}
 	g.open = true

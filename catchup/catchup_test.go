@@ -27,6 +27,8 @@ func (f *fakeSource) Target(context.Context) (uint64, error) {
 
 func (f *fakeSource) AppliedIndex() uint64 { return f.applied.Load() }
 
+func (f *fakeSource) HasApplied(index uint64) bool { return f.applied.Load() >= index }
+
 func (f *fakeSource) LocalTarget() (uint64, bool) { return f.local.Load(), f.local.Load() > 0 }
 
 func TestGateOpensAtTheLeadersIndexAndStaysOpen(t *testing.T) {

@@ -25,6 +25,10 @@ type catchupSource struct{ c *Control }
 
 func (s catchupSource) AppliedIndex() uint64 { return s.c.cat.LogApplied() }
 
+// HasApplied asks the catalog, which knows whether its FSM has applied the
+// entry, not only raft's count (catalog.HasApplied).
+func (s catchupSource) HasApplied(index uint64) bool { return s.c.cat.HasApplied(index) }
+
 // LocalTarget: every entry in a leader's log is committed by its term's
 // first commit; applying them all is catching up.
 func (s catchupSource) LocalTarget() (uint64, bool) {
