@@ -30,6 +30,10 @@ const (
 type Error struct {
 	Status  int    `json:"-"`
 	Message string `json:"error"`
+	// Retry marks an answer the client should send again after a moment
+	// (Retry-After): a write refused before it reached raft, because no
+	// leader is known or leadership is moving, was certainly not applied.
+	Retry bool `json:"-"`
 }
 
 func (e *Error) Error() string {

@@ -210,11 +210,11 @@ func (s *Service) awaitLocal(ctx context.Context, cond func() bool) {
 // relay sends a catalog write to the raft leader's API.
 func (s *Service) relay(ctx context.Context, method, path string, body, out any, relayed bool) error {
 	if relayed {
-		return &api.Error{Status: http.StatusServiceUnavailable, Message: "raft leadership is moving; retry"}
+		return &api.Error{Status: http.StatusServiceUnavailable, Message: "raft leadership is moving; retry", Retry: true}
 	}
 	addr := s.members.LeaderHTTP()
 	if addr == "" {
-		return &api.Error{Status: http.StatusServiceUnavailable, Message: "no raft leader (no quorum): checkpoint commits are unavailable"}
+		return &api.Error{Status: http.StatusServiceUnavailable, Message: "no raft leader (no quorum): checkpoint commits are unavailable", Retry: true}
 	}
 	var rd io.Reader = http.NoBody
 	if body != nil {

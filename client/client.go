@@ -137,7 +137,7 @@ func (c *Client) Do(ctx context.Context, method, path string, body any) (*http.R
 	}
 	for err == nil && resp.StatusCode == http.StatusServiceUnavailable && waited < maxBusyWait {
 		after, ok := retryAfter(resp)
-		if !ok { // a 503 without Retry-After is no leader, not a busy node
+		if !ok { // a 503 without Retry-After is not worth waiting for
 			break
 		}
 		// What the node asked for, and never less than a doubling backoff:
@@ -176,8 +176,9 @@ func (c *Client) Do(ctx context.Context, method, path string, body any) (*http.R
 }
 
 // A request told to come back later (503 with Retry-After: the node's
-// in-flight bytes are at their bound, or its catalog is still catching up
-// with the leader's) is sent again after max(Retry-After, a backoff doubling
+// in-flight bytes are at their bound, its catalog is still catching up
+// with the leader's, or a write found no raft leader, or leadership moving,
+// and was not applied) is sent again after max(Retry-After, a backoff doubling
 // from busyBackoff to 4 s), for at most maxBusyWait in all.
 const (
 	busyBackoff = 100 * time.Millisecond

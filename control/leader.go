@@ -235,12 +235,12 @@ func (c *Control) forward(ctx context.Context, method, path string, body, out an
 	if isRelayed(ctx) {
 		// A leader that is not the leader by the time the request arrives: do
 		// not bounce it around, let the client retry.
-		return 0, &api.Error{Status: fasthttp.StatusServiceUnavailable, Message: "raft leadership is moving; retry"}
+		return 0, &api.Error{Status: fasthttp.StatusServiceUnavailable, Message: "raft leadership is moving; retry", Retry: true}
 	}
 	addr := c.LeaderHTTP()
 	if addr == "" {
 		return 0, &api.Error{Status: fasthttp.StatusServiceUnavailable,
-			Message: "no raft leader (no quorum): catalog writes are unavailable"}
+			Message: "no raft leader (no quorum): catalog writes are unavailable", Retry: true}
 	}
 	code, applied, err := c.client.write(addr, method, path, body, out, timeout)
 	if err == nil && applied > 0 && !c.awaitApplied(ctx, applied) {

@@ -49,6 +49,7 @@ type leaderStub struct {
 	forwarded, auth, ctyp string
 	status                int
 	answer, applied       string
+	retryAfter            string
 }
 
 func newLeaderStub(t *testing.T) *leaderStub {
@@ -59,6 +60,9 @@ func newLeaderStub(t *testing.T) *leaderStub {
 		s.forwarded, s.auth, s.ctyp = r.Header.Get(api.HeaderForwarded), r.Header.Get("Authorization"), r.Header.Get("Content-Type")
 		if s.applied != "" {
 			w.Header().Set(api.HeaderApplied, s.applied)
+		}
+		if s.retryAfter != "" {
+			w.Header().Set("Retry-After", s.retryAfter)
 		}
 		w.WriteHeader(s.status)
 		io.WriteString(w, s.answer)
@@ -115,6 +119,16 @@ func TestRelayErrors(t *testing.T) {
 	if !errors.As(err, &e) || code != http.StatusConflict || e.Status != http.StatusConflict || e.Message != "dataset ds is registered with source /x" {
 		t.Fatalf("refusal: code %d, %v", code, err)
 	}
+	if e.Retry {
+		t.Fatal("a refusal without Retry-After came back as one to retry")
+	}
+	// A leader that says "come back" (leadership moving under it) is passed
+	// on as such, so the client retries what was not applied.
+	s.status, s.answer, s.retryAfter = http.StatusServiceUnavailable, `{"error":"raft leadership is moving; retry"}`, "1"
+	if _, _, err := l.write(s.addr(), http.MethodPut, "/v1/datasets/ds", nil, nil, 5*time.Second); !errors.As(err, &e) || e.Status != http.StatusServiceUnavailable || !e.Retry {
+		t.Fatalf("a 503 with Retry-After: %v", err)
+	}
+	s.retryAfter = ""
 	s.status, s.answer = http.StatusBadGateway, "upstream broke"
 	if _, _, err := l.write(s.addr(), http.MethodGet, "/", nil, nil, 5*time.Second); !errors.As(err, &e) || e.Status != http.StatusBadGateway || e.Message != "upstream broke" {
 		t.Fatalf("plain-text refusal: %v", err)
@@ -192,10 +206,10 @@ func TestWritesWithoutALeader(t *testing.T) {
 		t.Fatal("a node never bootstrapped leads")
 	}
 	if _, err := c.PutJob(ctx, api.Job{Name: "j", Dataset: "ds", Seed: 1, WorldSize: 1, BatchSize: 1}); !errors.As(err, &e) ||
-		e.Status != http.StatusServiceUnavailable || !strings.Contains(e.Message, "no raft leader") {
-		t.Fatalf("PutJob: %v", err)
+		e.Status != http.StatusServiceUnavailable || !strings.Contains(e.Message, "no raft leader") || !e.Retry {
+		t.Fatalf("PutJob: %v (retry: %v)", err, e != nil && e.Retry)
 	}
-	if err := c.DeleteJob(Relayed(ctx), "j"); !errors.As(err, &e) || !strings.Contains(e.Message, "leadership is moving") {
+	if err := c.DeleteJob(Relayed(ctx), "j"); !errors.As(err, &e) || !strings.Contains(e.Message, "leadership is moving") || !e.Retry {
 		t.Fatalf("relayed DeleteJob: %v", err)
 	}
 	if err := c.DeleteDataset(ctx, "ds"); !errors.As(err, &e) || e.Status != http.StatusServiceUnavailable {

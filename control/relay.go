@@ -60,7 +60,7 @@ func (r *relayClient) write(addr, method, path string, body, out any, timeout ti
 	}
 	code = resp.StatusCode()
 	if code >= 300 {
-		e := &api.Error{Status: code}
+		e := &api.Error{Status: code, Retry: len(resp.Header.Peek("Retry-After")) > 0} // passed on as the leader said it
 		if json.Unmarshal(resp.Body(), e) != nil || e.Message == "" {
 			e.Message = string(resp.Body())
 		}

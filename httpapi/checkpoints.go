@@ -69,8 +69,12 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, limit int) bool {
 		return true
 	}
 	tooLarge := func() bool {
+		// Read (and drop) what the client is still sending, up to a bound,
+		// before answering: a client still writing when the connection closes
+		// gets a reset instead of the 413.
+		io.Copy(io.Discard, io.LimitReader(ctx.RequestBodyStream(), maxTooLargeDrain))
 		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, fmt.Sprintf("request body over %d bytes", limit))
-		ctx.SetConnectionClose() // the rest of the body is never read
+		ctx.SetConnectionClose() // whatever is past the bound is never read
 		return false
 	}
 	if ctx.Request.Header.ContentLength() > limit {
@@ -88,6 +92,9 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, limit int) bool {
 	ctx.Request.SetBodyRaw(b)
 	return true
 }
+
+// maxTooLargeDrain bounds what is read of a body refused as too large.
+const maxTooLargeDrain = 64 << 20
 
 // maxDrain bounds what is read of a refused part's body.
 const maxDrain = 4 << 30

@@ -142,7 +142,7 @@ func writeJSON(ctx *fasthttp.RequestCtx, code int, v any) {
 // come back (Retry-After).
 func status(err error) (code int, msg string, retry bool) {
 	if e, ok := errors.AsType[*api.Error](err); ok {
-		return e.Status, e.Message, false // relayed as the leader said it
+		return e.Status, e.Message, e.Retry // relayed as the leader said it
 	}
 	if code, ok := derivedStatus(err); ok { // derived.go
 		if errors.Is(err, catalog.ErrNotWritten) {
