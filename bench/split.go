@@ -11,7 +11,7 @@ import (
 
 // SplitResult is what `python -m stallfree.bench --split --record
 // docs/bench/split.json` measured: two jobs at once under an equal split of
-// the memory, then under the node's plan (DESIGN §4 v3). It lives beside
+// the memory, then under the node's plan (docs/api.md). It lives beside
 // results.json, so that `make bench` (which measures everything else)
 // keeps it, and `sfbench -report` renders it.
 type SplitResult struct {

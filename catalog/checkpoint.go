@@ -6,7 +6,7 @@ import (
 	"slices"
 )
 
-// Checkpoints in peer memory (DESIGN §4 v3): the catalog holds which steps
+// Checkpoints in peer memory (docs/api.md): the catalog holds which steps
 // of a checkpoint are committed, their parts (size, sha256, which members
 // hold a copy) and whether a step is persisted. The bytes never pass
 // through raft; the checkpoint package moves them between nodes.

@@ -2,7 +2,7 @@ package catalog
 
 import "fmt"
 
-// Group is a coordinated-prep group (DESIGN §4 v3): J jobs of one
+// Group is a coordinated-prep group (docs/api.md): J jobs of one
 // hyper-parameter search reading one dataset in one seeded order, each
 // preparing a share of the batches for all. The catalog holds only the
 // group's definition; who has read what lives at the group's owner node.

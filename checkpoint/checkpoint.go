@@ -1,5 +1,5 @@
 // Package checkpoint keeps training checkpoints in the memory of peer nodes
-// (DESIGN §4 v3 "Checkpoints in peer memory"). A part PUT to a node is
+// (docs/api.md, "Checkpoints in peer memory"). A part PUT to a node is
 // stored there and, streamed through at the same time, on that node's
 // partner: members sorted by name form fixed pairs ((0,1), (2,3), …; an odd
 // last node joins the previous pair), independent of the item ring, so two

@@ -1,4 +1,4 @@
-// Package derived is the prep cache (DESIGN §4 v3, "Prep cache"): datasets
+// Package derived is the prep cache (docs/api.md, "Prep cache"): datasets
 // derived from a parent dataset whose items loaders write — the output of a
 // deterministic prep stage (decode, resize) — so the stage runs once per item
 // per cluster instead of once per epoch.

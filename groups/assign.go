@@ -1,4 +1,4 @@
-// Package groups holds the rules of coordinated prep (DESIGN §4 v3): J jobs
+// Package groups holds the rules of coordinated prep (docs/api.md): J jobs
 // of one hyper-parameter search read one dataset in one seeded order; each
 // batch is prepared by one job and staged at the group's owner node, where
 // the others read it. The catalog holds a group's definition; its owner

@@ -17,7 +17,7 @@ import (
 	"stallfree/store"
 )
 
-// The memory split by sensitivity (DESIGN §4 v3): dataset quotas, what
+// The memory split by sensitivity (docs/api.md): dataset quotas, what
 // stall meters report, and the plan. The model and the split are the
 // planner package's; the reports and storage figures are split's; what is
 // here ties them to the catalog and the store.

@@ -1,5 +1,5 @@
 // Package split keeps what a node learns for the memory split by
-// sensitivity (DESIGN §4 v3, Synergy): what each training job's stall meter
+// sensitivity (docs/api.md, Synergy): what each training job's stall meter
 // reports, epoch by epoch, and how fast each dataset's storage delivers. The
 // planner package turns these into a plan; Auto re-plans as epochs end.
 package split

@@ -84,7 +84,7 @@ func run(args []string) error {
 		datasets  listFlag
 		allow     listFlag
 	)
-	// Memory split by sensitivity (DESIGN §4 v3): re-plan the split of cache
+	// Memory split by sensitivity (docs/api.md): re-plan the split of cache
 	// memory between the reporting jobs' datasets as epochs end.
 	autoSplit := fs.Bool("auto-split", false, "re-plan the memory split between jobs every --auto-split-epochs epochs and apply it when it predicts over 5% shorter epochs")
 	autoEvery := fs.Uint64("auto-split-epochs", 2, "epochs (of the slowest reporting job) between --auto-split plans")
@@ -95,7 +95,7 @@ func run(args []string) error {
 		ckptPersist = fs.String("checkpoint-persist", "", "persist committed checkpoint steps in the background to dir:///path or s3://bucket/prefix (S3 as for datasets: --s3-endpoint, credentials)")
 		deadGrace   = fs.Duration("dead-grace", 0, "how long a member stays dead before it leaves the raft configuration and its checkpoint parts are copied again (default 1m; 5s with --timing local)")
 	)
-	// Coordinated prep (groups, DESIGN §4 v3).
+	// Coordinated prep (groups, docs/api.md).
 	groupTimeout := fs.Duration("group-timeout", 30*time.Second, "detach a group's job after this long without a request from it")
 	maxItem := fs.String("max-item-bytes", "64MiB", "largest PUT body: a staged group batch, or an item a loader writes to a derived dataset (at most 64MiB there)")
 	// Kubernetes (docs/kubernetes.md): a StatefulSet's pods share one spec, so
@@ -105,7 +105,7 @@ func run(args []string) error {
 	logFormat := fs.String("log-format", "text", "log line format: text or json (raft's and memberlist's lines too)")
 	fs.Var(&datasets, "dataset", "NAME=SOURCE to register at start (repeatable, idempotent)")
 	fs.Var(&allow, "allow-source", "only sources under this prefix may be registered (repeatable)")
-	// Loader fast path (DESIGN §4 v3): the same API on a Unix socket.
+	// Loader fast path (docs/api.md): the same API on a Unix socket.
 	var socket socketFlag
 	fs.Var(&socket, "socket", socketUsage)
 	if err := fs.Parse(args); err != nil {

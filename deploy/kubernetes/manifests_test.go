@@ -553,7 +553,7 @@ func (o *objects) rules() []error {
 
 // memoryRule: requests equal limits (the cache is sized to them) and the
 // limit leaves room above --memory for item overhead (RSS ≤ 1.15x the bytes
-// cached, DESIGN §5), the Go heap's headroom (cmd/cachenode's HeapHeadroom:
+// cached, the goals in BENCHMARKS.md), the Go heap's headroom (cmd/cachenode's HeapHeadroom:
 // 128 MiB + 1/32) and 256 MiB of manifests and runtime.
 func memoryRule(c *corev1.Container, f map[string]string) []error {
 	mem, err := iecSize(f["memory"])

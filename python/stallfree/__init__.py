@@ -1,4 +1,4 @@
-"""Client for a Stallfree cache cluster (DESIGN §6).
+"""Client for a Stallfree cache cluster (docs/api.md).
 
 Only the standard library and msgpack are needed; ``stallfree.torch`` adds the
 PyTorch dataset, sampler and stall meter.

@@ -1,4 +1,4 @@
-"""Checkpoints in peer memory (DESIGN §4 v3).
+"""Checkpoints in peer memory (docs/api.md).
 
 ``Checkpointer(url, name, rank=0)`` snapshots a training state into memory
 (``torch.save`` into a buffer: the only time the training loop waits) and

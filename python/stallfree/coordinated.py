@@ -1,4 +1,4 @@
-"""Coordinated prep (DESIGN §4 v3): the J jobs of a hyper-parameter search
+"""Coordinated prep (docs/api.md): the J jobs of a hyper-parameter search
 prepare each batch once and share it through the cluster.
 
 Every job of a group reads the same dataset in the same seeded order. Batch

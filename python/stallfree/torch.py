@@ -4,9 +4,9 @@ stall meter."""
 import torch.utils.data
 
 from .client import Client
-from .batchloader import BatchLoader  # noqa: F401  (stallfree.torch.BatchLoader, DESIGN §4 v3)
-from .meter import StallMeter  # noqa: F401 - stallfree.torch.StallMeter (DESIGN §6)
-from .coordinated import CoordinatedLoader  # noqa: F401  (stallfree.torch.CoordinatedLoader, DESIGN §4 v3)
+from .batchloader import BatchLoader  # noqa: F401  (stallfree.torch.BatchLoader, docs/api.md)
+from .meter import StallMeter  # noqa: F401 - stallfree.torch.StallMeter (docs/api.md)
+from .coordinated import CoordinatedLoader  # noqa: F401  (stallfree.torch.CoordinatedLoader, docs/api.md)
 from .prep import PrepStage
 
 

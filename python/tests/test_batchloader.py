@@ -1,4 +1,4 @@
-"""The loader fast path (DESIGN §4 v3) against real cachenode processes: the
+"""The loader fast path (docs/api.md) against real cachenode processes: the
 client's Unix socket, BatchLoader's order, counts and bytes, a node killed
 mid-epoch, and the example's CNN loop over dir, S3 (MinIO) and tar datasets."""
 

@@ -1,5 +1,5 @@
 """``python -m stallfree.bench --group J[,J...]``: coordinated prep versus
-independent jobs (DESIGN §4 v3).
+independent jobs (docs/api.md).
 
 A hyper-parameter search runs J jobs on one dataset. Each job here is its
 own process with a CPU-heavy real transform (JPEG decode + random resized

@@ -1,4 +1,4 @@
-"""The loader bench (DESIGN §4 v3): ``python -m stallfree.bench [options]``.
+"""The loader bench (docs/api.md): ``python -m stallfree.bench [options]``.
 
 A real ``torch.utils.data.DataLoader`` (2 worker processes, batch 256) reads
 N items of 110 KiB, which sit in the page cache as files, over

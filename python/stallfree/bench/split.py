@@ -1,5 +1,5 @@
 """``python -m stallfree.bench --split``: the memory split by sensitivity
-(DESIGN §4 v3, Synergy) against an equal split, with two real jobs at once.
+(docs/api.md, Synergy) against an equal split, with two real jobs at once.
 
 One cachenode with a throttled source (``--source-rate``) serves two
 datasets, each larger than half its memory. Two training jobs run at the
