@@ -287,18 +287,30 @@ func (s *Service) DropLocal(name string) int {
 func (s *Service) doJSON(ctx context.Context, method, addr, path string, out any) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	hr, err := http.NewRequestWithContext(ctx, method, "http://"+addr+path, http.NoBody)
-	if err != nil {
-		return err
-	}
-	s.authorize(hr)
-	resp, err := s.http.Do(hr)
+	resp, err := s.call(ctx, method, addr, path, http.StatusOK)
 	if err != nil {
 		return err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return answerError(resp)
-	}
 	return json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(out)
+}
+
+// call sends an authorized bodiless request to the node at addr and returns
+// its answer when the status is want; any other status is its *api.Error.
+// The caller closes the body.
+func (s *Service) call(ctx context.Context, method, addr, path string, want int) (*http.Response, error) {
+	hr, err := http.NewRequestWithContext(ctx, method, "http://"+addr+path, http.NoBody)
+	if err != nil {
+		return nil, err
+	}
+	s.authorize(hr)
+	resp, err := s.http.Do(hr)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != want {
+		defer resp.Body.Close()
+		return nil, answerError(resp)
+	}
+	return resp, nil
 }

@@ -219,19 +219,10 @@ func (s *Service) copyBetween(ctx context.Context, name string, step uint64, par
 	if !ok {
 		return ErrUnavailable
 	}
-	hr, err := http.NewRequestWithContext(ctx, http.MethodPost,
-		"http://"+srcAddr+internalPath(name, step, "/parts/"+part+"/copy?to="+dstAddr), http.NoBody)
+	resp, err := s.call(ctx, http.MethodPost, srcAddr, internalPath(name, step, "/parts/"+part+"/copy?to="+dstAddr), http.StatusNoContent)
 	if err != nil {
 		return err
 	}
-	s.authorize(hr)
-	resp, err := s.http.Do(hr)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusNoContent {
-		return answerError(resp)
-	}
+	resp.Body.Close()
 	return nil
 }

@@ -63,12 +63,8 @@ func (r datasetRoutes) put(ctx *fasthttp.RequestCtx, p params) {
 		fail(ctx, err)
 		return
 	}
-	code := fasthttp.StatusOK
-	if created {
-		code = fasthttp.StatusCreated
-	}
 	markApplied(ctx, r.c)
-	writeJSON(ctx, code, d)
+	writeCreated(ctx, created, d)
 }
 
 func (r datasetRoutes) delete(ctx *fasthttp.RequestCtx, p params) {

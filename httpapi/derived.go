@@ -89,12 +89,8 @@ func (r derivedRoutes) put(ctx *fasthttp.RequestCtx, name string, req api.PutDat
 	infos := []api.Dataset{info}
 	r.prep.Count(rctx, infos)
 	info = infos[0]
-	code := fasthttp.StatusOK
-	if created {
-		code = fasthttp.StatusCreated
-	}
 	markApplied(ctx, relay)
-	writeJSON(ctx, code, info)
+	writeCreated(ctx, created, info)
 }
 
 // putItem serves PUT /v1/datasets/{name}/index/{i}: the write goes to the
@@ -132,11 +128,7 @@ func (r derivedRoutes) putItem(ctx *fasthttp.RequestCtx, p params) {
 		fail(ctx, err)
 		return
 	}
-	code := fasthttp.StatusOK
-	if created {
-		code = fasthttp.StatusCreated
-	}
-	writeJSON(ctx, code, map[string]any{"index": i, "bytes": len(body), "created": created})
+	writeCreated(ctx, created, map[string]any{"index": i, "bytes": len(body), "created": created})
 }
 
 // relayTo sends the request as it came to the node at addr and answers with

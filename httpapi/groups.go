@@ -89,11 +89,7 @@ func (s *Server) groupPut(ctx *fasthttp.RequestCtx, p params) {
 		return
 	}
 	markApplied(ctx, s.relay)
-	code := fasthttp.StatusOK
-	if created {
-		code = fasthttp.StatusCreated
-	}
-	writeJSON(ctx, code, info)
+	writeCreated(ctx, created, info)
 }
 
 func (s *Server) groupDelete(ctx *fasthttp.RequestCtx, p params) {
@@ -150,11 +146,7 @@ func (s *Server) groupBatch(ctx *fasthttp.RequestCtx, method, name, epochSeg, ba
 			groupFail(ctx, err)
 			return
 		}
-		code := fasthttp.StatusOK
-		if created {
-			code = fasthttp.StatusCreated
-		}
-		writeJSON(ctx, code, map[string]bool{"staged": created})
+		writeCreated(ctx, created, map[string]bool{"staged": created})
 		return
 	}
 	data, producer, err := s.groups.Get(rctx, bt, wait)

@@ -137,6 +137,16 @@ func writeJSON(ctx *fasthttp.RequestCtx, code int, v any) {
 	ctx.SetBody(b)
 }
 
+// writeCreated answers a PUT: 201 when it created v, 200 when v was there
+// already (the same body again).
+func writeCreated(ctx *fasthttp.RequestCtx, created bool, v any) {
+	code := fasthttp.StatusOK
+	if created {
+		code = fasthttp.StatusCreated
+	}
+	writeJSON(ctx, code, v)
+}
+
 // status maps an error to the contract's status code (docs/api.md): the one
 // place a domain error becomes a status. retry is set when the client should
 // come back (Retry-After).

@@ -35,12 +35,8 @@ func (r splitRoutes) putQuota(ctx *fasthttp.RequestCtx, name string, req api.Put
 		fail(ctx, err)
 		return
 	}
-	code := fasthttp.StatusOK
-	if created {
-		code = fasthttp.StatusCreated
-	}
 	markApplied(ctx, r.relay)
-	writeJSON(ctx, code, d)
+	writeCreated(ctx, created, d)
 }
 
 func (r splitRoutes) plan(ctx *fasthttp.RequestCtx, _ params) {
