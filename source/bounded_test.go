@@ -28,11 +28,22 @@ func (h *hung) Read(_ context.Context, e Entry, buf []byte) ([]byte, error) {
 	return buf[:e.Size], nil
 }
 
+// guarded is a caller's context that gives up (cancelled, not timed out)
+// long after any bound under test: a Bounded that forgets its own bound
+// fails the test with context.Canceled instead of hanging it.
+func guarded(t *testing.T) context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	stop := time.AfterFunc(5*time.Second, cancel)
+	t.Cleanup(func() { stop.Stop(); cancel() })
+	return ctx
+}
+
 // Reads of a hung source end with ErrTimeout at the deadline, and no more
 // than `readers` of them are ever stuck in the source at once.
 func TestBoundedReadsTimeOutAndStayFew(t *testing.T) {
 	h := &hung{release: make(chan struct{})}
 	b := NewBounded(h, 3, 100*time.Millisecond)
+	ctx := guarded(t)
 	var wg sync.WaitGroup
 	errs := make(chan error, 20)
 	start := time.Now()
@@ -40,7 +51,7 @@ func TestBoundedReadsTimeOutAndStayFew(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, err := b.Read(context.Background(), Entry{Key: "k", Size: 4}, make([]byte, 4))
+			_, err := b.Read(ctx, Entry{Key: "k", Size: 4}, make([]byte, 4))
 			errs <- err
 		}()
 	}
@@ -115,11 +126,12 @@ func TestBoundedStreamTimesOutOnlyWhenStalled(t *testing.T) {
 	tr := &trickle{hung: hung{release: make(chan struct{})}, delay: timeout / 4, stall: -1}
 	close(tr.release)
 	b := NewBounded(tr, 1, timeout)
-	r, err := b.Stream(context.Background(), Entry{Key: "a.tar", Size: 12})
+	ctx := guarded(t)
+	r, err := b.Stream(ctx, Entry{Key: "a.tar", Size: 12})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.Read(context.Background(), Entry{Key: "k", Size: 1}, make([]byte, 1)); !errors.Is(err, ErrTimeout) {
+	if _, err := b.Read(ctx, Entry{Key: "k", Size: 1}, make([]byte, 1)); !errors.Is(err, ErrTimeout) {
 		t.Fatalf("a read while the only reader streams: %v, want ErrTimeout", err)
 	}
 	got, err := io.ReadAll(r) // 12 reads of timeout/4 each: 3 timeouts in all
@@ -132,7 +144,7 @@ func TestBoundedStreamTimesOutOnlyWhenStalled(t *testing.T) {
 	}
 
 	tr.stall = 3
-	r, err = b.Stream(context.Background(), Entry{Key: "b.tar", Size: 12})
+	r, err = b.Stream(ctx, Entry{Key: "b.tar", Size: 12})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,22 @@ import (
 	"stallfree/miniotest"
 )
 
+// Only a positive rate throttles a directory: with none, reads never wait on
+// a limiter. (First in this file, and so before any directory is read: a
+// limiter of rate 0 would hang every read after it rather than fail.)
+func TestDirThrottledOnlyByAPositiveRate(t *testing.T) {
+	for _, bps := range []int64{0, -1, 1 << 20} {
+		d, err := OpenDir(t.TempDir(), Options{BytesPerSecond: bps})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := d.limiter != nil; got != (bps > 0) {
+			t.Errorf("BytesPerSecond %d: limiter %v, want %v", bps, got, bps > 0)
+		}
+		d.Close()
+	}
+}
+
 // A read into a buffer of exactly the item's size uses the caller's memory;
 // a file that grew since it was listed is refused, never cut to size.
 func TestDirReadBufferAndGrownFile(t *testing.T) {
