@@ -17,8 +17,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
 	"regexp"
 	"slices"
 	"sync"
@@ -27,6 +25,7 @@ import (
 
 	"stallfree/api"
 	"stallfree/catalog"
+	"stallfree/relay"
 	"stallfree/source"
 )
 
@@ -79,8 +78,9 @@ type Config struct {
 	// Persist is --checkpoint-persist: "", dir:///path or s3://bucket/prefix.
 	Persist string
 	S3      source.S3Config
-	// Token is presented on every request to another node.
-	Token string
+	// Relay is the node's client to the other nodes' APIs: parts' copies,
+	// reads from peers and commits relayed to the leader go through it.
+	Relay *relay.Client
 	// DeadGrace is how long a holder stays dead before its parts are copied
 	// again (--dead-grace).
 	DeadGrace time.Duration
@@ -96,7 +96,7 @@ type Service struct {
 	members Members
 	log     *slog.Logger
 	mem     *memory
-	http    *http.Client
+	peers   *relay.Client
 	persist backend // nil without --checkpoint-persist
 
 	persisted, persistFailures, repaired atomic.Uint64
@@ -133,16 +133,7 @@ func New(cfg Config, cat Catalog, members Members) (*Service, error) {
 		}
 		s.persist = b
 	}
-	tr := &http.Transport{
-		DialContext:           (&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConnsPerHost:   16,
-		IdleConnTimeout:       time.Minute,
-		ResponseHeaderTimeout: 5 * time.Minute, // a partner answers once the whole part is in
-		DisableCompression:    true,
-		WriteBufferSize:       256 << 10,
-		ReadBufferSize:        256 << 10,
-	}
-	s.http = &http.Client{Transport: tr}
+	s.peers = cfg.Relay
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.wg.Add(2)
 	go s.cleanLoop()
@@ -154,7 +145,6 @@ func New(cfg Config, cat Catalog, members Members) (*Service, error) {
 func (s *Service) Close() {
 	s.cancel()
 	s.wg.Wait()
-	s.http.CloseIdleConnections()
 	s.mem.dropAll()
 }
 

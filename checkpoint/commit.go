@@ -14,6 +14,7 @@ import (
 
 	"stallfree/api"
 	"stallfree/catalog"
+	"stallfree/relay"
 )
 
 // Commit commits step once every listed part has two copies, and answers a
@@ -216,23 +217,16 @@ func (s *Service) relay(ctx context.Context, method, path string, body, out any,
 	if addr == "" {
 		return &api.Error{Status: http.StatusServiceUnavailable, Message: "no raft leader (no quorum): checkpoint commits are unavailable", Retry: true}
 	}
-	var rd io.Reader = http.NoBody
+	var b []byte
 	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
+		var err error
+		if b, err = json.Marshal(body); err != nil {
 			return err
 		}
-		rd = bytes.NewReader(b)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	hr, err := http.NewRequestWithContext(ctx, method, "http://"+addr+path, rd)
-	if err != nil {
-		return err
-	}
-	hr.Header.Set("Content-Type", "application/json")
-	s.authorize(hr)
-	resp, err := s.http.Do(hr)
+	resp, err := s.peers.Do(ctx, method, addr, path, bytes.NewReader(b), int64(len(b)), http.Header{"Content-Type": {"application/json"}})
 	if err != nil {
 		return &api.Error{Status: http.StatusServiceUnavailable, Message: "relay to raft leader: " + err.Error()}
 	}
@@ -243,11 +237,8 @@ func (s *Service) relay(ctx context.Context, method, path string, body, out any,
 		if json.Unmarshal(b, &m) == nil && len(m.Missing) > 0 {
 			return &MissingError{Parts: m.Missing}
 		}
-		e := &api.Error{Status: resp.StatusCode}
-		if json.Unmarshal(b, e) != nil || e.Message == "" {
-			e.Message = string(bytes.TrimSpace(b))
-		}
-		return e
+		resp.Body = io.NopCloser(bytes.NewReader(b))
+		return relay.AnswerError(resp)
 	}
 	if out != nil {
 		return json.NewDecoder(resp.Body).Decode(out)
@@ -295,16 +286,11 @@ func (s *Service) doJSON(ctx context.Context, method, addr, path string, out any
 	return json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(out)
 }
 
-// call sends an authorized bodiless request to the node at addr and returns
-// its answer when the status is want; any other status is its *api.Error.
-// The caller closes the body.
+// call sends a bodiless request of this node's own to the node at addr and
+// returns its answer when the status is want; any other status is its
+// *api.Error. The caller closes the body.
 func (s *Service) call(ctx context.Context, method, addr, path string, want int) (*http.Response, error) {
-	hr, err := http.NewRequestWithContext(ctx, method, "http://"+addr+path, http.NoBody)
-	if err != nil {
-		return nil, err
-	}
-	s.authorize(hr)
-	resp, err := s.http.Do(hr)
+	resp, err := s.peers.Do(ctx, method, addr, path, nil, 0, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -1,16 +1,13 @@
 package checkpoint
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strconv"
 	"sync/atomic"
@@ -18,6 +15,7 @@ import (
 
 	"stallfree/api"
 	"stallfree/catalog"
+	"stallfree/relay"
 )
 
 // PutRequest names a part being written.
@@ -123,7 +121,7 @@ func (s *Service) Put(ctx context.Context, req PutRequest, body io.Reader) error
 				if forwardErr != nil {
 					continue
 				}
-				if _, err := rc.conn.Write(buf[sp.lo:sp.hi]); err != nil {
+				if _, err := rc.up.Write(buf[sp.lo:sp.hi]); err != nil {
 					forwardErr = err
 					partnerGone.Store(true)
 				}
@@ -193,45 +191,34 @@ func (s *Service) Put(ctx context.Context, req PutRequest, body io.Reader) error
 }
 
 // replicaConn is a PUT of a part's copy to the partner, written straight to
-// the TCP connection as the part arrives: each span is one write from the
-// part's memory (net/http would copy it through a pipe and a buffer, 32 KiB
-// at a time). One connection per part (Connection: close): closing it
-// before the last byte is how a copy is cut off.
+// the connection as the part arrives (relay.Upload): each span is one write
+// from the part's memory. Closing it before the last byte is how a copy is
+// cut off.
 type replicaConn struct {
-	conn net.Conn
+	up   *relay.Upload
 	addr string
 }
 
 func (s *Service) dialReplica(ctx context.Context, addr string, req PutRequest) (*replicaConn, error) {
-	d := net.Dialer{Timeout: 2 * time.Second}
-	conn, err := d.DialContext(ctx, "tcp", addr)
+	up, err := s.peers.Upload(ctx, addr, internalPath(req.Name, req.Step, "/parts/"+req.Part), req.Size,
+		http.Header{api.HeaderChecksum: {req.Sum}}, 10*time.Minute)
 	if err != nil {
 		return nil, fmt.Errorf("%w: partner copy to %s: %w", ErrUnavailable, addr, err)
 	}
-	conn.SetDeadline(time.Now().Add(10 * time.Minute))
-	var hdr bytes.Buffer
-	fmt.Fprintf(&hdr, "PUT %s HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n%s: %s\r\n%s: %s\r\nConnection: close\r\n",
-		internalPath(req.Name, req.Step, "/parts/"+req.Part), addr, req.Size, api.HeaderChecksum, req.Sum, api.HeaderForwarded, s.cfg.Self)
-	if s.cfg.Token != "" {
-		fmt.Fprintf(&hdr, "Authorization: Bearer %s\r\n", s.cfg.Token)
-	}
-	hdr.WriteString("\r\n")
-	if _, err := conn.Write(hdr.Bytes()); err != nil {
-		conn.Close()
-		return nil, fmt.Errorf("%w: partner copy to %s: %w", ErrUnavailable, addr, err)
-	}
-	return &replicaConn{conn: conn, addr: addr}, nil
+	return &replicaConn{up: up, addr: addr}, nil
 }
 
 // answer reads the partner's answer once the whole part is sent.
-func (r *replicaConn) answer() error {
-	resp, err := http.ReadResponse(bufio.NewReader(r.conn), nil)
+func (r *replicaConn) answer() error { return r.answerWithin(0) }
+
+func (r *replicaConn) answerWithin(d time.Duration) error {
+	err := r.up.Answer(http.StatusCreated, d)
+	if e, ok := errors.AsType[*api.Error](err); ok {
+		e.Message = "partner: " + e.Message
+		return e
+	}
 	if err != nil {
 		return fmt.Errorf("%w: partner copy to %s: %w", ErrUnavailable, r.addr, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusCreated {
-		return answerError(resp)
 	}
 	return nil
 }
@@ -239,16 +226,13 @@ func (r *replicaConn) answer() error {
 // partnerError is why a write to the partner failed: its answer, when it
 // sent one (a refusal), else the write's error.
 func (r *replicaConn) partnerError(werr error) error {
-	r.conn.SetReadDeadline(time.Now().Add(time.Second))
-	if err := r.answer(); err != nil {
-		if e, ok := errors.AsType[*api.Error](err); ok {
-			return e
-		}
+	if e, ok := errors.AsType[*api.Error](r.answerWithin(time.Second)); ok {
+		return e
 	}
 	return fmt.Errorf("%w: partner copy to %s: %w", ErrUnavailable, r.addr, werr)
 }
 
-func (r *replicaConn) Close() error { return r.conn.Close() }
+func (r *replicaConn) Close() error { return r.up.Close() }
 
 // cutError is a body that ended before its Content-Length.
 type cutError struct {
@@ -268,23 +252,13 @@ func internalPath(name string, step uint64, rest string) string {
 
 // sendReplica PUTs a part's copy to the node at addr, streaming body.
 func (s *Service) sendReplica(ctx context.Context, addr string, req PutRequest, body io.Reader) error {
-	url := "http://" + addr + internalPath(req.Name, req.Step, "/parts/"+req.Part)
+	path := internalPath(req.Name, req.Step, "/parts/"+req.Part)
 	if req.Repair {
-		url += "?repair=1"
+		path += "?repair=1"
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Minute)
 	defer cancel()
-	if req.Size == 0 {
-		body = http.NoBody
-	}
-	hr, err := http.NewRequestWithContext(ctx, http.MethodPut, url, body)
-	if err != nil {
-		return err
-	}
-	hr.ContentLength = req.Size
-	hr.Header.Set(api.HeaderChecksum, req.Sum)
-	s.authorize(hr)
-	resp, err := s.http.Do(hr)
+	resp, err := s.peers.Do(ctx, http.MethodPut, addr, path, body, req.Size, http.Header{api.HeaderChecksum: {req.Sum}})
 	if err != nil {
 		return fmt.Errorf("%w: partner copy to %s: %w", ErrUnavailable, addr, err)
 	}
@@ -295,21 +269,10 @@ func (s *Service) sendReplica(ctx context.Context, addr string, req PutRequest, 
 	return nil
 }
 
-func (s *Service) authorize(hr *http.Request) {
-	hr.Header.Set(api.HeaderForwarded, s.cfg.Self)
-	if s.cfg.Token != "" {
-		hr.Header.Set("Authorization", "Bearer "+s.cfg.Token)
-	}
-}
-
 // answerError turns another node's non-2xx answer into an *api.Error with
 // its status, so the client sees what the partner said (507, 409, …).
 func answerError(resp *http.Response) error {
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	e := &api.Error{Status: resp.StatusCode}
-	if json.Unmarshal(b, e) != nil || e.Message == "" {
-		e.Message = string(bytes.TrimSpace(b))
-	}
+	e := relay.AnswerError(resp)
 	e.Message = "partner: " + e.Message
 	return e
 }

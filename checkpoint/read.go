@@ -110,13 +110,7 @@ func (s *Service) openPeer(ctx context.Context, m, name string, step uint64, par
 	// A dead peer must not hold a restore for long; the body itself may
 	// take as long as it takes.
 	timer := time.AfterFunc(3*time.Second, cancel)
-	hr, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+internalPath(name, step, "/parts/"+part), nil)
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	s.authorize(hr)
-	resp, err := s.http.Do(hr)
+	resp, err := s.peers.Do(ctx, http.MethodGet, addr, internalPath(name, step, "/parts/"+part), nil, 0, nil)
 	timer.Stop()
 	if err != nil {
 		cancel()

@@ -52,7 +52,7 @@ func (s catchupSource) Target(ctx context.Context) (uint64, error) {
 		timeout = min(timeout, max(0, time.Until(dl)))
 	}
 	// The leader's GET /v1/cluster carries its applied index (markApplied).
-	_, applied, err := c.client.write(addr, http.MethodGet, "/v1/cluster", nil, nil, timeout)
+	_, applied, err := writeTo(c.client, addr, http.MethodGet, "/v1/cluster", nil, nil, timeout)
 	if err != nil {
 		return 0, err
 	}

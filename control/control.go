@@ -18,6 +18,7 @@ import (
 	"stallfree/catalog"
 	"stallfree/catchup"
 	"stallfree/locality"
+	"stallfree/relay"
 	"stallfree/source"
 )
 
@@ -45,8 +46,11 @@ type Config struct {
 	// HTTPAdvert is this node's HTTP address, the leader's address when
 	// this node leads.
 	HTTPAdvert string
+	// Relay is the node's client to the other nodes' APIs, through which
+	// writes reach the leader; nil: New builds one from Name and Token.
+	Relay *relay.Client
 	// Token is the API's bearer token, which this node presents when it
-	// relays a request to the leader.
+	// relays a request to the leader (when New builds Relay).
 	Token string
 	// AllowSources are the --allow-source prefixes, resolved (Resolve);
 	// empty allows every source.
@@ -63,6 +67,10 @@ type Config struct {
 	Replanned func()
 }
 
+// Relay is the node's client to the other nodes' APIs (Config.Relay), for
+// the node's other parts to share.
+func (c *Control) Relay() *relay.Client { return c.client }
+
 // Members is what control needs from the cluster: whom an epoch is pinned to
 // and where each member's HTTP API is. node.Peers is one.
 type Members interface {
@@ -78,7 +86,7 @@ type Control struct {
 	members Members
 	local   localLeader
 	relay   relayLeader
-	client  *relayClient
+	client  *relay.Client
 	gate    *catchup.Gate // catalog reads wait for it (catchup.go)
 
 	plans plans
@@ -100,8 +108,11 @@ func New(cfg Config, cat *catalog.Catalog, members Members) *Control {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.Relay == nil {
+		cfg.Relay = relay.New(cfg.Name, cfg.Token)
+	}
 	c := &Control{cfg: cfg, log: cfg.Logger, cat: cat, members: members,
-		client:        newRelayClient(cfg.Name, cfg.Token),
+		client:        cfg.Relay,
 		registrations: map[string]*registration{}, resumed: map[resumeKey]*locality.EpochPlan{},
 		active: map[string]resumeKey{}, positions: map[string]map[int]rankPosition{}}
 	c.gate = catchup.New(catchupSource{c})

@@ -242,7 +242,7 @@ func (c *Control) forward(ctx context.Context, method, path string, body, out an
 		return 0, &api.Error{Status: fasthttp.StatusServiceUnavailable,
 			Message: "no raft leader (no quorum): catalog writes are unavailable", Retry: true}
 	}
-	code, applied, err := c.client.write(addr, method, path, body, out, timeout)
+	code, applied, err := writeTo(c.client, addr, method, path, body, out, timeout)
 	if err == nil && applied > 0 && !c.awaitApplied(ctx, applied) {
 		// The write is done; only this node's next read may not show it yet.
 		c.log.Warn("a relayed write has not reached this node's catalog yet", "path", path, "index", applied, "applied", c.cat.AppliedIndex())
@@ -265,7 +265,7 @@ func (c *Control) leaderHasDataset(ctx context.Context, name string) bool {
 	if addr == "" || c.cat.IsLeader() {
 		return false
 	}
-	return c.client.has(addr, "/v1/datasets/"+url.PathEscape(name))
+	return answersOK(c.client, addr, "/v1/datasets/"+url.PathEscape(name))
 }
 
 // ReadFromLeader answers a read that names a dataset or job this follower
@@ -284,7 +284,7 @@ func (c *Control) ReadFromLeader(in *fasthttp.Request, out *fasthttp.Response) b
 	if addr == "" {
 		return false
 	}
-	if err := c.client.proxy(addr, in, out); err != nil {
+	if err := proxyTo(c.client, addr, in, out); err != nil {
 		c.log.Debug("relay to leader", "err", err)
 		return false
 	}

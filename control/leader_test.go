@@ -17,6 +17,7 @@ import (
 	"stallfree/api"
 	"stallfree/catalog"
 	"stallfree/internal/testutil"
+	"stallfree/relay"
 )
 
 // lone is the cluster of a node that runs alone.
@@ -79,9 +80,9 @@ func (s *leaderStub) addr() string { return strings.TrimPrefix(s.srv.URL, "http:
 func TestRelayCarriesTheRequestAndItsAnswer(t *testing.T) {
 	s := newLeaderStub(t)
 	s.status, s.answer, s.applied = http.StatusCreated, `{"name":"ds","items":7}`, "42"
-	l := newRelayClient("n2", "sekrit")
+	l := relay.New("n2", "sekrit")
 	var got api.Dataset
-	code, applied, err := l.write(s.addr(), http.MethodPut, "/v1/datasets/ds", api.PutDataset{Source: "/data"}, &got, 5*time.Second)
+	code, applied, err := writeTo(l, s.addr(), http.MethodPut, "/v1/datasets/ds", api.PutDataset{Source: "/data"}, &got, 5*time.Second)
 	if err != nil || code != http.StatusCreated || applied != 42 {
 		t.Fatalf("relay: code %d, applied %d, %v; want 201, 42, nil", code, applied, err)
 	}
@@ -97,7 +98,7 @@ func TestRelayCarriesTheRequestAndItsAnswer(t *testing.T) {
 
 	// No body, no token, no index: nothing of them is sent or made up.
 	s.status, s.answer, s.applied = http.StatusOK, "", ""
-	code, applied, err = newRelayClient("n3", "").write(s.addr(), http.MethodDelete, "/v1/jobs/j", nil, nil, 5*time.Second)
+	code, applied, err = writeTo(relay.New("n3", ""), s.addr(), http.MethodDelete, "/v1/jobs/j", nil, nil, 5*time.Second)
 	if err != nil || code != http.StatusOK || applied != 0 {
 		t.Fatalf("relay without body: %d, %d, %v", code, applied, err)
 	}
@@ -111,11 +112,11 @@ func TestRelayCarriesTheRequestAndItsAnswer(t *testing.T) {
 // not answer is a 503; an undecodable 2xx is an error.
 func TestRelayErrors(t *testing.T) {
 	s := newLeaderStub(t)
-	l := newRelayClient("n2", "")
+	l := relay.New("n2", "")
 	var e *api.Error
 
 	s.status, s.answer = http.StatusConflict, `{"error":"dataset ds is registered with source /x"}`
-	code, _, err := l.write(s.addr(), http.MethodPut, "/v1/datasets/ds", nil, nil, 5*time.Second)
+	code, _, err := writeTo(l, s.addr(), http.MethodPut, "/v1/datasets/ds", nil, nil, 5*time.Second)
 	if !errors.As(err, &e) || code != http.StatusConflict || e.Status != http.StatusConflict || e.Message != "dataset ds is registered with source /x" {
 		t.Fatalf("refusal: code %d, %v", code, err)
 	}
@@ -125,27 +126,27 @@ func TestRelayErrors(t *testing.T) {
 	// A leader that says "come back" (leadership moving under it) is passed
 	// on as such, so the client retries what was not applied.
 	s.status, s.answer, s.retryAfter = http.StatusServiceUnavailable, `{"error":"raft leadership is moving; retry"}`, "1"
-	if _, _, err := l.write(s.addr(), http.MethodPut, "/v1/datasets/ds", nil, nil, 5*time.Second); !errors.As(err, &e) || e.Status != http.StatusServiceUnavailable || !e.Retry {
+	if _, _, err := writeTo(l, s.addr(), http.MethodPut, "/v1/datasets/ds", nil, nil, 5*time.Second); !errors.As(err, &e) || e.Status != http.StatusServiceUnavailable || !e.Retry {
 		t.Fatalf("a 503 with Retry-After: %v", err)
 	}
 	s.retryAfter = ""
 	s.status, s.answer = http.StatusBadGateway, "upstream broke"
-	if _, _, err := l.write(s.addr(), http.MethodGet, "/", nil, nil, 5*time.Second); !errors.As(err, &e) || e.Status != http.StatusBadGateway || e.Message != "upstream broke" {
+	if _, _, err := writeTo(l, s.addr(), http.MethodGet, "/", nil, nil, 5*time.Second); !errors.As(err, &e) || e.Status != http.StatusBadGateway || e.Message != "upstream broke" {
 		t.Fatalf("plain-text refusal: %v", err)
 	}
 	s.status, s.answer = http.StatusMultipleChoices, `{"error":""}`
-	if _, _, err := l.write(s.addr(), http.MethodGet, "/", nil, nil, 5*time.Second); !errors.As(err, &e) || e.Status != http.StatusMultipleChoices || e.Message != `{"error":""}` {
+	if _, _, err := writeTo(l, s.addr(), http.MethodGet, "/", nil, nil, 5*time.Second); !errors.As(err, &e) || e.Status != http.StatusMultipleChoices || e.Message != `{"error":""}` {
 		t.Fatalf("3xx with an empty message: %v", err)
 	}
 	s.status, s.answer = http.StatusOK, "not json"
 	var out api.Job
-	if code, _, err := l.write(s.addr(), http.MethodGet, "/", nil, &out, 5*time.Second); err == nil || errors.As(err, &e) || code != http.StatusOK {
+	if code, _, err := writeTo(l, s.addr(), http.MethodGet, "/", nil, &out, 5*time.Second); err == nil || errors.As(err, &e) || code != http.StatusOK {
 		t.Fatalf("undecodable answer: %d, %v", code, err)
 	}
-	if _, _, err := l.write(testutil.FreeAddr(t), http.MethodGet, "/", nil, nil, 5*time.Second); !errors.As(err, &e) || e.Status != http.StatusServiceUnavailable {
+	if _, _, err := writeTo(l, testutil.FreeAddr(t), http.MethodGet, "/", nil, nil, 5*time.Second); !errors.As(err, &e) || e.Status != http.StatusServiceUnavailable {
 		t.Fatalf("no leader listening: %v", err)
 	}
-	if _, _, err := l.write(s.addr(), http.MethodPut, "/", func() {}, nil, 5*time.Second); err == nil {
+	if _, _, err := writeTo(l, s.addr(), http.MethodPut, "/", func() {}, nil, 5*time.Second); err == nil {
 		t.Fatal("a body that is not JSON was relayed")
 	}
 }
@@ -153,15 +154,15 @@ func TestRelayErrors(t *testing.T) {
 // has asks the leader whether it answers 200, as this node.
 func TestLeaderHas(t *testing.T) {
 	s := newLeaderStub(t)
-	l := newRelayClient("n2", "tok")
-	if !l.has(s.addr(), "/v1/datasets/ds") || s.method != http.MethodGet || s.path != "/v1/datasets/ds" || s.auth != "Bearer tok" {
+	l := relay.New("n2", "tok")
+	if !answersOK(l, s.addr(), "/v1/datasets/ds") || s.method != http.MethodGet || s.path != "/v1/datasets/ds" || s.auth != "Bearer tok" {
 		t.Fatalf("has: saw %s %s %q", s.method, s.path, s.auth)
 	}
 	s.status = http.StatusNotFound
-	if l.has(s.addr(), "/v1/datasets/ds") {
+	if answersOK(l, s.addr(), "/v1/datasets/ds") {
 		t.Fatal("a 404 counted as having it")
 	}
-	if l.has(testutil.FreeAddr(t), "/") {
+	if answersOK(l, testutil.FreeAddr(t), "/") {
 		t.Fatal("no answer counted as having it")
 	}
 }
@@ -177,7 +178,7 @@ func TestProxyCarriesTheClientsRequest(t *testing.T) {
 	in.Header.SetMethod(http.MethodGet)
 	in.SetRequestURI("http://follower/v1/datasets/ds")
 	in.Header.Set("Authorization", "Bearer client")
-	if err := newRelayClient("n2", "node-token").proxy(s.addr(), in, out); err != nil {
+	if err := proxyTo(relay.New("n2", "node-token"), s.addr(), in, out); err != nil {
 		t.Fatal(err)
 	}
 	if s.method != http.MethodGet || s.path != "/v1/datasets/ds" || s.auth != "Bearer client" || s.forwarded != "n2" {
@@ -186,7 +187,7 @@ func TestProxyCarriesTheClientsRequest(t *testing.T) {
 	if out.StatusCode() != http.StatusOK || string(out.Body()) != `{"name":"ds"}` {
 		t.Fatalf("answer %d %q", out.StatusCode(), out.Body())
 	}
-	if err := newRelayClient("n2", "").proxy(testutil.FreeAddr(t), in, out); err == nil {
+	if err := proxyTo(relay.New("n2", ""), testutil.FreeAddr(t), in, out); err == nil {
 		t.Fatal("no leader listening, yet an answer")
 	}
 }

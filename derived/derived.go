@@ -15,18 +15,18 @@ package derived
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"sync"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
-	"github.com/valyala/fasthttp"
 
 	"stallfree/api"
 	"stallfree/catalog"
+	"stallfree/relay"
 	"stallfree/store"
 	"stallfree/transport"
 )
@@ -75,19 +75,19 @@ type Host interface {
 
 // Config is what the prep cache needs beyond its host.
 type Config struct {
-	Name         string // this node
-	Token        string // presented to the other members' APIs
-	MaxItemBytes int64  // 0: DefaultMaxItemBytes
+	Name         string        // this node
+	Relay        *relay.Client // to the other members' APIs
+	MaxItemBytes int64         // 0: DefaultMaxItemBytes
 	Logger       *slog.Logger
 }
 
 // Prep is safe for concurrent use.
 type Prep struct {
-	cfg  Config
-	cat  *catalog.Catalog
-	st   *store.Store
-	host Host
-	http *fasthttp.Client
+	cfg   Config
+	cat   *catalog.Catalog
+	st    *store.Store
+	host  Host
+	relay *relay.Client
 	// mu makes "is it there, else put it" one step, so that of two writers
 	// of different bytes exactly one gets 201 and the other 409.
 	mu sync.Mutex
@@ -101,8 +101,7 @@ func New(cfg Config, cat *catalog.Catalog, st *store.Store, host Host) *Prep {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Prep{cfg: cfg, cat: cat, st: st, host: host,
-		http: &fasthttp.Client{Name: "stallfree-prep", ReadTimeout: 5 * time.Second, MaxResponseBodySize: 16 << 20}}
+	return &Prep{cfg: cfg, cat: cat, st: st, host: host, relay: cfg.Relay}
 }
 
 // MaxItemBytes is the largest item a write may carry.
@@ -287,26 +286,10 @@ func (p *Prep) Count(ctx context.Context, infos []api.Dataset) {
 
 // memberUsage reads a member's per-dataset usage from its /v1/stats.
 func (p *Prep) memberUsage(ctx context.Context, addr string) ([]api.DatasetUsage, error) {
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + addr + "/v1/stats")
-	req.Header.Set(api.HeaderForwarded, p.cfg.Name)
-	if p.cfg.Token != "" {
-		req.Header.Set("Authorization", "Bearer "+p.cfg.Token)
-	}
-	timeout := 2 * time.Second
-	if dl, ok := ctx.Deadline(); ok {
-		timeout = min(timeout, time.Until(dl))
-	}
-	if err := p.http.DoTimeout(req, resp, timeout); err != nil {
-		return nil, err
-	}
-	if resp.StatusCode() != fasthttp.StatusOK {
-		return nil, fmt.Errorf("stats from %s: HTTP %d", addr, resp.StatusCode())
-	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
 	var st api.Stats
-	if err := json.Unmarshal(resp.Body(), &st); err != nil {
+	if _, err := p.relay.JSON(ctx, http.MethodGet, addr, "/v1/stats", nil, &st, nil, 16<<20); err != nil {
 		return nil, fmt.Errorf("stats from %s: %w", addr, err)
 	}
 	return st.Datasets, nil

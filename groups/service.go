@@ -2,19 +2,18 @@ package groups
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/url"
 	"strconv"
 	"sync"
 	"time"
 
-	"github.com/valyala/fasthttp"
-
 	"stallfree/api"
 	"stallfree/catalog"
+	"stallfree/relay"
 )
 
 // Errors beyond the catalog's (catalog.ErrNotFound: 404, ErrConflict: 409);
@@ -70,9 +69,9 @@ type Config struct {
 	Timeout time.Duration
 	// MaxBatchBytes bounds one staged batch (--max-item-bytes).
 	MaxBatchBytes int
-	// Token is the API's bearer token, presented to the owner when this node
-	// asks it about a group.
-	Token  string
+	// Relay is the node's client to the other members' APIs, through which
+	// this node asks a group's owner about it.
+	Relay  *relay.Client
 	Logger *slog.Logger
 }
 
@@ -81,7 +80,6 @@ type Config struct {
 type Service struct {
 	host Host
 	cfg  Config
-	http *fasthttp.Client
 
 	mu     sync.Mutex
 	stages map[string]*stage
@@ -99,8 +97,7 @@ func New(host Host, cfg Config) *Service {
 		cfg.Logger = slog.Default()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &Service{host: host, cfg: cfg, stages: map[string]*stage{}, cancel: cancel,
-		http: &fasthttp.Client{Name: "stallfree-groups", ReadTimeout: 30 * time.Second}}
+	s := &Service{host: host, cfg: cfg, stages: map[string]*stage{}, cancel: cancel}
 	s.wg.Add(1)
 	go s.clock(ctx)
 	return s
@@ -291,32 +288,18 @@ func (s *Service) LocalInfo(name string) (api.GroupInfo, error) {
 }
 
 func (s *Service) remoteInfo(ctx context.Context, addr, name string) (api.GroupInfo, error) {
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + addr + "/v1/groups/" + url.PathEscape(name))
-	req.Header.Set(api.HeaderForwarded, s.host.Name())
-	req.Header.Set(api.HeaderApplied, strconv.FormatUint(s.host.AppliedIndex(), 10))
-	if s.cfg.Token != "" {
-		req.Header.Set("Authorization", "Bearer "+s.cfg.Token)
-	}
-	timeout := 10 * time.Second
-	if dl, ok := ctx.Deadline(); ok {
-		timeout = min(timeout, time.Until(dl))
-	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	// What this node has applied: the owner waits for it before it says a
+	// group defined through this node does not exist.
+	h := http.Header{api.HeaderApplied: {strconv.FormatUint(s.host.AppliedIndex(), 10)}}
 	var info api.GroupInfo
-	if err := s.http.DoTimeout(req, resp, timeout); err != nil {
-		return info, &api.Error{Status: fasthttp.StatusServiceUnavailable, Message: fmt.Sprintf("group %q: its owner at %s: %v", name, addr, err)}
-	}
-	if resp.StatusCode() != fasthttp.StatusOK {
-		e := &api.Error{Status: resp.StatusCode()}
-		if json.Unmarshal(resp.Body(), e) != nil || e.Message == "" {
-			e.Message = string(resp.Body())
-		}
+	_, err := s.cfg.Relay.JSON(ctx, http.MethodGet, addr, "/v1/groups/"+url.PathEscape(name), nil, &info, h, 1<<20)
+	if e, ok := errors.AsType[*api.Error](err); ok {
 		return info, e
 	}
-	if err := json.Unmarshal(resp.Body(), &info); err != nil {
-		return info, fmt.Errorf("group %q: its owner's answer: %w", name, err)
+	if err != nil {
+		return info, &api.Error{Status: http.StatusServiceUnavailable, Message: fmt.Sprintf("group %q: its owner at %s: %v", name, addr, err)}
 	}
 	return info, nil
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -41,25 +42,6 @@ func (s *Server) checkpointStats() *api.CheckpointStats {
 	}
 	st := s.ckpt.Stats()
 	return &st
-}
-
-// streamed routes checkpoint requests before anything reads their bodies:
-// the server streams request bodies (StreamRequestBody), so a part is read
-// straight into the memory it is kept in and passed on to the partner as it
-// arrives. Every other route gets its body read whole, bounded as before.
-func (s *Server) streamed(next fasthttp.RequestHandler) fasthttp.RequestHandler {
-	return func(ctx *fasthttp.RequestCtx) {
-		var segs [16]string
-		_, seg := splitPath(ctx.URI().PathOriginal(), segs[:0])
-		if len(seg) >= 2 && seg[0] == "v1" && (seg[1] == "checkpoints" || len(seg) >= 3 && seg[1] == "internal" && seg[2] == "checkpoints") {
-			s.checkpoints(ctx, seg[1:])
-			return
-		}
-		if !s.readBody(ctx, s.bodyLimit(seg)) {
-			return
-		}
-		next(ctx)
-	}
 }
 
 // readBody reads a streamed request body whole, refusing one over the
@@ -99,120 +81,110 @@ const maxTooLargeDrain = 64 << 20
 // maxDrain bounds what is read of a refused part's body.
 const maxDrain = 4 << 30
 
-// checkpoints serves /v1/checkpoints/... and the internal routes nodes use
-// between themselves (/v1/internal/checkpoints/...: a node's own copies).
-// seg starts at "checkpoints" or "internal".
-func (s *Server) checkpoints(ctx *fasthttp.RequestCtx, seg []string) {
-	if !s.authorized(ctx) {
-		ctx.Response.Header.Set("WWW-Authenticate", "Bearer")
-		writeError(ctx, fasthttp.StatusUnauthorized, "missing or wrong bearer token")
-		ctx.SetConnectionClose()
-		return
-	}
-	if s.ckpt == nil {
-		writeError(ctx, fasthttp.StatusNotFound, "checkpoints are not served by this node")
-		ctx.SetConnectionClose()
-		return
-	}
-	internal := seg[0] == "internal"
-	if internal {
-		seg = seg[1:]
-	}
-	seg = seg[1:] // after "checkpoints"
-	method := string(ctx.Method())
-	// A refused upload may leave its body unread. Read the rest (bounded)
-	// before answering: a client still sending when the server closes gets
-	// a reset instead of the answer (a 507 would arrive as a broken pipe).
-	defer func() {
-		if ctx.Request.IsBodyStream() && ctx.Response.StatusCode() >= 300 {
-			if _, err := io.CopyN(io.Discard, ctx.RequestBodyStream(), maxDrain); err != io.EOF {
-				ctx.SetConnectionClose()
-			}
-		}
-	}()
-	if len(seg) == 0 {
-		if method != fasthttp.MethodGet || internal {
-			methodNotAllowed(ctx)
+// checkpointRoutes serve /v1/checkpoints/... and the internal routes nodes
+// use between themselves (/v1/internal/checkpoints/...: a node's own copies).
+// A part's PUT and a commit are streamed routes: the part is read straight
+// into the memory it is kept in and passed on to the partner as it arrives.
+type checkpointRoutes struct{ s *Server } // s.ckpt is set after the table is built
+
+// served wraps a checkpoint handler: 404 while this node serves none, and
+// the step parsed for the routes that name one.
+func (c checkpointRoutes) served(h func(ctx *fasthttp.RequestCtx, ck Checkpoints, p params, step uint64)) handler {
+	return func(ctx *fasthttp.RequestCtx, p params) {
+		ck := c.s.ckpt
+		if ck == nil {
+			writeError(ctx, fasthttp.StatusNotFound, "checkpoints are not served by this node")
+			ctx.SetConnectionClose()
 			return
 		}
-		writeJSON(ctx, 200, s.ckpt.List())
-		return
-	}
-	name := seg[0]
-	if len(seg) == 1 && internal && method == fasthttp.MethodDelete {
-		writeJSON(ctx, 200, s.ckpt.DropLocal(name))
-		return
-	}
-	if len(seg) == 1 && !internal {
-		switch method {
-		case fasthttp.MethodGet:
-			ck, err := s.ckpt.Get(name)
-			if err != nil {
-				failCheckpoint(ctx, err)
+		var step uint64
+		if strings.Contains(p.r.pattern, "{step}") {
+			v, err := p.get("step"), error(nil)
+			if step, err = strconv.ParseUint(v, 10, 64); err != nil {
+				writeError(ctx, fasthttp.StatusBadRequest, fmt.Sprintf("step %q: want a non-negative integer", v))
 				return
 			}
-			writeJSON(ctx, 200, ck)
-		case fasthttp.MethodDelete:
-			rctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			if err := s.ckpt.Delete(rctx, name, relayed(ctx)); err != nil {
-				failCheckpoint(ctx, err)
-				return
-			}
-			ctx.SetStatusCode(fasthttp.StatusNoContent)
-		default:
-			methodNotAllowed(ctx)
 		}
-		return
-	}
-	if len(seg) < 3 || seg[1] != "steps" {
-		writeError(ctx, fasthttp.StatusNotFound, "no such route")
-		return
-	}
-	step, err := strconv.ParseUint(seg[2], 10, 64)
-	if err != nil {
-		writeError(ctx, fasthttp.StatusBadRequest, fmt.Sprintf("step %q: want a non-negative integer", seg[2]))
-		return
-	}
-	rest := seg[3:]
-	switch {
-	case internal && len(rest) == 0 && method == fasthttp.MethodGet:
-		writeJSON(ctx, 200, s.ckpt.Held(name, step))
-	case !internal && len(rest) == 1 && rest[0] == "commit" && method == fasthttp.MethodPost:
-		s.commitCheckpoint(ctx, name, step)
-	case !internal && len(rest) == 1 && rest[0] == "parts" && method == fasthttp.MethodGet:
-		rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		up, err := s.ckpt.Uploads(rctx, name, step)
-		if err != nil {
-			failCheckpoint(ctx, err)
-			return
-		}
-		writeJSON(ctx, 200, up)
-	case len(rest) == 2 && rest[0] == "parts":
-		switch method {
-		case fasthttp.MethodPut:
-			s.putPart(ctx, name, step, rest[1], internal)
-		case fasthttp.MethodGet:
-			s.getPart(ctx, name, step, rest[1], internal)
-		default:
-			methodNotAllowed(ctx)
-		}
-	case internal && len(rest) == 3 && rest[0] == "parts" && rest[2] == "copy" && method == fasthttp.MethodPost:
-		to := string(ctx.QueryArgs().Peek("to"))
-		rctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-		defer cancel()
-		if err := s.ckpt.CopyTo(rctx, name, step, rest[1], to); err != nil {
-			failCheckpoint(ctx, err)
-			return
-		}
-		ctx.SetStatusCode(fasthttp.StatusNoContent)
-	default:
-		writeError(ctx, fasthttp.StatusNotFound, "no such route")
+		h(ctx, ck, p, step)
 	}
 }
 
-func (s *Server) putPart(ctx *fasthttp.RequestCtx, name string, step uint64, part string, internal bool) {
+func (checkpointRoutes) list(ctx *fasthttp.RequestCtx, ck Checkpoints, _ params, _ uint64) {
+	writeJSON(ctx, 200, ck.List())
+}
+
+func (checkpointRoutes) get(ctx *fasthttp.RequestCtx, ck Checkpoints, p params, _ uint64) {
+	c, err := ck.Get(p.get("checkpoint"))
+	if err != nil {
+		failCheckpoint(ctx, err)
+		return
+	}
+	writeJSON(ctx, 200, c)
+}
+
+func (checkpointRoutes) delete(ctx *fasthttp.RequestCtx, ck Checkpoints, p params, _ uint64) {
+	rctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := ck.Delete(rctx, p.get("checkpoint"), relayed(ctx)); err != nil {
+		failCheckpoint(ctx, err)
+		return
+	}
+	ctx.SetStatusCode(fasthttp.StatusNoContent)
+}
+
+func (checkpointRoutes) uploads(ctx *fasthttp.RequestCtx, ck Checkpoints, p params, step uint64) {
+	rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	up, err := ck.Uploads(rctx, p.get("checkpoint"), step)
+	if err != nil {
+		failCheckpoint(ctx, err)
+		return
+	}
+	writeJSON(ctx, 200, up)
+}
+
+// dropLocal, held, putReplica, getLocal and copy are the internal routes.
+
+func (checkpointRoutes) dropLocal(ctx *fasthttp.RequestCtx, ck Checkpoints, p params, _ uint64) {
+	writeJSON(ctx, 200, ck.DropLocal(p.get("checkpoint")))
+}
+
+func (checkpointRoutes) held(ctx *fasthttp.RequestCtx, ck Checkpoints, p params, step uint64) {
+	writeJSON(ctx, 200, ck.Held(p.get("checkpoint"), step))
+}
+
+func (checkpointRoutes) copy(ctx *fasthttp.RequestCtx, ck Checkpoints, p params, step uint64) {
+	to := string(ctx.QueryArgs().Peek("to"))
+	rctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	if err := ck.CopyTo(rctx, p.get("checkpoint"), step, p.get("part"), to); err != nil {
+		failCheckpoint(ctx, err)
+		return
+	}
+	ctx.SetStatusCode(fasthttp.StatusNoContent)
+}
+
+func (checkpointRoutes) putPart(ctx *fasthttp.RequestCtx, ck Checkpoints, p params, step uint64) {
+	putPart(ctx, ck, p.get("checkpoint"), step, p.get("part"), false)
+}
+
+func (checkpointRoutes) putReplica(ctx *fasthttp.RequestCtx, ck Checkpoints, p params, step uint64) {
+	putPart(ctx, ck, p.get("checkpoint"), step, p.get("part"), true)
+}
+
+func (checkpointRoutes) getPart(ctx *fasthttp.RequestCtx, ck Checkpoints, p params, step uint64) {
+	getPart(ctx, ck, p.get("checkpoint"), step, p.get("part"), false)
+}
+
+func (checkpointRoutes) getLocal(ctx *fasthttp.RequestCtx, ck Checkpoints, p params, step uint64) {
+	getPart(ctx, ck, p.get("checkpoint"), step, p.get("part"), true)
+}
+
+func (checkpointRoutes) commit(ctx *fasthttp.RequestCtx, ck Checkpoints, p params, step uint64) {
+	commitCheckpoint(ctx, ck, p.get("checkpoint"), step)
+}
+
+func putPart(ctx *fasthttp.RequestCtx, ck Checkpoints, name string, step uint64, part string, internal bool) {
 	req := checkpoint.PutRequest{Name: name, Step: step, Part: part, Replica: internal,
 		Repair: internal && string(ctx.QueryArgs().Peek("repair")) == "1",
 		Sum:    string(ctx.Request.Header.Peek(api.HeaderChecksum)), Size: int64(ctx.Request.Header.ContentLength())}
@@ -222,15 +194,15 @@ func (s *Server) putPart(ctx *fasthttp.RequestCtx, name string, step uint64, par
 	} else {
 		body = bytes.NewReader(ctx.PostBody())
 	}
-	if err := s.ckpt.Put(context.Background(), req, body); err != nil {
+	if err := ck.Put(context.Background(), req, body); err != nil {
 		failCheckpoint(ctx, err)
 		return
 	}
 	ctx.SetStatusCode(fasthttp.StatusCreated)
 }
 
-func (s *Server) getPart(ctx *fasthttp.RequestCtx, name string, step uint64, part string, internal bool) {
-	p, err := s.ckpt.Open(context.Background(), name, step, part, internal)
+func getPart(ctx *fasthttp.RequestCtx, ck Checkpoints, name string, step uint64, part string, internal bool) {
+	p, err := ck.Open(context.Background(), name, step, part, internal)
 	if err != nil {
 		failCheckpoint(ctx, err)
 		return
@@ -241,7 +213,7 @@ func (s *Server) getPart(ctx *fasthttp.RequestCtx, name string, step uint64, par
 	ctx.SetBodyStream(p, int(p.Size)) // fasthttp closes p after the last byte
 }
 
-func (s *Server) commitCheckpoint(ctx *fasthttp.RequestCtx, name string, step uint64) {
+func commitCheckpoint(ctx *fasthttp.RequestCtx, ck Checkpoints, name string, step uint64) {
 	body, err := ctx.PostBody(), error(nil)
 	if ctx.Request.IsBodyStream() {
 		body, err = io.ReadAll(io.LimitReader(ctx.RequestBodyStream(), MaxBodySize+1))
@@ -257,7 +229,7 @@ func (s *Server) commitCheckpoint(ctx *fasthttp.RequestCtx, name string, step ui
 	}
 	rctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	st, err := s.ckpt.Commit(rctx, name, step, req, relayed(ctx))
+	st, err := ck.Commit(rctx, name, step, req, relayed(ctx))
 	if err != nil {
 		failCheckpoint(ctx, err)
 		return

@@ -12,6 +12,7 @@ import (
 	"stallfree/api"
 	"stallfree/catalog"
 	"stallfree/derived"
+	"stallfree/relay"
 )
 
 // The prep cache's routes (derived datasets, docs/api.md "Prep cache"): the
@@ -45,31 +46,18 @@ func derivedStatus(err error) (int, bool) {
 	return 0, false
 }
 
-// itemBodyLimit is the largest body of /v1/datasets/{name}/index/{i} (an
-// item written to a derived dataset): up to --max-item-bytes, where every
-// other dataset route keeps MaxBodySize. Bodies over the server's limit
-// arrive as streams and are read against bodyLimit (readBody), so no other
-// route reads more. ok is false for any other path.
-func (s *Server) itemBodyLimit(seg []string) (limit int, ok bool) {
-	if len(seg) == 5 && seg[0] == "v1" && seg[1] == "datasets" && seg[3] == "index" {
-		return int(max(MaxBodySize, s.prep.MaxItemBytes())), true
-	}
-	return 0, false
-}
+// itemBodyLimit is the largest body of PUT /v1/datasets/{name}/index/{i}
+// (an item written to a derived dataset): up to --max-item-bytes, where
+// every other dataset route keeps MaxBodySize.
+func (s *Server) itemBodyLimit() int { return int(max(MaxBodySize, s.prep.MaxItemBytes())) }
 
 // derivedRoutes serve the prep cache's writes (a derived dataset's
 // registration, an item written at its owner) and add what has been written
 // to the dataset routes' answers.
 type derivedRoutes struct {
-	prep    prep
-	find    Finder
-	self    string           // this node's name, on requests relayed to an owner
-	relayer *fasthttp.Client // to the item's owner (not the leader: control's relay client is for that)
-}
-
-func newDerivedRoutes(p prep, find Finder, self string) derivedRoutes {
-	return derivedRoutes{prep: p, find: find, self: self,
-		relayer: &fasthttp.Client{Name: "stallfree-item-relay", ReadTimeout: time.Minute, MaxResponseBodySize: 1 << 20}}
+	prep  prep
+	find  Finder
+	peers *relay.Client // the node's client to the other nodes: an item is written at its owner
 }
 
 // put serves PUT /v1/datasets/{name} {"derived_from", "stage"} (from
@@ -134,19 +122,12 @@ func (r derivedRoutes) putItem(ctx *fasthttp.RequestCtx, p params) {
 // relayTo sends the request as it came to the node at addr and answers with
 // its response; no answer is a 503.
 func (r derivedRoutes) relayTo(ctx *fasthttp.RequestCtx, addr string) {
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	ctx.Request.CopyTo(req)
-	req.SetRequestURI("http://" + addr + string(ctx.URI().PathOriginal()))
-	req.SetHost(addr)
-	req.Header.Set(api.HeaderForwarded, r.self)
-	if err := r.relayer.DoTimeout(req, resp, 30*time.Second); err != nil {
+	rctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := r.peers.Forward(rctx, addr, string(ctx.URI().PathOriginal()), &ctx.Request, &ctx.Response, nil, 1<<20); err != nil {
 		writeError(ctx, fasthttp.StatusServiceUnavailable, "relay to the item's owner: "+err.Error())
 		ctx.Response.Header.Set("Retry-After", "1")
-		return
 	}
-	resp.CopyTo(&ctx.Response)
 }
 
 // countWritten adds the cluster-wide written counts to dataset infos.

@@ -1,8 +1,10 @@
 package httpapi
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"strconv"
 	"time"
 
@@ -19,22 +21,15 @@ const maxGroupWait = 5 * time.Minute
 // Serve.
 func (s *Server) EnableGroups(g *groups.Service) {
 	s.groups = g
-	// Relayed reads wait as long as their ?wait=, longer than s.relayer's
-	// timeout allows.
-	s.groupRelay = &fasthttp.Client{Name: "stallfree-group-relay", ReadTimeout: maxGroupWait + 30*time.Second,
-		MaxResponseBodySize: max(MaxBodySize, g.MaxBatchBytes())}
 }
 
-// bodyLimit is the largest request body a route takes: a group's batch as
-// large as --max-item-bytes, everything else the server's limit.
-func (s *Server) bodyLimit(seg []string) int {
-	if n, ok := s.itemBodyLimit(seg); ok { // derived.go
-		return n
+// groupBodyLimit is the largest body a /v1/groups route takes: a staged
+// batch may be as large as --max-item-bytes.
+func (s *Server) groupBodyLimit() int {
+	if s.groups == nil {
+		return s.srv.MaxRequestBodySize
 	}
-	if s.groups != nil && len(seg) >= 2 && seg[0] == "v1" && seg[1] == "groups" {
-		return max(s.srv.MaxRequestBodySize, s.groups.MaxBatchBytes())
-	}
-	return s.srv.MaxRequestBodySize
+	return max(s.srv.MaxRequestBodySize, s.groups.MaxBatchBytes())
 }
 
 // The /v1/groups routes (lines of the table, routes.go). They answer 404
@@ -165,21 +160,15 @@ func (s *Server) groupBatch(ctx *fasthttp.RequestCtx, method, name, epochSeg, ba
 // relayToOwner hands a batch request to the group's owner and passes its
 // answer back.
 func (s *Server) relayToOwner(ctx *fasthttp.RequestCtx, addr string, wait time.Duration) {
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	ctx.Request.CopyTo(req)
-	req.SetRequestURI("http://" + addr + string(ctx.URI().RequestURI()))
-	req.SetHost(addr)
-	req.Header.Set(api.HeaderForwarded, s.self)
 	// What this node has applied: the owner waits for it before it says a
 	// group defined through this node does not exist.
-	req.Header.Set(api.HeaderApplied, strconv.FormatUint(s.relay.AppliedIndex(), 10))
-	if err := s.groupRelay.DoTimeout(req, resp, wait+30*time.Second); err != nil {
+	h := http.Header{api.HeaderApplied: {strconv.FormatUint(s.relay.AppliedIndex(), 10)}}
+	rctx, cancel := context.WithTimeout(context.Background(), wait+30*time.Second)
+	defer cancel()
+	limit := int64(max(MaxBodySize, s.groups.MaxBatchBytes()))
+	if err := s.peers.Forward(rctx, addr, string(ctx.URI().RequestURI()), &ctx.Request, &ctx.Response, h, limit); err != nil {
 		writeError(ctx, fasthttp.StatusServiceUnavailable, fmt.Sprintf("the group's owner at %s: %v", addr, err))
-		return
 	}
-	resp.CopyTo(&ctx.Response)
 }
 
 // relayedIndex is the raft index a relaying node had applied (0: the request

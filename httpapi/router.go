@@ -20,6 +20,11 @@ type route struct {
 	handle  handler
 	// open routes are served without the bearer token (probes, metrics).
 	open bool
+	// stream routes get the request body unread (the server streams bodies,
+	// StreamRequestBody); every other route gets it read whole, up to limit
+	// (nil: the server's MaxRequestBodySize).
+	stream bool
+	limit  func() int
 
 	segs []string // pattern, cut at its slashes
 	rest bool     // the last segment is {name...}

@@ -124,13 +124,14 @@ const (
 func (s *Server) routes(n *node.Node) []route {
 	c := n.Control()
 	sp := splitRoutes{sp: n.Split(), relay: c}
-	dv := newDerivedRoutes(s.prep, c, n.Name())
+	dv := derivedRoutes{prep: s.prep, find: c, peers: c.Relay()}
 	ds := datasetRoutes{c: c, quota: sp, derived: dv}
 	it := itemRoutes{find: c, items: n, readers: &s.readers}
 	wu := warmupRoutes{find: c, w: n}
 	jb := jobRoutes{c: c}
 	ord := orderRoutes{c: c, b: n}
 	st := statusRoutes{n: n, loader: n.Split(), relay: c, metrics: s.metrics, checkpoints: s.checkpointStats}
+	ck := checkpointRoutes{s: s}
 	return []route{
 		{method: get, pattern: "/healthz", handle: healthz, open: true},
 		{method: get, pattern: "/readyz", handle: st.ready, open: true},
@@ -147,7 +148,7 @@ func (s *Server) routes(n *node.Node) []route {
 		{method: get, pattern: "/v1/datasets/{dataset}/registration", handle: ds.registration},
 		{method: get, pattern: "/v1/datasets/{dataset}/items/{key...}", handle: it.byKey},
 		{method: get, pattern: "/v1/datasets/{dataset}/index/{index}", handle: it.byIndex},
-		{method: put, pattern: "/v1/datasets/{dataset}/index/{index}", handle: dv.putItem},
+		{method: put, pattern: "/v1/datasets/{dataset}/index/{index}", handle: dv.putItem, limit: s.itemBodyLimit},
 		{method: post, pattern: "/v1/datasets/{dataset}/batch", handle: it.batch},
 		{method: post, pattern: "/v1/datasets/{dataset}/samples/batch", handle: it.samples},
 		{method: get, pattern: "/v1/datasets/{dataset}/samples/{sample}", handle: it.sample},
@@ -173,8 +174,20 @@ func (s *Server) routes(n *node.Node) []route {
 		{method: put, pattern: "/v1/groups/{group}", handle: s.groupPut},
 		{method: del, pattern: "/v1/groups/{group}", handle: s.groupDelete},
 		{method: get, pattern: "/v1/groups/{group}/epochs/{epoch}/batches/{batch}", handle: s.groupBatchRoute},
-		{method: put, pattern: "/v1/groups/{group}/epochs/{epoch}/batches/{batch}", handle: s.groupBatchRoute},
-		// The checkpoint routes are served before the table, from the
-		// streamed body (Server.streamed, checkpoints.go).
+		{method: put, pattern: "/v1/groups/{group}/epochs/{epoch}/batches/{batch}", handle: s.groupBatchRoute, limit: s.groupBodyLimit},
+
+		{method: get, pattern: "/v1/checkpoints", handle: ck.served(ck.list)},
+		{method: get, pattern: "/v1/checkpoints/{checkpoint}", handle: ck.served(ck.get)},
+		{method: del, pattern: "/v1/checkpoints/{checkpoint}", handle: ck.served(ck.delete)},
+		{method: post, pattern: "/v1/checkpoints/{checkpoint}/steps/{step}/commit", handle: ck.served(ck.commit), stream: true},
+		{method: get, pattern: "/v1/checkpoints/{checkpoint}/steps/{step}/parts", handle: ck.served(ck.uploads)},
+		{method: put, pattern: "/v1/checkpoints/{checkpoint}/steps/{step}/parts/{part}", handle: ck.served(ck.putPart), stream: true},
+		{method: get, pattern: "/v1/checkpoints/{checkpoint}/steps/{step}/parts/{part}", handle: ck.served(ck.getPart)},
+		// Between nodes: a node's own copies.
+		{method: del, pattern: "/v1/internal/checkpoints/{checkpoint}", handle: ck.served(ck.dropLocal)},
+		{method: get, pattern: "/v1/internal/checkpoints/{checkpoint}/steps/{step}", handle: ck.served(ck.held)},
+		{method: put, pattern: "/v1/internal/checkpoints/{checkpoint}/steps/{step}/parts/{part}", handle: ck.served(ck.putReplica), stream: true},
+		{method: get, pattern: "/v1/internal/checkpoints/{checkpoint}/steps/{step}/parts/{part}", handle: ck.served(ck.getLocal)},
+		{method: post, pattern: "/v1/internal/checkpoints/{checkpoint}/steps/{step}/parts/{part}/copy", handle: ck.served(ck.copy)},
 	}
 }

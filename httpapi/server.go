@@ -32,6 +32,7 @@ import (
 	"stallfree/groups"
 	"stallfree/listen"
 	"stallfree/node"
+	"stallfree/relay"
 	"stallfree/source"
 )
 
@@ -53,12 +54,11 @@ type Server struct {
 	SendBuffer int
 	// MaxConns bounds the client connections open at once; beyond it a new
 	// one gets 503 and is closed (0: no bound). Set it before Serve.
-	MaxConns   int
-	ckpt       Checkpoints     // checkpoints.go
-	groups     *groups.Service // coordinated prep (groups.go); nil: off
-	groupRelay *fasthttp.Client
-	self       string // this node's name, on relayed group requests
-	relay      Relay  // this node's applied index, on relayed group requests
+	MaxConns int
+	ckpt     Checkpoints     // checkpoints.go
+	groups   *groups.Service // coordinated prep (groups.go); nil: off
+	peers    *relay.Client   // the node's client to the other nodes: a group's batches are its owner's
+	relay    Relay           // this node's applied index, on relayed group requests
 }
 
 // New builds the server; token may be empty (no auth).
@@ -66,10 +66,10 @@ func New(n *node.Node, token string, log *slog.Logger) *Server {
 	s := &Server{prep: n.Prep(), token: []byte(token), log: log, SendBuffer: DefaultSendBuffer}
 	s.metrics = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(n.Registry(), promhttp.HandlerOpts{}))
 	s.readers.New = func() any { return &itemReader{} }
-	s.self, s.relay = n.Name(), n.Control()
+	s.relay, s.peers = n.Control(), n.Control().Relay()
 	s.router = newRouter(s.routes(n))
 	s.srv = &fasthttp.Server{
-		Handler:            s.recovering(s.streamed(s.handle)), // streamed: checkpoints.go
+		Handler:            s.recovering(s.handle),
 		StreamRequestBody:  true,
 		ErrorHandler:       s.parseError,
 		Name:               "stallfree",
@@ -215,11 +215,29 @@ func (s *Server) recovering(h fasthttp.RequestHandler) fasthttp.RequestHandler {
 // handle routes a request: the table (routes.go) picks the handler, the
 // token guards every /v1 path (before its route is known, so a client without
 // the token learns nothing of the API), and names of datasets and jobs are
-// checked before any handler sees them.
+// checked before any handler sees them. Bodies arrive as streams: a stream
+// route's handler reads its own, every other route's is read whole first.
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	var segs [16]string
 	path, seg := splitPath(ctx.URI().PathOriginal(), segs[:0])
 	rt, p, allowed := s.router.match(string(ctx.Method()), path, seg)
+	switch {
+	case rt == nil:
+		// Whatever the body, the answer is the same: it is not read, only
+		// drained (bounded) after the answer.
+		defer drainRefused(ctx, maxTooLargeDrain)
+	case rt.stream:
+		s.handleStream(ctx, rt, p)
+		return
+	default:
+		limit := s.srv.MaxRequestBodySize
+		if rt.limit != nil {
+			limit = rt.limit()
+		}
+		if !s.readBody(ctx, limit) {
+			return
+		}
+	}
 	if len(seg) >= 2 && seg[0] == "v1" && !s.authorized(ctx) {
 		ctx.Response.Header.Set("WWW-Authenticate", "Bearer")
 		writeError(ctx, fasthttp.StatusUnauthorized, "missing or wrong bearer token")
@@ -237,6 +255,42 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, fasthttp.StatusBadRequest, err.Error())
 		return
 	}
+	rt.handle(ctx, p)
+}
+
+// drainRefused reads (and drops) the rest of a refused request's body, up to
+// bound, so that a client still sending gets the answer and not a reset;
+// past the bound the connection is closed.
+func drainRefused(ctx *fasthttp.RequestCtx, bound int64) {
+	if !ctx.Request.IsBodyStream() {
+		return
+	}
+	if _, err := io.CopyN(io.Discard, ctx.RequestBodyStream(), bound); err != io.EOF {
+		ctx.SetConnectionClose()
+	}
+}
+
+// handleStream serves a stream route, whose body is still unread: a refusal
+// closes the connection (what the client is still sending is never read),
+// and an answer of 300 or more reads the rest of the body (bounded) first,
+// so a client still sending gets the answer and not a reset.
+func (s *Server) handleStream(ctx *fasthttp.RequestCtx, rt *route, p params) {
+	if !s.authorized(ctx) {
+		ctx.Response.Header.Set("WWW-Authenticate", "Bearer")
+		writeError(ctx, fasthttp.StatusUnauthorized, "missing or wrong bearer token")
+		ctx.SetConnectionClose()
+		return
+	}
+	if err := p.decodeNames(); err != nil {
+		writeError(ctx, fasthttp.StatusBadRequest, err.Error())
+		ctx.SetConnectionClose()
+		return
+	}
+	defer func() {
+		if ctx.Response.StatusCode() >= 300 {
+			drainRefused(ctx, maxDrain)
+		}
+	}()
 	rt.handle(ctx, p)
 }
 

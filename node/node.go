@@ -31,6 +31,7 @@ import (
 	"stallfree/control"
 	"stallfree/derived"
 	"stallfree/discovery"
+	"stallfree/relay"
 	"stallfree/source"
 	"stallfree/store"
 )
@@ -205,7 +206,10 @@ func New(cfg Config) (*Node, error) {
 	n := &Node{cfg: cfg, log: cfg.Logger, cat: cat, store: st, sources: map[uint32]*source.Bounded{}, owners: map[uint32]ownerMap{},
 		warmups: map[string]*warmup{}, ctx: ctx, cancel: cancel, foresight: fore, peers: newNoPeers(cfg.Name)}
 	n.split = newSplitState()
-	n.prep = derived.New(derived.Config{Name: cfg.Name, Token: cfg.Token, MaxItemBytes: cfg.MaxItemBytes, Logger: cfg.Logger},
+	// One client to the other nodes' APIs for every part of this node
+	// (control's relays, the prep cache; the rest get it from control).
+	rc := relay.New(cfg.Name, cfg.Token)
+	n.prep = derived.New(derived.Config{Name: cfg.Name, Relay: rc, MaxItemBytes: cfg.MaxItemBytes, Logger: cfg.Logger},
 		cat, st, derivedHost{n})
 	n.inflight.limit = cfg.MaxInflightBytes
 	n.registry = n.registerMetrics()
@@ -221,7 +225,7 @@ func New(cfg Config) (*Node, error) {
 	}
 	// Before the cluster starts: a peer's first request may open a source,
 	// which --allow-source (control) guards.
-	n.ctl = control.New(control.Config{Name: cfg.Name, HTTPAdvert: cfg.HTTPAdvert, Token: cfg.Token,
+	n.ctl = control.New(control.Config{Name: cfg.Name, HTTPAdvert: cfg.HTTPAdvert, Relay: rc,
 		AllowSources: cfg.AllowSources, S3: cfg.S3, Logger: cfg.Logger, Replanned: fore.Refresh,
 		RelayedRead: func() { n.counters.relayedReads.Add(1) }}, cat, members{n})
 	if cl != nil {
@@ -263,6 +267,7 @@ func (n *Node) Close() error {
 	}
 	n.mu.Unlock()
 	n.store.Close()
+	n.ctl.Relay().Close()
 	return err
 }
 

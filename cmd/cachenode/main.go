@@ -304,14 +304,14 @@ func run(args []string) error {
 	}
 	srv := httpapi.New(n, token, log)
 	srv.SendBuffer = int(sndbuf)
-	ckpt, err := startCheckpoints(n, *ckptMemory, *ckptKeep, *ckptPersist, *deadGrace, *timing == "local", token, log,
+	ckpt, err := startCheckpoints(n, *ckptMemory, *ckptKeep, *ckptPersist, *deadGrace, *timing == "local", log,
 		source.S3Config{Endpoint: *s3Endpt, Region: *s3Region, CredentialsFile: *s3Creds, Profile: *s3Profile, Env: os.Getenv})
 	if err != nil {
 		return err
 	}
 	defer ckpt.Close()
 	srv.SetCheckpoints(ckpt)
-	grp := groups.New(n.GroupHost(), groups.Config{Timeout: *groupTimeout, MaxBatchBytes: int(maxItemBytes), Token: token, Logger: log})
+	grp := groups.New(n.GroupHost(), groups.Config{Timeout: *groupTimeout, MaxBatchBytes: int(maxItemBytes), Relay: n.Control().Relay(), Logger: log})
 	defer grp.Close()
 	srv.EnableGroups(grp)
 	// Half the descriptors for clients, a fifth for peers: a flood on one
