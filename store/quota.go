@@ -20,11 +20,12 @@ func (q *quotas) add(k Key, n uint64) {
 
 func (q *quotas) sub(k Key, n uint64) {
 	id := k.Dataset()
-	if q.held[id] <= n {
-		delete(q.held, id)
+	left := q.held[id] - min(n, q.held[id])
+	if left == 0 {
+		delete(q.held, id) // a dataset holding nothing has no entry
 		return
 	}
-	q.held[id] -= n
+	q.held[id] = left
 }
 
 // admits reports whether n more payload bytes of k's dataset stay within
@@ -49,9 +50,9 @@ func (s *Store) SetLimit(id uint32, limit uint64) int {
 		s.quotas.limit = map[uint32]uint64{}
 	}
 	s.quotas.limit[id] = limit
-	if s.quotas.held[id] <= limit {
-		return 0
-	}
+	// A limit at or over what the dataset holds evicts nothing: the loop
+	// below stops before its first eviction (a quota changes rarely, so
+	// the scan of the index costs little).
 	var slots []uint32
 	for k, i := range s.index {
 		if k.Dataset() == id {

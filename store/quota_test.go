@@ -103,3 +103,45 @@ func TestLimitCountsResidentOnly(t *testing.T) {
 		t.Fatalf("a third item under a two-item limit: %v", err)
 	}
 }
+
+// SetLimit says how many items it evicted; a limit at exactly what the
+// dataset holds evicts none. What each dataset holds (Usage) follows
+// evictions, and a dataset holding nothing has no entry.
+func TestSetLimitCountsAndUsage(t *testing.T) {
+	const size = 512
+	s := mustNew(t, 20*(size+EntryOverhead), MinIO{})
+	for i := range 10 {
+		if err := put(t, s, MakeKey(3, uint32(i)), item(i, size)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := put(t, s, MakeKey(4, 0), item(99, size)); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.SetLimit(3, 10*size); n != 0 || s.Usage()[3].Items != 10 {
+		t.Fatalf("a limit of exactly what is held evicted %d", n)
+	}
+	if n := s.SetLimit(3, 4*size); n != 6 {
+		t.Fatalf("SetLimit evicted %d, says it; want 6", n)
+	}
+	if u := s.Usage()[3]; u.Items != 4 || u.Bytes != 4*size {
+		t.Fatalf("usage after the limit: %+v, want 4 items of %d bytes", u, 4*size)
+	}
+	if n := s.DeleteDataset(3); n != 4 {
+		t.Fatalf("DeleteDataset removed %d, want 4", n)
+	}
+	if u, ok := s.Usage()[3]; ok {
+		t.Fatalf("a dataset holding nothing is still in Usage: %+v", u)
+	}
+	if u := s.Usage()[4]; u.Items != 1 || u.Bytes != size {
+		t.Fatalf("the other dataset: %+v", u)
+	}
+	// Its count starts again from nothing: a limit of two items admits two.
+	s.SetLimit(3, 2*size)
+	for i := range 3 {
+		err := put(t, s, MakeKey(3, uint32(i)), item(i, size))
+		if (i < 2) != (err == nil) {
+			t.Fatalf("item %d under a two-item limit after the dataset was emptied: %v", i, err)
+		}
+	}
+}
