@@ -90,3 +90,19 @@ func TestUnixRefusesALiveSocketAndOtherFiles(t *testing.T) {
 		c.Close()
 	}
 }
+
+// A socket path of exactly the kernel's limit (107 bytes and the NUL) is
+// bound; one byte more is refused with the limit named, not the kernel's
+// EINVAL.
+func TestUnixPathLimit(t *testing.T) {
+	dir := t.TempDir()
+	at := func(n int) string { return filepath.Join(dir, strings.Repeat("s", n-len(dir)-1)) }
+	ln, err := Unix(at(maxSocketPath), 0o600)
+	if err != nil {
+		t.Fatalf("a %d-byte path: %v", maxSocketPath, err)
+	}
+	ln.Close()
+	if _, err := Unix(at(maxSocketPath+1), 0o600); err == nil || !strings.Contains(err.Error(), "at most 107") {
+		t.Fatalf("a %d-byte path: %v", maxSocketPath+1, err)
+	}
+}
