@@ -9,10 +9,11 @@ build:
 	$(GO) build -o $(BIN)/ ./cmd/cachenode ./cmd/cachectl
 
 # -race needs cgo; the binaries themselves are static. The Python loader
-# tests run on Debian's python3-torch, python3-msgpack, python3-numpy and
-# python3-pil (they belong to /usr/bin/python3, not to a pyenv python3
-# earlier on PATH). Pillow is installed so that the image decode path is
-# always tested; test_decode also runs a child without it.
+# tests run on Debian's python3-torch, python3-msgpack, python3-numpy,
+# python3-pil and python3-boto3 (they belong to /usr/bin/python3, not to a
+# pyenv python3 earlier on PATH). Pillow is installed so that the image
+# decode path is always tested; test_decode also runs a child without it.
+# boto3 uploads the examples' data to MinIO.
 PYTHON ?= /usr/bin/python3
 test: build test-deps
 	STALLFREE_MINIO=$$(./scripts/minio.sh) CGO_ENABLED=1 $(GO) test -race -count=1 -tags minio -timeout 20m ./...
@@ -22,7 +23,7 @@ test: build test-deps
 
 # Installs what `make test` needs when it is missing: as root through
 # apt-get, otherwise it stops with the one command to run.
-TEST_DEBS := gcc libc6-dev python3-torch python3-msgpack python3-numpy python3-pil
+TEST_DEBS := gcc libc6-dev python3-torch python3-msgpack python3-numpy python3-pil python3-boto3
 test-deps:
 	@./scripts/test-deps.sh $(PYTHON) $(TEST_DEBS)
 

@@ -27,12 +27,24 @@ def free_port():
     return port
 
 
-def wait_until(cond, timeout, what):
+class PortTaken(Exception):
+    """A node could not bind a port free_port() had handed out."""
+
+
+class NodeExited(AssertionError):
+    """A node stopped while the test waited for it."""
+
+
+def wait_until(cond, timeout, what, passes=()):
+    """Polls cond until it is true; its exceptions mean "not yet", except
+    those in passes, which end the wait at once."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:
             if cond():
                 return
+        except passes:
+            raise
         except Exception:  # noqa: BLE001 - not up yet
             pass
         time.sleep(0.05)
@@ -40,8 +52,24 @@ def wait_until(cond, timeout, what):
 
 
 class Cluster:
-    def __init__(self, tmp, n=2):
-        self.nodes, self.procs = [], []
+    """n cachenode processes on loopback, the first bootstrapping. A port
+    free_port() handed out can be taken by another process before the node
+    binds it: a start that fails so is tried again on fresh ports."""
+
+    def __init__(self, tmp, n=2, attempts=3):
+        for attempt in range(attempts):
+            try:
+                self._start(os.path.join(tmp, f"try{attempt}") if attempt else tmp, n)
+                return
+            except PortTaken:
+                self.stop()
+            except BaseException:
+                self.stop()  # no node outlives a failed start
+                raise
+        raise AssertionError(f"no free ports for {n} nodes in {attempts} attempts")
+
+    def _start(self, tmp, n):
+        self.nodes, self.procs, self.logs = [], [], []
         seed_gossip = None
         for i in range(n):
             name = f"py{i + 1}"
@@ -51,12 +79,29 @@ class Cluster:
                     "--data-dir", os.path.join(tmp, name), "--memory", "64MiB", "--fast-timers", "--log-level", "warn"]
             args += ["--bootstrap"] if seed_gossip is None else ["--join", f"127.0.0.1:{seed_gossip}"]
             seed_gossip = seed_gossip or gossip
-            log = open(os.path.join(tmp, name + ".log"), "w")
+            os.makedirs(tmp, exist_ok=True)
+            path = os.path.join(tmp, name + ".log")
+            log = open(path, "w")
             self.procs.append(subprocess.Popen(args, stdout=log, stderr=log))
+            self.logs.append(path)
             self.nodes.append((name, f"http://127.0.0.1:{http}"))
         c = Client(self.nodes[0][1])
-        wait_until(lambda: sum(m["state"] == "alive" for m in c.json("GET", "/v1/cluster")["members"]) == n
-                   and c.json("GET", "/v1/cluster")["leader"], 30, "cluster")
+
+        def up():
+            self._check_running()
+            return (sum(m["state"] == "alive" for m in c.json("GET", "/v1/cluster")["members"]) == n
+                    and c.json("GET", "/v1/cluster")["leader"])
+        wait_until(up, 30, "cluster", passes=(PortTaken, NodeExited))
+
+    def _check_running(self):
+        for p, path in zip(self.procs, self.logs):
+            if p.poll() is None:
+                continue
+            with open(path, errors="replace") as f:
+                log = f.read()
+            if "address already in use" in log:
+                raise PortTaken(log)
+            raise NodeExited(f"a node exited with {p.returncode}: {log[-2000:]}")
 
     def stop(self):
         for p in self.procs:
