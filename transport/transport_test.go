@@ -427,21 +427,29 @@ func TestFigures(t *testing.T) {
 	}, slog.New(slog.DiscardHandler))
 	asked := 0
 	s.Figures = func() Figures { asked++; return Figures{Items: 42, Bytes: 4200} }
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
+	ln := &countingListener{Listener: raw}
 	go s.Serve(ln)
 	t.Cleanup(func() { s.Close() })
 	c := NewClient(key)
 	defer c.Close()
 	ctx := context.Background()
-	f, err := c.Figures(ctx, ln.Addr().String())
-	if err != nil || f != (Figures{Items: 42, Bytes: 4200}) || asked != 1 {
-		t.Fatalf("figures %+v, %v, asked %d times", f, err, asked)
+	for round := 1; round <= 6; round++ {
+		f, err := c.Figures(ctx, ln.Addr().String())
+		if err != nil || f != (Figures{Items: 42, Bytes: 4200}) || asked != round {
+			t.Fatalf("figures %+v, %v, asked %d times", f, err, asked)
+		}
+		if res, err := c.Get(ctx, ln.Addr().String(), &Request{Dataset: "d", Indices: []uint32{7}}); err != nil || !bytes.Equal(res[0].Data, itemBytes(7)) {
+			t.Fatalf("a get after the figures: %v", err)
+		}
 	}
-	if res, err := c.Get(ctx, ln.Addr().String(), &Request{Dataset: "d", Indices: []uint32{7}}); err != nil || !bytes.Equal(res[0].Data, itemBytes(7)) {
-		t.Fatalf("a get after the figures: %v", err)
+	// An answer of figures leaves its connection open: six rounds need no
+	// more connections than the pool keeps.
+	if n := ln.accepted.Load(); n > connsPerPeer {
+		t.Fatalf("%d connections for six rounds of figures and gets, want at most %d", n, connsPerPeer)
 	}
 	none := serveWith(t, key, func(context.Context, *Request) ([]Item, error) { return nil, nil })
 	if _, err := c.Figures(ctx, none); err == nil || !strings.Contains(err.Error(), "keeps no figures") {
