@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"maps"
 	"os"
 	"path/filepath"
@@ -247,5 +248,51 @@ func testUploadCopiesADirectory(t *testing.T, srv s3Backend) {
 	}
 	if _, err := Upload(ctx, dir, "/not/s3", cfg, nil); err == nil {
 		t.Fatal("an upload to a directory was taken")
+	}
+}
+
+func TestS3ObjectsWholeObjects(t *testing.T) { forEachS3(t, testS3ObjectsWholeObjects) }
+
+// The object store of checkpoint persistence: an object written under the
+// prefix reads back byte for byte with its size, lands at PREFIX/key in the
+// bucket, and is gone once removed; only s3:// specs open one.
+func testS3ObjectsWholeObjects(t *testing.T, srv s3Backend) {
+	srv.Bucket("checkpoints")
+	o, err := OpenS3Objects("s3://checkpoints/persist/", s3Config(srv, miniotest.User, miniotest.Password))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Close()
+	ctx := context.Background()
+	want := bytes.Repeat([]byte("part"), 5000)
+	if err := o.PutObject(ctx, "job/1/0", bytes.NewReader(want), int64(len(want))); err != nil {
+		t.Fatal(err)
+	}
+	body, size, err := o.GetObject(ctx, "job/1/0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(body)
+	body.Close()
+	if err != nil || size != int64(len(want)) || !bytes.Equal(got, want) {
+		t.Fatalf("read back %d bytes (size %d), %v; want the %d written", len(got), size, err, len(want))
+	}
+	// The object is PREFIX/key in the bucket: a dataset over the prefix lists it.
+	ds, err := Open("s3://checkpoints/persist/job/", Options{S3: s3Config(srv, miniotest.User, miniotest.Password)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ds.Close()
+	if es, err := ds.List(ctx); err != nil || len(es) != 1 || es[0].Key != "1/0" || es[0].Size != int64(len(want)) {
+		t.Fatalf("listed %+v, %v", es, err)
+	}
+	if err := o.RemoveObject(ctx, "job/1/0"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := o.GetObject(ctx, "job/1/0"); err == nil {
+		t.Fatal("a removed object read back")
+	}
+	if _, err := OpenS3Objects(t.TempDir(), S3Config{}); err == nil || !strings.Contains(err.Error(), "want s3://") {
+		t.Fatalf("a directory as an object store: %v", err)
 	}
 }
