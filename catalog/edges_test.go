@@ -198,6 +198,10 @@ func TestRestoreFillsMissingMaps(t *testing.T) {
 	if p := f.st.Pending["d"]; p == nil || p.ID != 4 || len(f.st.Pins["j"]) != 1 {
 		t.Fatalf("after restoring: pending %+v, pins %v", p, f.st.Pins)
 	}
+	f.st.Datasets["d"] = &Dataset{Name: "d", Manifest: NewManifest(nil)}
+	if g, ok := f.apply(3, &command{Op: opPutGroup, Name: "g", Group: &Group{Name: "g", Dataset: "d", BatchSize: 1, Jobs: 1, Window: 1}}).(*Group); !ok || f.st.Groups["g"] != g {
+		t.Fatalf("a group defined after the restore: %v, groups %v", g, f.st.Groups)
+	}
 }
 
 // A chunk fills up to maxBytes of keys (8 bytes of size each) in whole
