@@ -47,6 +47,9 @@ type Cluster struct {
 	members []*Member
 	// Config, when set, adjusts each member's config before it starts.
 	Config func(*node.Config)
+	// Serve, when set, adds to each member's HTTP API (the services
+	// cachenode adds: groups, checkpoints) before it serves.
+	Serve func(*node.Node, *httpapi.Server)
 }
 
 // New returns an empty cluster bound to t.
@@ -93,6 +96,9 @@ func (c *Cluster) Add(name string) *Member {
 		t.Fatal(err)
 	}
 	srv := httpapi.New(n, cfg.Token, testutil.Discard())
+	if c.Serve != nil {
+		c.Serve(n, srv)
+	}
 	go srv.Serve(ln)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
