@@ -15,7 +15,7 @@ if [ ! -x "$GOBIN_DIR/gremlins" ]; then
 	GOBIN=$GOBIN_DIR CGO_ENABLED=0 go install "github.com/go-gremlins/gremlins/cmd/gremlins@$GREMLINS_VERSION"
 fi
 pkgs=("$@")
-[ ${#pkgs[@]} -gt 0 ] || pkgs=(store locality partition transport catalog source clusterauth listen node cluster clairvoyant)
+[ ${#pkgs[@]} -gt 0 ] || pkgs=(store locality partition transport catalog source clusterauth listen node control relay cluster clairvoyant)
 mkdir -p "$OUT"
 for p in "${pkgs[@]}"; do
 	start=$(date +%s)
