@@ -366,3 +366,57 @@ func TestFSMCountsWhatItApplied(t *testing.T) {
 		t.Fatalf("applied %d after a restore, want raft's count (0 here)", got)
 	}
 }
+
+// The zero Timing is LANTiming, the one cachenode's --timing lan picks; a
+// profile given is raft's, as given; trailing logs and the snapshot
+// threshold are the catalog's own, whichever profile.
+func TestTimingProfiles(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		given Timing
+		want  Timing
+	}{{"zero", Timing{}, LANTiming()}, {"local", LocalTiming(), LocalTiming()}, {"lan", LANTiming(), LANTiming()}} {
+		c, err := Open(Config{NodeID: "n1", Bind: testutil.FreeAddr(t), Dir: t.TempDir(), Bootstrap: true, Timing: tc.given})
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		got := c.raft.ReloadableConfig()
+		c.Close()
+		if got.HeartbeatTimeout != tc.want.HeartbeatTimeout || got.ElectionTimeout != tc.want.ElectionTimeout {
+			t.Fatalf("%s: raft runs with heartbeat %v, election %v; want %v, %v", tc.name, got.HeartbeatTimeout, got.ElectionTimeout,
+				tc.want.HeartbeatTimeout, tc.want.ElectionTimeout)
+		}
+		if got.TrailingLogs != 256 || got.SnapshotThreshold != 1024 {
+			t.Fatalf("%s: trailing logs %d, snapshot threshold %d", tc.name, got.TrailingLogs, got.SnapshotThreshold)
+		}
+	}
+	if LocalTiming() == LANTiming() {
+		t.Fatal("the local profile is the LAN one")
+	}
+}
+
+// Datasets are numbered from 1 in the order they are recorded, derived ones
+// too, so an ID of 0 never names one (the wire and the API show IDs as
+// they are), and a deleted dataset's number is not given again.
+func TestDatasetIDsCountUpFromOne(t *testing.T) {
+	c := openLeader(t, t.TempDir(), testutil.FreeAddr(t))
+	defer c.Close()
+	a, _, err := c.RegisterDataset("a", "dir:///a", entries(3), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, _, err := c.DeriveDataset("a.dec", "a", "decode")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.DeleteDataset("a"); err != nil {
+		t.Fatal(err)
+	}
+	b, _, err := c.RegisterDataset("b", "dir:///b", entries(2), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.ID != 1 || d.ID != 2 || b.ID != 3 {
+		t.Fatalf("IDs %d, %d, %d: want 1, 2, 3", a.ID, d.ID, b.ID)
+	}
+}
