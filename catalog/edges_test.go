@@ -420,3 +420,22 @@ func TestDatasetIDsCountUpFromOne(t *testing.T) {
 		t.Fatalf("IDs %d, %d, %d: want 1, 2, 3", a.ID, d.ID, b.ID)
 	}
 }
+
+// Before the FSM has applied a command, the applied index is raft's: a new
+// leader has applied its configuration and its term's first entry, and a
+// node answering 0 would tell a follower waiting for it that nothing is
+// there to wait for.
+func TestAppliedIndexBeforeAnyCommand(t *testing.T) {
+	c := openLeader(t, t.TempDir(), testutil.FreeAddr(t))
+	defer c.Close()
+	testutil.Await(t, "raft to apply its first entries", func() bool { return c.raft.AppliedIndex() > 0 })
+	if got, raft := c.AppliedIndex(), c.raft.AppliedIndex(); got == 0 || got != raft {
+		t.Fatalf("applied index %d before any command, raft's %d", got, raft)
+	}
+	if _, _, err := c.RegisterDataset("a", "dir:///a", entries(3), 0); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.AppliedIndex(); got != c.fsm.applied.Load() || got == 0 {
+		t.Fatalf("applied index %d after a command, the FSM's %d", got, c.fsm.applied.Load())
+	}
+}
