@@ -121,8 +121,12 @@ func TestSetLimitCountsAndUsage(t *testing.T) {
 	if n := s.SetLimit(3, 10*size); n != 0 || s.Usage()[3].Items != 10 {
 		t.Fatalf("a limit of exactly what is held evicted %d", n)
 	}
+	before := s.Stats().Evicted
 	if n := s.SetLimit(3, 4*size); n != 6 {
 		t.Fatalf("SetLimit evicted %d, says it; want 6", n)
+	}
+	if got := s.Stats().Evicted - before; got != 6 {
+		t.Fatalf("the store counts %d evictions for the limit's 6", got)
 	}
 	if u := s.Usage()[3]; u.Items != 4 || u.Bytes != 4*size {
 		t.Fatalf("usage after the limit: %+v, want 4 items of %d bytes", u, 4*size)
