@@ -27,10 +27,12 @@ func (n *Node) Cluster() api.Cluster {
 	return info
 }
 
-// ownerMap is a dataset's owner table for one ring, kept until either changes.
+// ownerMap is a dataset's owner table for one ring, kept until the ring
+// changes. A dataset ID names one manifest for good (the catalog never gives
+// an ID again), so the ID alone keys the dataset's part of it.
 type ownerMap struct {
-	ring, version uint64
-	owners        api.Owners
+	ring   uint64
+	owners api.Owners
 }
 
 // RingVersion names the ring owners are computed on now; clients that route
@@ -44,7 +46,7 @@ func ringID(v uint64) string { return strconv.FormatUint(v, 16) }
 func (n *Node) Owners(d *catalog.Dataset) api.Owners {
 	ring := n.peers.Ring()
 	n.mu.Lock()
-	if m, ok := n.owners[d.ID]; ok && m.ring == ring.Version() && m.version == d.Version {
+	if m, ok := n.owners[d.ID]; ok && m.ring == ring.Version() {
 		n.mu.Unlock()
 		return m.owners
 	}
@@ -79,7 +81,7 @@ func (n *Node) Owners(d *catalog.Dataset) api.Owners {
 		}
 	}
 	n.mu.Lock()
-	n.owners[d.ID] = ownerMap{ring: ring.Version(), version: d.Version, owners: out}
+	n.owners[d.ID] = ownerMap{ring: ring.Version(), owners: out}
 	n.mu.Unlock()
 	return out
 }

@@ -365,6 +365,9 @@ func TestConfigDefaults(t *testing.T) {
 	if got.StorageTimeout != 30*time.Second || got.StorageReaders != 64 || got.MaxInflightBytes != 256<<20 || got.RaftAdvert != got.RaftBind {
 		t.Fatalf("defaults: timeout %v, readers %d, in flight %d, raft advert %q", got.StorageTimeout, got.StorageReaders, got.MaxInflightBytes, got.RaftAdvert)
 	}
+	if got.Timing != LANTiming() {
+		t.Fatalf("the zero timing runs as %+v, want the LAN profile", got.Timing)
+	}
 	if got := open(Config{Memory: 2 << 30}); got.MaxInflightBytes != 512<<20 {
 		t.Fatalf("in-flight default for 2 GiB: %d, want a quarter", got.MaxInflightBytes)
 	}
@@ -377,8 +380,9 @@ func TestConfigDefaults(t *testing.T) {
 		t.Fatal("a node without a logger has none")
 	}
 	quiet.Close()
-	got = open(Config{Memory: 1 << 20, StorageTimeout: time.Second, StorageReaders: 3, MaxInflightBytes: 5, RaftAdvert: "10.0.0.1:7000"})
-	if got.StorageTimeout != time.Second || got.StorageReaders != 3 || got.MaxInflightBytes != 5 || got.RaftAdvert != "10.0.0.1:7000" {
+	got = open(Config{Memory: 1 << 20, StorageTimeout: time.Second, StorageReaders: 3, MaxInflightBytes: 5, RaftAdvert: "10.0.0.1:7000", Timing: LocalTiming()})
+	if got.StorageTimeout != time.Second || got.StorageReaders != 3 || got.MaxInflightBytes != 5 || got.RaftAdvert != "10.0.0.1:7000" ||
+		got.Timing != LocalTiming() {
 		t.Fatalf("set values replaced: %+v", got)
 	}
 }
