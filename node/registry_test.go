@@ -437,7 +437,9 @@ func TestTarWarmupPushesShrinkWithTheCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	p.mu.Lock()
 	p.ring = r
+	p.mu.Unlock()
 	p.owner = func(i int) string { return names[i%2] } // t1 reads every shard and pushes half to t2
 	const limit = pendingBytes / 8
 	d, _ := tarDataset(t, n, 1, 64, limit/32)

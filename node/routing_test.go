@@ -36,6 +36,7 @@ type twoMembers struct {
 	full    bool               // t2 keeps nothing pushed
 	pushErr error
 	owner   func(i int) string // when set, who owns what, whatever the ring says
+	others  []api.Member       // when set, the other members Describe shows
 
 	single, batches, handoffs atomic.Int64
 }
@@ -50,7 +51,7 @@ func newTwoMembers(t *testing.T) *twoMembers {
 }
 
 func (p *twoMembers) Owner(d *catalog.Dataset, i int) (string, bool) {
-	o := p.ring.Owner(d.Name, d.Manifest.OwnerKey(i))
+	o := p.Ring().Owner(d.Name, d.Manifest.OwnerKey(i))
 	if p.owner != nil {
 		o = p.owner(i)
 	}
@@ -115,10 +116,20 @@ func (p *twoMembers) FromOwners(_ context.Context, d *catalog.Dataset, indices [
 }
 
 func (p *twoMembers) Joined() bool                     { return true }
-func (p *twoMembers) Members() []string                { return p.ring.Members() }
-func (p *twoMembers) Ring() *partition.Ring            { return p.ring }
+func (p *twoMembers) Members() []string                { return p.Ring().Members() }
 func (p *twoMembers) HTTPAddr(m string) (string, bool) { return m + ".example:7070", m == "t2" }
+
+// Ring is the ring now; a test may replace it while the node runs.
+func (p *twoMembers) Ring() *partition.Ring {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.ring
+}
+
 func (p *twoMembers) Describe(self api.Member) []api.Member {
+	if p.others != nil {
+		return append([]api.Member{self}, p.others...)
+	}
 	return []api.Member{self, {Name: "t2", State: "alive"}}
 }
 func (p *twoMembers) Stats() cluster.Stats { return cluster.Stats{} }
@@ -441,7 +452,9 @@ func TestOwnersTableMatchesOwner(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	p.mu.Lock()
 	p.ring = r
+	p.mu.Unlock()
 	check()
 }
 
@@ -498,7 +511,9 @@ func TestOwnersTableWidth(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		p.mu.Lock()
 		p.ring = r
+		p.mu.Unlock()
 		o := n.Owners(d)
 		width := 1
 		if count > 255 {

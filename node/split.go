@@ -47,10 +47,11 @@ type splitState struct {
 	shares  map[uint32]shareOf
 }
 
-// shareOf is a dataset's share here, for one ring and dataset version.
+// shareOf is a dataset's share here, for one ring (a dataset ID names one
+// manifest for good, as in ownerMap).
 type shareOf struct {
-	ring, version uint64
-	share         float64
+	ring  uint64
+	share float64
 }
 
 func newSplitState() splitState {
@@ -123,7 +124,7 @@ func (m MemorySplit) localShare(d *catalog.Dataset) (float64, bool) {
 	if ring.Empty() {
 		return 1, true
 	}
-	if s, ok := n.split.shares[d.ID]; ok && s.ring == ring.Version() && s.version == d.Version {
+	if s, ok := n.split.shares[d.ID]; ok && s.ring == ring.Version() {
 		return s.share, true
 	}
 	o := n.Owners(d)
@@ -151,7 +152,7 @@ func (m MemorySplit) localShare(d *catalog.Dataset) (float64, bool) {
 	if total > 0 {
 		share = own / total
 	}
-	n.split.shares[d.ID] = shareOf{ring: ring.Version(), version: d.Version, share: share}
+	n.split.shares[d.ID] = shareOf{ring: ring.Version(), share: share}
 	return share, true
 }
 

@@ -1,0 +1,297 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"testing"
+
+	"stallfree/api"
+	"stallfree/catalog"
+	"stallfree/internal/testutil"
+	"stallfree/partition"
+	"stallfree/store"
+)
+
+// The node's part of the memory split: a quota becomes this node's limit
+// by its share of the ring, stall meters' reports become a plan, and a plan
+// applied becomes quotas. The model is the planner's (tested there); what
+// is tested here is what the node feeds it and does with it.
+
+// ownShare is the fraction of d's bytes p's ring gives t1.
+func ownShare(d *catalog.Dataset, p *twoMembers) float64 {
+	var own, total float64
+	for i := range d.Manifest.Len() {
+		size := float64(d.Manifest.Size(i))
+		total += size
+		if _, self := p.Owner(d, i); self {
+			own += size
+		}
+	}
+	return own / total
+}
+
+func limitOf(t *testing.T, n *Node, d *catalog.Dataset) uint64 {
+	t.Helper()
+	lim, ok := n.store.Limit(d.ID)
+	if !ok {
+		t.Fatalf("no limit for %s", d.Name)
+	}
+	return lim
+}
+
+// A quota is the cluster's: this node's limit is the quota times the share
+// of the dataset's bytes it owns, set before the answer; a lift clears it.
+// A quota below zero or over the cluster's memory changes nothing.
+func TestQuotaBecomesThisNodesShare(t *testing.T) {
+	n, d, _, p := withTwoMembers(t, 40, 256)
+	ctx := context.Background()
+	m := n.Split()
+	share := ownShare(d, p)
+	if share <= 0 || share >= 1 {
+		t.Fatalf("t1's share %v: pick another item count", share)
+	}
+	if _, _, err := m.PutQuota(ctx, "ds", "", api.QuotaOf(-1)); !errors.Is(err, ErrBadRequest) {
+		t.Fatalf("a negative quota: %v", err)
+	}
+	mem := m.ClusterMemory()
+	if _, _, err := m.PutQuota(ctx, "ds", "", api.QuotaOf(int64(mem)+1)); !errors.Is(err, ErrBadRequest) {
+		t.Fatalf("a quota over the cluster's memory: %v", err)
+	}
+	if _, ok := n.store.Limit(d.ID); ok {
+		t.Fatal("a refused quota set a limit")
+	}
+	if _, _, err := m.PutQuota(ctx, "ds", "", api.QuotaOf(int64(mem))); err != nil {
+		t.Fatalf("a quota of the whole memory: %v", err)
+	}
+	if got, want := limitOf(t, n, d), uint64(float64(mem)*share); got != want {
+		t.Fatalf("limit %d for the whole memory, want %d", got, want)
+	}
+	info, created, err := m.PutQuota(ctx, "ds", "", api.QuotaOf(4000))
+	if err != nil || created || info.Quota == nil || *info.Quota != 4000 {
+		t.Fatalf("quota: %+v, %v, %v", info, created, err)
+	}
+	if got, want := limitOf(t, n, d), uint64(4000*share); got != want {
+		t.Fatalf("limit %d for a quota of 4000 at share %v, want %d", got, share, want)
+	}
+	// Another ring: the limit follows the new share.
+	r, err := partition.New([]string{"t1", "t2", "t3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.mu.Lock()
+	p.ring = r
+	p.mu.Unlock()
+	n.Split().applyQuotas()
+	if got, want := limitOf(t, n, d), uint64(4000*ownShare(d, p)); got != want {
+		t.Fatalf("limit %d on a ring of three, want %d", got, want)
+	}
+	// Off the ring (joining): what was set stays; a plan counts its share as 1.
+	off, err := partition.New([]string{"t2", "t3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := limitOf(t, n, d)
+	p.mu.Lock()
+	p.ring = off
+	p.mu.Unlock()
+	if _, _, err := m.PutQuota(ctx, "ds", "", api.QuotaOf(100)); err != nil {
+		t.Fatal(err)
+	}
+	if got := limitOf(t, n, d); got != before {
+		t.Fatalf("off the ring the limit moved from %d to %d", before, got)
+	}
+	if s := m.shareOf(d); s != 1 {
+		t.Fatalf("share off the ring %v, want 1", s)
+	}
+	p.mu.Lock()
+	p.ring = r
+	p.mu.Unlock()
+	if _, _, err := m.PutQuota(ctx, "ds", "", api.Quota{Given: true, Lift: true, Bytes: -5}); err != nil {
+		t.Fatalf("lift: %v", err)
+	}
+	if _, ok := n.store.Limit(d.ID); ok {
+		t.Fatal("a lifted quota left its limit")
+	}
+}
+
+// A lone node owns all of a dataset; a deleted dataset's limit goes with it.
+func TestQuotaOfALoneNode(t *testing.T) {
+	n, d, _ := startNode(t, 10, 100, 64<<20, false)
+	ctx := context.Background()
+	if _, _, err := n.Split().PutQuota(ctx, "ds", "", api.QuotaOf(500)); err != nil {
+		t.Fatal(err)
+	}
+	if got := limitOf(t, n, d); got != 500 {
+		t.Fatalf("a lone node's limit %d, want the whole quota 500", got)
+	}
+	if err := n.Control().DeleteDataset(ctx, "ds"); err != nil {
+		t.Fatal(err)
+	}
+	n.Split().applyQuotas()
+	if _, ok := n.store.Limit(d.ID); ok {
+		t.Fatal("a deleted dataset kept its limit")
+	}
+}
+
+// With more than 255 members the owner table is two bytes an item; the
+// share is read from it the same way.
+func TestQuotaShareOnAWideRing(t *testing.T) {
+	n, d, _, p := withTwoMembers(t, 600, 10)
+	names := []string{"t1"}
+	for i := range 299 {
+		names = append(names, fmt.Sprintf("m%03d", i))
+	}
+	r, err := partition.New(names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.mu.Lock()
+	p.ring = r
+	p.mu.Unlock()
+	share := ownShare(d, p)
+	if share <= 0 {
+		t.Fatal("t1 owns nothing of 600 items on 300 members: pick another count")
+	}
+	if _, _, err := n.Split().PutQuota(context.Background(), "ds", "", api.QuotaOf(6000)); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := limitOf(t, n, d), uint64(6000*share); got != want {
+		t.Fatalf("limit %d, want %d (share %v)", got, want, share)
+	}
+}
+
+// The cluster's memory is what the members alive or suspected offer: the
+// dead and the departed offer none.
+func TestClusterMemoryCountsTheLiving(t *testing.T) {
+	n, _, _, p := withTwoMembers(t, 40, 256)
+	p.others = []api.Member{{Name: "a", State: "alive", Capacity: 1}, {Name: "s", State: "suspect", Capacity: 2},
+		{Name: "d", State: "dead", Capacity: 4}, {Name: "l", State: "left", Capacity: 8}}
+	if got, want := n.Split().ClusterMemory(), n.cfg.Memory+3; got != want {
+		t.Fatalf("cluster memory %d, want %d", got, want)
+	}
+}
+
+// Stall meters' reports: the wait and batch counters add up whatever the
+// report names; a report names its dataset or its job's; an epoch counts
+// once every rank of every job has closed one; the plan holds the jobs with
+// a complete epoch, their datasets' figures, and the memory to split; a
+// plan applied sets its quotas.
+func TestReportsMakeAPlan(t *testing.T) {
+	n, d, _ := startNode(t, 40, 256, 64<<20, false)
+	ctx := context.Background()
+	m := n.Split()
+	dir2, _ := testutil.RandomFiles(t, 20, 100)
+	if _, _, err := n.Control().PutDataset(ctx, "other", dir2); err != nil {
+		t.Fatal(err)
+	}
+	other, err := n.Control().Dataset(ctx, "other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	putJob(t, n, api.Job{Name: "j", Dataset: "ds", Seed: 1, WorldSize: 1, BatchSize: 4})
+	if m.EpochsDone() != 0 {
+		t.Fatal("epochs done before any report")
+	}
+	if p, err := m.SplitPlan(ctx); err != nil || len(p.Jobs) != 0 || len(p.Split) != 0 {
+		t.Fatalf("a plan without reports: %+v, %v", p, err)
+	}
+
+	// The job's rank opens its window by job name alone, reads the whole
+	// dataset from storage, and closes its epoch.
+	m.ReportLoader(api.LoaderWait{Job: "j"})
+	for i := range d.Manifest.Len() {
+		it, err := n.Get(ctx, d, i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		it.Release()
+	}
+	for i := range other.Manifest.Len() { // a dataset no reporting job reads, held here
+		it, err := n.Get(ctx, other, i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		it.Release()
+	}
+	m.ReportLoader(api.LoaderWait{Job: "j", Seconds: 2, StepSeconds: 1, Batches: 10, Items: 40, EpochEnd: true})
+	// A report for an unknown dataset still counts its wait.
+	m.ReportLoader(api.LoaderWait{Dataset: "nope", Seconds: 0.5, Batches: 3})
+	st := n.Stats()
+	if st.LoaderWaitSeconds != 2.5 || st.LoaderBatches != 13 {
+		t.Fatalf("loader wait %v s over %d batches, want 2.5 over 13", st.LoaderWaitSeconds, st.LoaderBatches)
+	}
+	if m.EpochsDone() != 1 {
+		t.Fatalf("epochs done %d, want 1", m.EpochsDone())
+	}
+
+	p, err := m.SplitPlan(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Jobs) != 1 || p.Jobs[0].Job != "j" || p.Jobs[0].Dataset != "ds" || p.Jobs[0].EpochS != 3 || p.Jobs[0].StepS != 1 ||
+		p.Jobs[0].WaitS != 2 || p.Jobs[0].MissBytes != 40*256 || p.Jobs[0].Epochs != 1 || p.Jobs[0].Ranks != 1 {
+		t.Fatalf("plan jobs %+v", p.Jobs)
+	}
+	if len(p.Datasets) != 1 || p.Datasets[0].Dataset != "ds" || p.Datasets[0].Bytes != 40*256 || p.Datasets[0].CachedBytes != 40*256 ||
+		p.Datasets[0].HitRatio != 1 || p.Datasets[0].Quota != nil || p.Datasets[0].StorageBytesPerS <= 0 {
+		t.Fatalf("plan datasets %+v", p.Datasets)
+	}
+	held := float64(n.store.DatasetBytes(other.ID))
+	if held != 20*100 {
+		t.Fatalf("the other dataset holds %v bytes here", held)
+	}
+	want := (float64(n.cfg.Memory) - held) * 256 / (256 + store.EntryOverhead + 64)
+	if p.MemoryBytes != uint64(want) {
+		t.Fatalf("memory to split %d, want %d (the cluster's, less what the other dataset holds, less bookkeeping)", p.MemoryBytes, uint64(want))
+	}
+	if _, ok := p.Split["ds"]; !ok || len(p.Split) != 1 {
+		t.Fatalf("split %v", p.Split)
+	}
+	if err := m.ApplySplit(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	got, err := n.Control().Dataset(ctx, "ds")
+	if err != nil || got.Quota == nil || *got.Quota != p.Split["ds"] || limitOf(t, n, d) != p.Split["ds"] {
+		t.Fatalf("after apply: quota %v, limit %d; want %d", got.Quota, limitOf(t, n, d), p.Split["ds"])
+	}
+	if err := m.ApplySplit(ctx, api.Plan{Split: map[string]uint64{"nope": 1}}); !errors.Is(err, catalog.ErrNotFound) {
+		t.Fatalf("a plan naming an unknown dataset: %v", err)
+	}
+	// The quota now stands for the dataset's current memory in a plan.
+	p2, err := m.SplitPlan(ctx)
+	if err != nil || len(p2.Datasets) != 1 || p2.Datasets[0].Quota == nil || *p2.Datasets[0].Quota != p.Split["ds"] {
+		t.Fatalf("the next plan: %+v, %v", p2.Datasets, err)
+	}
+	if math.IsNaN(p2.PredictedSaving) {
+		t.Fatal("a NaN saving")
+	}
+}
+
+// A report that names its dataset keeps it, whatever its job reads; one
+// that names only its job counts under the job's dataset.
+func TestReportsNameTheirDataset(t *testing.T) {
+	n, _, _ := startNode(t, 8, 64, 64<<20, false)
+	ctx := context.Background()
+	m := n.Split()
+	dir2, _ := testutil.RandomFiles(t, 4, 32)
+	if _, _, err := n.Control().PutDataset(ctx, "other", dir2); err != nil {
+		t.Fatal(err)
+	}
+	putJob(t, n, api.Job{Name: "j", Dataset: "ds", Seed: 1, WorldSize: 1, BatchSize: 4})
+	putJob(t, n, api.Job{Name: "k", Dataset: "ds", Seed: 1, WorldSize: 1, BatchSize: 4})
+	m.ReportLoader(api.LoaderWait{Job: "j", Dataset: "other", Batches: 1, Items: 4, Seconds: 1, EpochEnd: true})
+	m.ReportLoader(api.LoaderWait{Job: "k", Batches: 1, Items: 4, Seconds: 1, EpochEnd: true})
+	p, err := m.SplitPlan(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, j := range p.Jobs {
+		got[j.Job] = j.Dataset
+	}
+	if got["j"] != "other" || got["k"] != "ds" {
+		t.Fatalf("jobs' datasets in the plan: %v", got)
+	}
+}
