@@ -2,16 +2,12 @@ package cluster
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"log"
 	"log/slog"
 	"net"
-	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -70,6 +66,7 @@ func peerServer(t *testing.T, items map[int][]byte) (string, *countingListener) 
 		}
 		return out, nil
 	}, slog.New(slog.DiscardHandler))
+	srv.Figures = func() transport.Figures { return transport.Figures{Items: 42, Bytes: 4200} }
 	go srv.Serve(cl)
 	t.Cleanup(func() { srv.Close() })
 	return ln.Addr().String(), cl
@@ -119,20 +116,16 @@ func silentMember(t *testing.T, name, seed string, meta membership.Meta) *member
 // A member whose gossip falls silent while its peer transport still
 // answers (a starved host): gossip declares it dead, but the voucher keeps
 // it on the ring, its items are still fetched from it, and the cluster view
-// shows it dead without asking its /metrics. Once the voucher lets it go
+// shows it dead without asking for its figures (which it would give). Once the voucher lets it go
 // the ring drops it and the pooled connections to it are closed.
 func TestSilentGossipMemberStaysWhileItAnswers(t *testing.T) {
-	metrics := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprint(w, "stallfree_items_cached 42\nstallfree_bytes_cached 4200\n")
-	}))
-	defer metrics.Close()
 	c, d, _, local := oneMember(t, 64, 10)
 	c.vouch.mu.Lock()
 	c.vouch.max = time.Hour // released by hand below
 	c.vouch.mu.Unlock()
 	peer, conns := peerServer(t, local.items)
 	ml := silentMember(t, "c2", c.cfg.GossipBind, membership.Meta{Incarnation: time.Now().UnixNano(), Peer: peer,
-		HTTP: strings.TrimPrefix(metrics.URL, "http://")})
+		HTTP: "127.0.0.1:1"})
 	testutil.Await(t, "c2 on c1's ring", func() bool { return slices.Contains(c.Members(), "c2") })
 	ofC2 := ownedBy(c, d, "c2")
 	if len(ofC2) == 0 {
@@ -147,6 +140,9 @@ func TestSilentGossipMemberStaysWhileItAnswers(t *testing.T) {
 		}
 	}
 	fetch()
+	if m := describe(c, "c2"); m.State != string(membership.Alive) || m.Items != 42 || m.Bytes != 4200 {
+		t.Fatalf("c2 alive as c1 describes it: %+v; want its figures", m)
+	}
 
 	ml.Shutdown() // silent: no leave
 	testutil.Await(t, "c1's gossip to declare c2 dead and the voucher to vouch for it", func() bool {
@@ -157,10 +153,8 @@ func TestSilentGossipMemberStaysWhileItAnswers(t *testing.T) {
 		t.Fatalf("c2, dead but answering, left the ring: %v", c.Members())
 	}
 	fetch()
-	for _, m := range c.Describe(api.Member{Name: "c1"}) {
-		if m.Name == "c2" && (m.State != string(membership.Dead) || m.Items != 0 || m.Bytes != 0) {
-			t.Fatalf("c2 as c1 describes it: %+v; want dead, without figures", m)
-		}
+	if m := describe(c, "c2"); m.State != string(membership.Dead) || m.Items != 0 || m.Bytes != 0 {
+		t.Fatalf("c2 as c1 describes it: %+v; want dead, without figures", m)
 	}
 	if conns.open.Load() == 0 {
 		t.Fatal("no connection pooled to c2")
@@ -197,4 +191,14 @@ func TestLeftMemberConnectionsClose(t *testing.T) {
 	testutil.Await(t, "c1 to see c2 leave", func() bool { m, ok := c.ml.Get("c2"); return ok && m.State == membership.Left })
 	testutil.Await(t, "c1's ring to drop c2", func() bool { return !slices.Contains(c.Members(), "c2") })
 	testutil.Await(t, "the connections to c2 to close", func() bool { return conns.open.Load() == 0 })
+}
+
+// describe is member name as c describes it.
+func describe(c *Cluster, name string) api.Member {
+	for _, m := range c.Describe(api.Member{Name: "c1"}) {
+		if m.Name == name {
+			return m
+		}
+	}
+	return api.Member{}
 }
