@@ -25,7 +25,7 @@ func startNode(t *testing.T, items, size int, memory uint64, clustered bool) (*N
 	return startNodeWith(t, items, size, memory, clustered, "lru")
 }
 
-func startNodeWith(t *testing.T, items, size int, memory uint64, clustered bool, policy string) (*Node, *catalog.Dataset, map[string][]byte) {
+func startNodeWith(t *testing.T, items, size int, memory uint64, clustered bool, policy string, tweaks ...func(*Config)) (*Node, *catalog.Dataset, map[string][]byte) {
 	t.Helper()
 	dir, files := testutil.RandomFiles(t, items, size)
 	cfg := Config{Name: "t1", RaftBind: testutil.FreeAddr(t), DataDir: t.TempDir(), Bootstrap: true, Memory: memory,
@@ -33,6 +33,9 @@ func startNodeWith(t *testing.T, items, size int, memory uint64, clustered bool,
 	if clustered {
 		cfg.GossipBind, cfg.Advertise, cfg.PeerBind = testutil.FreeAddr(t), "127.0.0.1", testutil.FreeAddr(t)
 		cfg.PeerAdvert = cfg.PeerBind
+	}
+	for _, tweak := range tweaks {
+		tweak(&cfg)
 	}
 	n, err := New(cfg)
 	if err != nil {
@@ -211,5 +214,30 @@ func TestNotReadyWithoutALeader(t *testing.T) {
 	defer n.Close()
 	if ok, why := n.Ready(); ok || why == "" {
 		t.Fatalf("ready without a leader: %v %q", ok, why)
+	}
+}
+
+// A warm-up asked for again while it runs is the same warm-up: its progress
+// comes back and nothing starts twice (storage read once per item).
+func TestWarmupAskedAgainWhileItRuns(t *testing.T) {
+	const items, size = 8, 1000
+	n, d, _ := startNodeWith(t, items, size, 64<<20, false, "lru", func(c *Config) { c.SourceRate = 4 * size })
+	first := n.StartWarmup(d)
+	n.mu.Lock()
+	w := n.warmups[d.Name]
+	n.mu.Unlock()
+	if !first.Running || first.Total != items {
+		t.Fatalf("progress %+v", first)
+	}
+	again := n.StartWarmup(d)
+	n.mu.Lock()
+	same := n.warmups[d.Name] == w
+	n.mu.Unlock()
+	if !same || again.Total != items {
+		t.Fatalf("a second warm-up started while the first ran (%+v)", again)
+	}
+	awaitWarmup(t, n, d)
+	if reads := n.Stats().SourceReads; reads != items {
+		t.Fatalf("%d storage reads for %d items", reads, items)
 	}
 }
