@@ -128,15 +128,17 @@ func (w *dirWalk) dir(ctx context.Context, rel string) error {
 		if err != nil {
 			continue // gone meanwhile
 		}
-		switch {
-		case mode.IsDir():
+		// An if chain, not a tagless switch: Go's coverage gives a case
+		// expression no block of its own, so mutation testing could not
+		// tell whether a test reaches it.
+		if mode.IsDir() {
 			if !w.g.TryGo(func() error { return w.dir(ctx, key) }) {
 				if err := w.dir(ctx, key); err != nil {
 					return err
 				}
 			}
 			continue
-		case mode&fs.ModeSymlink != 0:
+		} else if mode&fs.ModeSymlink != 0 {
 			// Through the dataset's root: it follows the link but refuses
 			// one that leaves it.
 			fi, err := w.d.root.Stat(key)
@@ -144,7 +146,7 @@ func (w *dirWalk) dir(ctx context.Context, rel string) error {
 				continue
 			}
 			size = fi.Size()
-		case !mode.IsRegular():
+		} else if !mode.IsRegular() {
 			continue
 		}
 		if size > w.maxSize {

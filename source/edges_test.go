@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/minio/minio-go/v7"
+
 	"stallfree/miniotest"
 )
 
@@ -91,6 +93,57 @@ func TestS3RegionAndListingBounds(t *testing.T) {
 		}
 		if got, _ := srv.region.Load().(string); got != want {
 			t.Fatalf("region %q signed as %q, want %q", region, got, want)
+		}
+	}
+}
+
+// S3's answers, by what they mean to a caller: denied (whatever the code,
+// a 403), a bucket that is not there, an object gone since it was listed,
+// anything else storage being unavailable.
+func TestS3ErrorKinds(t *testing.T) {
+	for _, tc := range []struct {
+		resp minio.ErrorResponse
+		want error
+	}{
+		{minio.ErrorResponse{Code: "AccessDenied", StatusCode: 403}, ErrDenied},
+		{minio.ErrorResponse{Code: "InvalidAccessKeyId", StatusCode: 400}, ErrDenied},
+		{minio.ErrorResponse{Code: "SignatureDoesNotMatch", StatusCode: 400}, ErrDenied},
+		{minio.ErrorResponse{Code: "AllAccessDisabled", StatusCode: 403}, ErrDenied},
+		{minio.ErrorResponse{Code: "NoSuchBucket", StatusCode: 404}, ErrNotFound},
+		{minio.ErrorResponse{Code: "NoSuchKey", StatusCode: 404}, ErrChanged},
+		{minio.ErrorResponse{Code: "SlowDown", StatusCode: 503}, ErrUnavailable},
+		{minio.ErrorResponse{}, ErrUnavailable},
+	} {
+		if got := errorKind(tc.resp); got != tc.want {
+			t.Errorf("%s (%d): %v, want %v", tc.resp.Code, tc.resp.StatusCode, got, tc.want)
+		}
+	}
+}
+
+// Resolve names where a source really is: a directory's symlinks followed
+// (a tar source's too, keeping no scheme of its own), an S3 source as it is
+// normalized; a spec that is not one, or a path that is not there, fails.
+func TestResolve(t *testing.T) {
+	root := t.TempDir()
+	real := filepath.Join(root, "real")
+	if err := os.Mkdir(real, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(root, "link")
+	if err := os.Symlink(real, link); err != nil {
+		t.Fatal(err)
+	}
+	for spec, want := range map[string]string{
+		link: "dir://" + real, "dir://" + link: "dir://" + real, "tar+dir://" + link: "dir://" + real,
+		real: "dir://" + real, "s3://bucket/pre/": "s3://bucket/pre", "tar+s3://bucket": "s3://bucket",
+	} {
+		if got, err := Resolve(spec); err != nil || got != want {
+			t.Errorf("Resolve(%q) = %q, %v; want %q", spec, got, err, want)
+		}
+	}
+	for _, bad := range []string{"ftp://x", filepath.Join(root, "gone"), "s3://B"} {
+		if got, err := Resolve(bad); err == nil {
+			t.Errorf("Resolve(%q) = %q", bad, got)
 		}
 	}
 }

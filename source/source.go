@@ -204,7 +204,7 @@ func ValidKey(key string) error {
 	}
 	// Control characters could split the X-Key response header; files named
 	// with them are left out of manifests.
-	if strings.IndexFunc(key, func(r rune) bool { return r < 0x20 || r == 0x7f }) >= 0 {
+	if strings.IndexFunc(key, isControl) >= 0 {
 		return fmt.Errorf("%w: contains a control character", ErrBadKey)
 	}
 	if key[0] == '/' {
@@ -219,4 +219,9 @@ func ValidKey(key string) error {
 		}
 	}
 	return nil
+}
+
+// isControl reports whether r is an ASCII control character.
+func isControl(r rune) bool {
+	return r < 0x20 || r == 0x7f
 }
