@@ -135,13 +135,16 @@ func (c *Client) JSON(ctx context.Context, method, addr, path string, in, out an
 	if resp.StatusCode < 200 || resp.StatusCode >= 300 {
 		return resp, AnswerError(resp)
 	}
+	// If chains here and below, not tagless switches: Go's coverage gives a
+	// case expression no block, so mutation testing could not reach them.
 	b, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
-	switch {
-	case err != nil:
+	if err != nil {
 		return resp, fmt.Errorf("answer from %s: %w", addr, err)
-	case int64(len(b)) > limit:
+	}
+	if int64(len(b)) > limit {
 		return resp, fmt.Errorf("answer from %s: %w (over %d bytes)", addr, ErrTooLarge, limit)
-	case out != nil:
+	}
+	if out != nil {
 		if err := json.Unmarshal(b, out); err != nil {
 			return resp, fmt.Errorf("answer from %s: %w", addr, err)
 		}
@@ -181,14 +184,15 @@ func (c *Client) Forward(ctx context.Context, addr, uri string, in *fasthttp.Req
 	}
 	out.SetStatusCode(resp.StatusCode)
 	for k, vs := range resp.Header {
-		switch {
-		case hopByHop(k), k == "Date", k == "Server":
-		case k == "Content-Type":
+		if hopByHop(k) || k == "Date" || k == "Server" {
+			continue // this node's own, set when it answers
+		}
+		if k == "Content-Type" {
 			out.Header.SetContentType(vs[0])
-		default:
-			for _, v := range vs {
-				out.Header.Add(k, v)
-			}
+			continue
+		}
+		for _, v := range vs {
+			out.Header.Add(k, v)
 		}
 	}
 	out.SetBody(b)
