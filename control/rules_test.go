@@ -15,6 +15,7 @@ import (
 	"stallfree/api"
 	"stallfree/catalog"
 	"stallfree/internal/testutil"
+	"stallfree/relay"
 	"stallfree/source"
 )
 
@@ -633,4 +634,18 @@ func intsOf[T ~uint32 | ~int32 | ~int](xs []T) []int {
 		out[i] = int(x)
 	}
 	return out
+}
+
+// Without a relay client New builds one with the node's name and token;
+// one given is the one used; without a logger, the default one.
+func TestNewFillsItsDefaults(t *testing.T) {
+	c := openLeader(t)
+	built := New(Config{Name: "n1", Token: "tok"}, c.cat, lone{"n1"})
+	if built.Relay() == nil || built.Relay().Self() != "n1" || built.log == nil {
+		t.Fatalf("defaults: relay %v, logger %v", built.Relay(), built.log)
+	}
+	given := relay.New("other", "")
+	if got := New(Config{Name: "n1", Relay: given}, c.cat, lone{"n1"}).Relay(); got != given {
+		t.Fatal("the relay client given was replaced")
+	}
 }
