@@ -252,3 +252,57 @@ func TestAwaitApplied(t *testing.T) {
 		t.Fatalf("index %d counted as applied at %d", at+1, at)
 	}
 }
+
+// addrs is a cluster whose members' HTTP addresses are known.
+type addrs map[string]string
+
+func (a addrs) Members() []string {
+	out := []string{}
+	for m := range a {
+		out = append(out, m)
+	}
+	return out
+}
+func (a addrs) HTTPAddr(m string) (string, bool) { s, ok := a[m]; return s, ok }
+
+// A follower's catch-up target is the applied index the leader's API
+// reports; an answer without one, or a refusal, is no target. A leader is
+// its own target: its last index, asked of nobody.
+func TestCatchupTargetFromTheLeader(t *testing.T) {
+	l := openLeader(t)
+	s := newLeaderStub(t)
+	bind := testutil.FreeAddr(t)
+	fcat, err := catalog.Open(catalog.Config{NodeID: "f1", Bind: bind, Dir: t.TempDir(), Timing: catalog.LocalTiming(), Logger: testutil.Discard()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fcat.Close() })
+	if err := l.cat.AddServer("f1", bind, false); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Await(t, "f1 to hear from the leader", func() bool { return fcat.Leader() == "n1" })
+	f := New(Config{Name: "f1", Logger: testutil.Discard()}, fcat, addrs{"n1": s.addr()})
+	if f.LeaderHTTP() != s.addr() || f.AwaitLeader(context.Background()) != s.addr() {
+		t.Fatalf("the follower finds the leader at %q", f.LeaderHTTP())
+	}
+	src := catchupSource{f}
+	if _, ok := src.LocalTarget(); ok {
+		t.Fatal("a follower has a local target")
+	}
+	s.applied = "42"
+	if got, err := src.Target(context.Background()); err != nil || got != 42 || s.method != http.MethodGet || s.path != "/v1/cluster" {
+		t.Fatalf("target %d, %v (the leader saw %s %s)", got, err, s.method, s.path)
+	}
+	s.applied = ""
+	if _, err := src.Target(context.Background()); err == nil || !strings.Contains(err.Error(), "did not say") {
+		t.Fatalf("an answer without an index: %v", err)
+	}
+	s.applied, s.status = "42", http.StatusInternalServerError
+	if got, err := src.Target(context.Background()); err == nil {
+		t.Fatalf("a refusal gave target %d", got)
+	}
+	own, ok := catchupSource{l}.LocalTarget()
+	if got, err := (catchupSource{l}).Target(context.Background()); !ok || err != nil || got != own || got != l.cat.LastIndex() {
+		t.Fatalf("the leader's target %d (%v), local %d", got, err, own)
+	}
+}
