@@ -482,6 +482,9 @@ func TestResumedOrders(t *testing.T) {
 	if err != nil || !slices.Equal(o.Indices, intsOf(old.Ranks[1][6:])) || o.Remote != old.RemoteFrom(1, 6) {
 		t.Fatalf("same generation from 6: %+v, %v", o, err)
 	}
+	if o, err := c.ResumedOrder(bg, "j", 0, 0, gen1, 0); err != nil || !slices.Equal(o.Indices, intsOf(old.Ranks[0])) || o.Remote != old.Remote[0] {
+		t.Fatalf("same generation from the start: %+v, %v", o, err)
+	}
 	if o, err := c.ResumedOrder(bg, "j", 0, 0, gen1, len(old.Ranks[0])); err != nil || len(o.Indices) != 0 || o.Batches != 0 {
 		t.Fatalf("resumed at the end: %+v, %v", o, err)
 	}
