@@ -270,20 +270,22 @@ func drainRefused(ctx *fasthttp.RequestCtx, bound int64) {
 	}
 }
 
-// handleStream serves a stream route, whose body is still unread: a refusal
-// closes the connection (what the client is still sending is never read),
-// and an answer of 300 or more reads the rest of the body (bounded) first,
-// so a client still sending gets the answer and not a reset.
+// handleStream serves a stream route, whose body is still unread. A request
+// refused before its handler (no token, bad names) has up to 64 MiB of its
+// body read and dropped, so a client still sending sees the status rather
+// than a reset, and its connection is closed: nothing more of an
+// unauthenticated body is read. An answer of 300 or more from the handler
+// reads the rest of the body (bounded) first, for the same reason.
 func (s *Server) handleStream(ctx *fasthttp.RequestCtx, rt *route, p params) {
 	if !s.authorized(ctx) {
 		ctx.Response.Header.Set("WWW-Authenticate", "Bearer")
 		writeError(ctx, fasthttp.StatusUnauthorized, "missing or wrong bearer token")
-		ctx.SetConnectionClose()
+		refuseStream(ctx)
 		return
 	}
 	if err := p.decodeNames(); err != nil {
 		writeError(ctx, fasthttp.StatusBadRequest, err.Error())
-		ctx.SetConnectionClose()
+		refuseStream(ctx)
 		return
 	}
 	defer func() {
@@ -292,6 +294,13 @@ func (s *Server) handleStream(ctx *fasthttp.RequestCtx, rt *route, p params) {
 		}
 	}()
 	rt.handle(ctx, p)
+}
+
+// refuseStream drops up to maxTooLargeDrain of a refused stream's body and
+// closes its connection.
+func refuseStream(ctx *fasthttp.RequestCtx) {
+	drainRefused(ctx, maxTooLargeDrain)
+	ctx.SetConnectionClose()
 }
 
 func (s *Server) authorized(ctx *fasthttp.RequestCtx) bool {
