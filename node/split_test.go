@@ -135,30 +135,100 @@ func TestQuotaOfALoneNode(t *testing.T) {
 	}
 }
 
-// With more than 255 members the owner table is two bytes an item; the
-// share is read from it the same way.
+// With more than 255 members the owner table is two bytes an item, with
+// 255 one; the share is read from it either way.
 func TestQuotaShareOnAWideRing(t *testing.T) {
+	testutil.Long(t) // rings of hundreds of members take seconds to build
 	n, d, _, p := withTwoMembers(t, 600, 10)
-	names := []string{"t1"}
-	for i := range 299 {
-		names = append(names, fmt.Sprintf("m%03d", i))
+	for q, members := range []int{255, 256} {
+		names := []string{"t1"}
+		for i := range members - 1 {
+			names = append(names, fmt.Sprintf("m%03d", i))
+		}
+		r, err := partition.New(names)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.mu.Lock()
+		p.ring = r
+		p.mu.Unlock()
+		share := ownShare(d, p)
+		if share <= 0 {
+			t.Fatalf("t1 owns nothing of 600 items on %d members: pick another count", members)
+		}
+		quota := int64(6000 + q) // another limit each time, so each is set afresh
+		if _, _, err := n.Split().PutQuota(context.Background(), "ds", "", api.QuotaOf(quota)); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := limitOf(t, n, d), uint64(float64(quota)*share); got != want {
+			t.Fatalf("%d members: limit %d, want %d (share %v)", members, got, want, share)
+		}
 	}
-	r, err := partition.New(names)
-	if err != nil {
-		t.Fatal(err)
+}
+
+// A node that owns none of a dataset counts its share as 1 where a plan
+// divides by it; a dataset of empty items is owned whole; a quota of 0 is
+// a quota.
+func TestSharesAtTheirEdges(t *testing.T) {
+	// onAnothers puts n on a ring of two on which d's one item is the
+	// other member's.
+	onAnothers := func(n *Node, d *catalog.Dataset) {
+		t.Helper()
+		p := newTwoMembers(t)
+		for x := 0; ; x++ {
+			r, err := partition.New([]string{"t1", fmt.Sprintf("other%d", x)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.ring = r
+			if _, self := p.Owner(d, 0); !self {
+				break
+			}
+		}
+		n.peers = p
 	}
-	p.mu.Lock()
-	p.ring = r
-	p.mu.Unlock()
-	share := ownShare(d, p)
-	if share <= 0 {
-		t.Fatal("t1 owns nothing of 600 items on 300 members: pick another count")
+	n, d, _ := startNode(t, 1, 10, 64<<20, false)
+	onAnothers(n, d)
+	m := n.Split()
+	n.split.mu.Lock()
+	share, ok := m.localShare(d)
+	n.split.mu.Unlock()
+	if !ok || share != 0 {
+		t.Fatalf("share of a dataset owned elsewhere: %v (%v), want 0", share, ok)
 	}
-	if _, _, err := n.Split().PutQuota(context.Background(), "ds", "", api.QuotaOf(6000)); err != nil {
-		t.Fatal(err)
+	if s := m.shareOf(d); s != 1 {
+		t.Fatalf("share a plan divides by, of a dataset this node owns none of: %v, want 1", s)
 	}
-	if got, want := limitOf(t, n, d), uint64(6000*share); got != want {
-		t.Fatalf("limit %d, want %d (share %v)", got, want, share)
+	if _, _, err := m.PutQuota(context.Background(), "ds", "", api.QuotaOf(0)); err != nil {
+		t.Fatalf("a quota of 0: %v", err)
+	}
+	if got := limitOf(t, n, d); got != 0 {
+		t.Fatalf("limit %d for a quota of 0", got)
+	}
+
+	// A dataset of an empty item: the node owns all of nothing.
+	e, ed, _ := startNode(t, 1, 0, 64<<20, false)
+	onAnothers(e, ed)
+	e.split.mu.Lock()
+	share, ok = e.Split().localShare(ed)
+	e.split.mu.Unlock()
+	if !ok || share != 1 {
+		t.Fatalf("share of a dataset of empty items: %v (%v), want 1", share, ok)
+	}
+}
+
+// Epochs done count the jobs that completed one: a job that has only begun
+// does not hold the count at 0.
+func TestEpochsDoneCountCompleteJobs(t *testing.T) {
+	n, _, _ := startNode(t, 4, 10, 64<<20, false)
+	putJob(t, n, api.Job{Name: "j", Dataset: "ds", Seed: 1, WorldSize: 1, BatchSize: 2})
+	putJob(t, n, api.Job{Name: "k", Dataset: "ds", Seed: 1, WorldSize: 1, BatchSize: 2})
+	m := n.Split()
+	m.ReportLoader(api.LoaderWait{Job: "j", Batches: 2, Items: 4, Seconds: 1, EpochEnd: true})
+	m.ReportLoader(api.LoaderWait{Job: "j", Batches: 2, Items: 4, Seconds: 1, EpochEnd: true})
+	m.ReportLoader(api.LoaderWait{Job: "k", Batches: 1, Items: 2, Seconds: 1})
+	if got := m.EpochsDone(); got != 2 {
+		t.Fatalf("epochs done %d, want 2 (k has completed none)", got)
 	}
 }
 
