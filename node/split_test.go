@@ -11,6 +11,7 @@ import (
 	"stallfree/catalog"
 	"stallfree/internal/testutil"
 	"stallfree/partition"
+	"stallfree/planner"
 	"stallfree/store"
 )
 
@@ -363,5 +364,79 @@ func TestReportsNameTheirDataset(t *testing.T) {
 	}
 	if got["j"] != "other" || got["k"] != "ds" {
 		t.Fatalf("jobs' datasets in the plan: %v", got)
+	}
+}
+
+// On a node that owns a share of each dataset, the plan scales what it
+// measures here to the cluster: its misses, what it holds of the job's
+// dataset and of a dataset no job reads, each divided by that dataset's
+// share; the hit ratio is what is held of the whole.
+func TestPlanScalesByShare(t *testing.T) {
+	n, d, _, p := withTwoMembers(t, 40, 256)
+	ctx := context.Background()
+	m := n.Split()
+	dir2, _ := testutil.RandomFiles(t, 30, 100)
+	if _, _, err := n.Control().PutDataset(ctx, "other", dir2); err != nil {
+		t.Fatal(err)
+	}
+	other, err := n.Control().Dataset(ctx, "other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	putJob(t, n, api.Job{Name: "j", Dataset: "ds", Seed: 1, WorldSize: 1, BatchSize: 4})
+	mine, _ := p.split(d)
+	share, otherShare := ownShare(d, p), ownShare(other, p)
+	if share <= 0 || share >= 1 || otherShare <= 0 || otherShare >= 1 {
+		t.Fatalf("shares %v, %v: pick other counts", share, otherShare)
+	}
+	read := func(ds *catalog.Dataset, indices []int) {
+		t.Helper()
+		for _, i := range indices {
+			it, err := n.Get(ctx, ds, i)
+			if err != nil {
+				t.Fatal(err)
+			}
+			it.Release()
+		}
+	}
+	m.ReportLoader(api.LoaderWait{Job: "j"})
+	half := mine[:len(mine)/2]
+	read(d, half) // from storage: this node owns them
+	otherMine, _ := p.split(other)
+	read(other, otherMine)
+	m.ReportLoader(api.LoaderWait{Job: "j", Seconds: 1, StepSeconds: 1, Batches: 5, Items: 20, EpochEnd: true})
+
+	plan, err := m.SplitPlan(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := float64(len(half) * 256)
+	if len(plan.Jobs) != 1 || plan.Jobs[0].MissBytes != uint64(held/share) {
+		t.Fatalf("plan jobs %+v: want misses of %d (%v here at share %v)", plan.Jobs, uint64(held/share), held, share)
+	}
+	ds := plan.Datasets[0]
+	if ds.CachedBytes != uint64(held/share) || ds.HitRatio != held/share/(40*256) {
+		t.Fatalf("dataset %+v: want %d cached, hit ratio %v", ds, uint64(held/share), held/share/(40*256))
+	}
+	if rate := n.split.meter.Rate(d.ID); rate <= 0 || ds.StorageBytesPerS != rate/share {
+		t.Fatalf("storage %v B/s for the cluster, measured %v here at share %v", ds.StorageBytesPerS, rate, share)
+	}
+	otherHeld := float64(n.store.DatasetBytes(other.ID))
+	if otherHeld != float64(len(otherMine)*100) {
+		t.Fatalf("the other dataset holds %v here", otherHeld)
+	}
+	want := (float64(m.ClusterMemory()) - otherHeld/otherShare) * 256 / (256 + store.EntryOverhead + 64)
+	if plan.MemoryBytes != uint64(want) {
+		t.Fatalf("memory to split %d, want %d", plan.MemoryBytes, uint64(want))
+	}
+	// The planner is fed these figures, scaled alike: its answer for them
+	// is the plan's.
+	exp := planner.Split(planner.Input{Memory: want,
+		Datasets: map[string]planner.Dataset{"ds": {Name: "ds", Bytes: 40 * 256, StorageBps: ds.StorageBytesPerS,
+			Cached: held / share, Current: held / share}},
+		Jobs: []planner.Job{{Name: "j", Dataset: "ds", Ranks: 1, EpochS: 2, StepS: 1, Items: 20, Batches: 5, MissBytes: held / share}}})
+	if len(exp.Jobs) != 1 || plan.Split["ds"] != uint64(exp.Split["ds"]) || plan.Jobs[0].EpochSPredicted != exp.Jobs[0].EpochSPredicted ||
+		plan.Jobs[0].KneeBytes != uint64(exp.Jobs[0].KneeBytes) || plan.PredictedSaving != exp.Saving {
+		t.Fatalf("plan %+v / %v, the planner's for the same figures %+v / %v", plan.Jobs, plan.Split, exp.Jobs, exp.Split)
 	}
 }
