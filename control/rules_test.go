@@ -549,6 +549,15 @@ func TestResumedOrders(t *testing.T) {
 	if _, err := c.ResumedOrder(bg, "j", 0, 3, gen1, 6); !errors.Is(err, ErrBadRequest) {
 		t.Fatalf("rank 3 of 3: %v", err)
 	}
+	// Each position is a plan of its own, kept until there are MaxPlans.
+	for pos := range 5 {
+		if _, err := c.ResumedOrder(bg, "j", 0, 0, gen1, pos); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := c.ResumedPlans(); n != 6 {
+		t.Fatalf("%d re-split plans kept after six positions, want 6", n)
+	}
 	// Many positions: the plans kept stay bounded.
 	for pos := range MaxPlans + 1 {
 		if _, err := c.ResumedOrder(bg, "j", 0, 0, gen1, pos); err != nil {
@@ -563,7 +572,7 @@ func TestResumedOrders(t *testing.T) {
 // Positions are kept by rank, the latest per rank, listed in rank order,
 // bounded by the job's world size; out-of-range reports are refused.
 func TestPositions(t *testing.T) {
-	c := withJob(t, 4, api.Job{Seed: 1, WorldSize: 1, BatchSize: 3})
+	c := withJob(t, 4, api.Job{Seed: 1, WorldSize: 2, BatchSize: 3})
 	if err := c.ReportPosition("none", api.RankPosition{}); !errors.Is(err, catalog.ErrNotFound) {
 		t.Fatalf("unknown job: %v", err)
 	}
@@ -590,15 +599,15 @@ func TestPositions(t *testing.T) {
 	if got[0].SecondsAgo < 0 || got[0].SecondsAgo > 60 {
 		t.Fatalf("seconds ago %v", got[0].SecondsAgo)
 	}
-	// World size 1: at most 4+64 ranks are kept, and one more report
+	// World size 2: at most 4×2+64 ranks are kept, and one more report
 	// past that starts them over (ranks 0, 1, 2 and the last are kept).
-	for r := 3; r < 68; r++ {
+	for r := 3; r < 72; r++ {
 		if err := c.ReportPosition("j", api.RankPosition{Rank: r}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if n := len(c.RankPositions("j")); n != 69 {
-		t.Fatalf("%d ranks kept, want 69 (68 and the one past)", n)
+	if n := len(c.RankPositions("j")); n != 73 {
+		t.Fatalf("%d ranks kept, want 73 (72 and the one past)", n)
 	}
 	if err := c.ReportPosition("j", api.RankPosition{Rank: 100}); err != nil {
 		t.Fatal(err)
