@@ -301,6 +301,22 @@ func TestCatchupTargetFromTheLeader(t *testing.T) {
 	if got, err := src.Target(context.Background()); err == nil {
 		t.Fatalf("a refusal gave target %d", got)
 	}
+	// A read the leader answered for this follower is counted (the node's
+	// relayed_reads_total).
+	s.status, s.answer = http.StatusOK, `{"name":"ds"}`
+	relayed := 0
+	counted := New(Config{Name: "f1", Logger: testutil.Discard(), RelayedRead: func() { relayed++ }}, fcat, addrs{"n1": s.addr()})
+	in, out := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(in)
+	defer fasthttp.ReleaseResponse(out)
+	in.Header.SetMethod(http.MethodGet)
+	in.SetRequestURI("http://f1/v1/datasets/ds")
+	if !counted.ReadFromLeader(in, out) || relayed != 1 || string(out.Body()) != `{"name":"ds"}` {
+		t.Fatalf("a relayed read: counted %d, answer %q", relayed, out.Body())
+	}
+	if !f.ReadFromLeader(in, out) { // no counter: nothing to call
+		t.Fatal("a relayed read without a counter")
+	}
 	own, ok := catchupSource{l}.LocalTarget()
 	if got, err := (catchupSource{l}).Target(context.Background()); !ok || err != nil || got != own || got != l.cat.LastIndex() {
 		t.Fatalf("the leader's target %d (%v), local %d", got, err, own)
