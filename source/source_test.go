@@ -170,7 +170,7 @@ func TestValidKey(t *testing.T) {
 		"": false, "/etc/passwd": false, "a/../b": false, "..": false, "./a": false,
 		"a//b": false, "a/": false, "a\x00b": false, "\xff": false, "a\nb": false, "a\rX-Evil: 1": false, "tab\there": false,
 		"\x00a": false, strings.Repeat("k", 4096): true, strings.Repeat("k", 4097): false,
-		"a\x1fb": false, "a\x7fb": false, "a b": true, "a~b": true, "a\u0080b": true,
+		"a\x1fb": false, "a\x7fb": false, "\x01a": false, "\x7f": false, "a b": true, "a~b": true, "a\u0080b": true,
 	} {
 		if err := ValidKey(key); (err == nil) != ok {
 			t.Errorf("ValidKey(%q) = %v", key, err)
