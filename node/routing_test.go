@@ -119,6 +119,18 @@ func (p *twoMembers) Joined() bool                     { return true }
 func (p *twoMembers) Members() []string                { return p.Ring().Members() }
 func (p *twoMembers) HTTPAddr(m string) (string, bool) { return m + ".example:7070", m == "t2" }
 
+// setRing replaces the ring with one of members, while the node runs.
+func (p *twoMembers) setRing(t *testing.T, members ...string) {
+	t.Helper()
+	r, err := partition.New(members)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.mu.Lock()
+	p.ring = r
+	p.mu.Unlock()
+}
+
 // Ring is the ring now; a test may replace it while the node runs.
 func (p *twoMembers) Ring() *partition.Ring {
 	p.mu.Lock()

@@ -10,7 +10,6 @@ import (
 	"stallfree/api"
 	"stallfree/catalog"
 	"stallfree/internal/testutil"
-	"stallfree/partition"
 	"stallfree/planner"
 	"stallfree/store"
 )
@@ -19,6 +18,22 @@ import (
 // by its share of the ring, stall meters' reports become a plan, and a plan
 // applied becomes quotas. The model is the planner's (tested there); what
 // is tested here is what the node feeds it and does with it.
+
+// addDataset registers name, a directory of count random files of size
+// bytes, on n.
+func addDataset(t *testing.T, n *Node, name string, count, size int) *catalog.Dataset {
+	t.Helper()
+	dir, _ := testutil.RandomFiles(t, count, size)
+	ctx := context.Background()
+	if _, _, err := n.Control().PutDataset(ctx, name, dir); err != nil {
+		t.Fatal(err)
+	}
+	d, err := n.Control().Dataset(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
 
 // ownShare is the fraction of d's bytes p's ring gives t1.
 func ownShare(d *catalog.Dataset, p *twoMembers) float64 {
@@ -77,26 +92,14 @@ func TestQuotaBecomesThisNodesShare(t *testing.T) {
 		t.Fatalf("limit %d for a quota of 4000 at share %v, want %d", got, share, want)
 	}
 	// Another ring: the limit follows the new share.
-	r, err := partition.New([]string{"t1", "t2", "t3"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.mu.Lock()
-	p.ring = r
-	p.mu.Unlock()
+	p.setRing(t, "t1", "t2", "t3")
 	n.Split().applyQuotas()
 	if got, want := limitOf(t, n, d), uint64(4000*ownShare(d, p)); got != want {
 		t.Fatalf("limit %d on a ring of three, want %d", got, want)
 	}
 	// Off the ring (joining): what was set stays; a plan counts its share as 1.
-	off, err := partition.New([]string{"t2", "t3"})
-	if err != nil {
-		t.Fatal(err)
-	}
 	before := limitOf(t, n, d)
-	p.mu.Lock()
-	p.ring = off
-	p.mu.Unlock()
+	p.setRing(t, "t2", "t3")
 	if _, _, err := m.PutQuota(ctx, "ds", "", api.QuotaOf(100)); err != nil {
 		t.Fatal(err)
 	}
@@ -106,9 +109,7 @@ func TestQuotaBecomesThisNodesShare(t *testing.T) {
 	if s := m.shareOf(d); s != 1 {
 		t.Fatalf("share off the ring %v, want 1", s)
 	}
-	p.mu.Lock()
-	p.ring = r
-	p.mu.Unlock()
+	p.setRing(t, "t1", "t2", "t3")
 	if _, _, err := m.PutQuota(ctx, "ds", "", api.Quota{Given: true, Lift: true, Bytes: -5}); err != nil {
 		t.Fatalf("lift: %v", err)
 	}
@@ -146,13 +147,7 @@ func TestQuotaShareOnAWideRing(t *testing.T) {
 		for i := range members - 1 {
 			names = append(names, fmt.Sprintf("m%03d", i))
 		}
-		r, err := partition.New(names)
-		if err != nil {
-			t.Fatal(err)
-		}
-		p.mu.Lock()
-		p.ring = r
-		p.mu.Unlock()
+		p.setRing(t, names...)
 		share := ownShare(d, p)
 		if share <= 0 {
 			t.Fatalf("t1 owns nothing of 600 items on %d members: pick another count", members)
@@ -177,11 +172,7 @@ func TestSharesAtTheirEdges(t *testing.T) {
 		t.Helper()
 		p := newTwoMembers(t)
 		for x := 0; ; x++ {
-			r, err := partition.New([]string{"t1", fmt.Sprintf("other%d", x)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			p.ring = r
+			p.setRing(t, "t1", fmt.Sprintf("other%d", x))
 			if _, self := p.Owner(d, 0); !self {
 				break
 			}
@@ -253,14 +244,7 @@ func TestReportsMakeAPlan(t *testing.T) {
 	n, d, _ := startNode(t, 40, 256, 64<<20, false)
 	ctx := context.Background()
 	m := n.Split()
-	dir2, _ := testutil.RandomFiles(t, 20, 100)
-	if _, _, err := n.Control().PutDataset(ctx, "other", dir2); err != nil {
-		t.Fatal(err)
-	}
-	other, err := n.Control().Dataset(ctx, "other")
-	if err != nil {
-		t.Fatal(err)
-	}
+	other := addDataset(t, n, "other", 20, 100)
 	putJob(t, n, api.Job{Name: "j", Dataset: "ds", Seed: 1, WorldSize: 1, BatchSize: 4})
 	if m.EpochsDone() != 0 {
 		t.Fatal("epochs done before any report")
@@ -375,14 +359,7 @@ func TestPlanScalesByShare(t *testing.T) {
 	n, d, _, p := withTwoMembers(t, 40, 256)
 	ctx := context.Background()
 	m := n.Split()
-	dir2, _ := testutil.RandomFiles(t, 30, 100)
-	if _, _, err := n.Control().PutDataset(ctx, "other", dir2); err != nil {
-		t.Fatal(err)
-	}
-	other, err := n.Control().Dataset(ctx, "other")
-	if err != nil {
-		t.Fatal(err)
-	}
+	other := addDataset(t, n, "other", 30, 100)
 	putJob(t, n, api.Job{Name: "j", Dataset: "ds", Seed: 1, WorldSize: 1, BatchSize: 4})
 	mine, _ := p.split(d)
 	share, otherShare := ownShare(d, p), ownShare(other, p)
