@@ -180,18 +180,21 @@ func TestRegisterAtStartAndReady(t *testing.T) {
 	testutil.Await(t, "readiness", func() bool { ok, _ := n.Ready(); return ok })
 }
 
-// tarShards writes shards of samples (each a .jpg and a .cls member, of size
-// bytes, or of varied sizes when size is 0) and returns each member's bytes
-// by key.
-func tarShards(t *testing.T, shards, samples, size int) (string, map[string][]byte) {
+// tarShards writes shards of samples (each a .jpg and a .cls member unless
+// other extensions are named, of size bytes, or of varied sizes when size is
+// 0) and returns each member's bytes by key.
+func tarShards(t *testing.T, shards, samples, size int, exts ...string) (string, map[string][]byte) {
 	t.Helper()
+	if len(exts) == 0 {
+		exts = []string{"jpg", "cls"}
+	}
 	dir := t.TempDir()
 	files := map[string][]byte{}
 	for s := range shards {
 		var b bytes.Buffer
 		w := tar.NewWriter(&b)
 		for x := range samples {
-			for _, ext := range []string{"jpg", "cls"} {
+			for _, ext := range exts {
 				name := fmt.Sprintf("s%02d_%03d.%s", s, x, ext)
 				data := bytes.Repeat([]byte(name), 20+x)
 				if size > 0 {
@@ -214,10 +217,11 @@ func tarShards(t *testing.T, shards, samples, size int) (string, map[string][]by
 	return dir, files
 }
 
-// tarDataset registers shards of samples on n as dataset "wds".
-func tarDataset(t *testing.T, n *Node, shards, samples, size int) (*catalog.Dataset, map[string][]byte) {
+// tarDataset registers shards of samples on n as dataset "wds", each sample
+// a .jpg and a .cls member unless other extensions are named.
+func tarDataset(t *testing.T, n *Node, shards, samples, size int, exts ...string) (*catalog.Dataset, map[string][]byte) {
 	t.Helper()
-	dir, files := tarShards(t, shards, samples, size)
+	dir, files := tarShards(t, shards, samples, size, exts...)
 	ctx := context.Background()
 	if _, _, err := n.Control().PutDataset(ctx, "wds", "tar+dir://"+dir); err != nil {
 		t.Fatal(err)

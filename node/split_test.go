@@ -417,3 +417,53 @@ func TestPlanScalesByShare(t *testing.T) {
 		t.Fatalf("plan %+v / %v, the planner's for the same figures %+v / %v", plan.Jobs, plan.Split, exp.Jobs, exp.Split)
 	}
 }
+
+// --source-rate throttles storage to a known rate. A plan takes it for a
+// dataset nothing was read from yet, and in place of a measured rate above
+// it (a throttled source bursts after each pause), but keeps a measured
+// rate below it.
+func TestSourceRateCapsTheStorageRate(t *testing.T) {
+	const limit = 1 << 50 // far above what reading the test's files reaches
+	n, d, _ := startNodeWith(t, 8, 256, 64<<20, false, "lru", func(c *Config) { c.SourceRate = limit })
+	ctx := context.Background()
+	m := n.Split()
+	addDataset(t, n, "idle", 4, 100)
+	burst := addDataset(t, n, "burst", 4, 100)
+	for _, ds := range []string{"ds", "idle", "burst"} {
+		putJob(t, n, api.Job{Name: "j-" + ds, Dataset: ds, Seed: 1, WorldSize: 1, BatchSize: 4})
+		m.ReportLoader(api.LoaderWait{Job: "j-" + ds})
+	}
+	for i := range d.Manifest.Len() {
+		it, err := n.Get(ctx, d, i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		it.Release()
+	}
+	// Petabytes in a moment: a burst no storage keeps up.
+	for meter := n.split.meter; meter.Rate(burst.ID) <= limit; {
+		meter.Start(burst.ID)
+		meter.Done(burst.ID, 1<<52)
+	}
+	for _, ds := range []string{"ds", "idle", "burst"} {
+		m.ReportLoader(api.LoaderWait{Job: "j-" + ds, Seconds: 1, StepSeconds: 1, Batches: 2, Items: 8, EpochEnd: true})
+	}
+	plan, err := m.SplitPlan(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	measured := n.split.meter.Rate(d.ID)
+	if measured <= 0 || measured >= limit {
+		t.Fatalf("measured %v B/s reading files: want between 0 and %v", measured, float64(limit))
+	}
+	want := map[string]float64{"ds": measured, "idle": limit, "burst": limit}
+	for _, ds := range plan.Datasets {
+		if ds.StorageBytesPerS != want[ds.Dataset] {
+			t.Errorf("%s: %v B/s in the plan, want %v", ds.Dataset, ds.StorageBytesPerS, want[ds.Dataset])
+		}
+		delete(want, ds.Dataset)
+	}
+	if len(want) != 0 {
+		t.Fatalf("datasets %v missing from the plan %+v", want, plan.Datasets)
+	}
+}
