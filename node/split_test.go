@@ -467,3 +467,27 @@ func TestSourceRateCapsTheStorageRate(t *testing.T) {
 		t.Fatalf("datasets %v missing from the plan %+v", want, plan.Datasets)
 	}
 }
+
+// A dataset of no items can be in a plan (a job reported an epoch over it):
+// it has no item size, so the bookkeeping taken off the memory to split is
+// the other datasets' alone.
+func TestPlanWithAnEmptyDataset(t *testing.T) {
+	n, _, _ := startNode(t, 4, 256, 64<<20, false)
+	m := n.Split()
+	addDataset(t, n, "empty", 0, 0)
+	for _, ds := range []string{"ds", "empty"} {
+		putJob(t, n, api.Job{Name: "j-" + ds, Dataset: ds, Seed: 1, WorldSize: 1, BatchSize: 4})
+		m.ReportLoader(api.LoaderWait{Job: "j-" + ds})
+		m.ReportLoader(api.LoaderWait{Job: "j-" + ds, Seconds: 1, StepSeconds: 1, Batches: 1, Items: 4, EpochEnd: true})
+	}
+	plan, err := m.SplitPlan(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(plan.Datasets) != 2 || len(plan.Jobs) != 2 {
+		t.Fatalf("plan of %+v for jobs %+v: want both datasets and jobs", plan.Datasets, plan.Jobs)
+	}
+	if want := float64(m.ClusterMemory()) * 256 / (256 + store.EntryOverhead + 64); plan.MemoryBytes != uint64(want) {
+		t.Fatalf("memory to split %d, want %d", plan.MemoryBytes, uint64(want))
+	}
+}
