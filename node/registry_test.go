@@ -372,6 +372,11 @@ func TestConfigDefaults(t *testing.T) {
 	if got.Timing != LANTiming() {
 		t.Fatalf("the zero timing runs as %+v, want the LAN profile", got.Timing)
 	}
+	// Hosts on a network are given more time than loopback, and a sweep
+	// period must be positive for its ticker to exist.
+	if lan, local := LANTiming(), LocalTiming(); local.Rehome <= 0 || lan.Rehome <= local.Rehome {
+		t.Fatalf("rehome periods: LAN %v, local %v", lan.Rehome, local.Rehome)
+	}
 	if got := open(Config{Memory: 2 << 30}); got.MaxInflightBytes != 512<<20 {
 		t.Fatalf("in-flight default for 2 GiB: %d, want a quarter", got.MaxInflightBytes)
 	}

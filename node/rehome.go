@@ -13,21 +13,12 @@ import (
 // first use, from the one previous owner; after members come and go several
 // times, copies left on owners of older rings are never asked for (requests
 // go to the owner) and hold memory the cluster counts on to keep each item
-// once. The loop sweeps when the ring has stayed the same for a tick.
+// once. sweepSchedule says which ticks sweep.
 func (n *Node) rehomeLoop(every time.Duration) {
 	defer n.wg.Done()
 	t := time.NewTicker(every)
 	defer t.Stop()
-	// Versions name member sets, so a ring can come back to a version swept
-	// before (members leave and return): what calls for a sweep is a change
-	// since the last one, not an unseen version.
-	var seen uint64
-	changed := true
-	// A fetch or handoff begun under the previous ring can still cache an
-	// item after the first sweep: one more sweep, a while later, takes
-	// those too.
-	const again = 10
-	ticksSince := 0
+	var s sweepSchedule
 	for {
 		select {
 		case <-n.ctx.Done():
@@ -38,19 +29,51 @@ func (n *Node) rehomeLoop(every time.Duration) {
 		if r == nil || !n.peers.Joined() {
 			continue
 		}
-		ticksSince++
-		switch v := r.Version(); {
-		case v != seen:
-			seen, changed = v, true // still moving, or just moved: look again next tick
-		case changed:
-			if n.rehome(n.ctx) {
-				changed, ticksSince = false, 0
-			}
-			n.rewarm()
-		case ticksSince == again:
-			n.rehome(n.ctx)
+		if s.due(r.Version()) {
+			s.swept(n.rehome(n.ctx))
 			n.rewarm()
 		}
+	}
+}
+
+// sweepAgain is how many ticks after a complete sweep the loop sweeps once
+// more: a fetch or handoff begun under the previous ring can still cache an
+// item after the first sweep.
+const sweepAgain = 10
+
+// sweepSchedule decides, tick by tick, when rehomeLoop sweeps: once the ring
+// has stayed the same for a tick, on every tick after that until a sweep
+// completes, and once more sweepAgain ticks later.
+type sweepSchedule struct {
+	// Versions name member sets, so a ring can come back to a version swept
+	// before (members leave and return): what calls for a sweep is a change
+	// since the last one, not an unseen version.
+	seen       uint64
+	known      bool // seen holds a version: any uint64 may name a ring
+	changed    bool
+	ticksSince int
+}
+
+// due tells whether this tick, with the ring at version v, sweeps.
+func (s *sweepSchedule) due(v uint64) bool {
+	s.ticksSince++
+	switch {
+	case !s.known || v != s.seen:
+		s.seen, s.known, s.changed = v, true, true // still moving, or just moved: look again next tick
+		return false
+	case s.changed:
+		return true
+	default:
+		return s.ticksSince == sweepAgain
+	}
+}
+
+// swept records whether a due sweep completed: one that did after a change
+// starts the count to the extra sweep; one that did not is tried again on
+// the next tick.
+func (s *sweepSchedule) swept(complete bool) {
+	if s.changed && complete {
+		s.changed, s.ticksSince = false, 0
 	}
 }
 

@@ -406,6 +406,43 @@ func holdingAll(t *testing.T, items, size int) (*Node, *catalog.Dataset, map[str
 	return n, d, files
 }
 
+// The loop sweeps once the ring has held for a tick, on every tick until a
+// sweep completes, once more sweepAgain ticks later, and then not until the
+// ring changes, even back to a version swept before.
+func TestSweepSchedule(t *testing.T) {
+	var s sweepSchedule
+	ticks := func(v uint64, n int) (sweeps []int) {
+		t.Helper()
+		for tick := 1; tick <= n; tick++ {
+			if s.due(v) {
+				sweeps = append(sweeps, tick)
+				s.swept(true)
+			}
+		}
+		return sweeps
+	}
+	if s.due(0) { // the first ring's version, here the zero value
+		t.Fatal("swept on the tick a new ring was seen")
+	}
+	if !s.due(0) {
+		t.Fatal("no sweep once the ring held for a tick")
+	}
+	s.swept(false)
+	if !s.due(0) {
+		t.Fatal("an incomplete sweep was not tried again on the next tick")
+	}
+	s.swept(true)
+	if got := ticks(0, 3*sweepAgain); !slices.Equal(got, []int{sweepAgain}) {
+		t.Fatalf("after a complete sweep, sweeps on ticks %v; want only %d", got, sweepAgain)
+	}
+	if got := ticks(7, 3); !slices.Equal(got, []int{2}) {
+		t.Fatalf("a new ring swept on ticks %v; want 2", got)
+	}
+	if got := ticks(0, 2); !slices.Equal(got, []int{2}) {
+		t.Fatalf("a ring back at a version swept before swept on ticks %v; want 2", got)
+	}
+}
+
 // sweepContext bounds a test's direct rehome calls: a sweep that stops
 // making progress (a batch that consumes no index) would otherwise spin
 // until the test binary's own timeout, where with this it ends incomplete
