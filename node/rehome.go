@@ -30,7 +30,8 @@ func (n *Node) rehomeLoop(every time.Duration) {
 			continue
 		}
 		if s.due(r.Version()) {
-			s.swept(n.rehome(n.ctx))
+			_, complete := n.rehome(n.ctx)
+			s.swept(complete)
 			n.rewarm()
 		}
 	}
@@ -97,10 +98,11 @@ func (n *Node) rewarm() {
 }
 
 // rehome pushes every item held here that another member owns to that
-// member and drops the local copy once the owner holds it. False when a push
-// failed (the owner was busy or saw another ring): the next tick tries again.
-func (n *Node) rehome(ctx context.Context) bool {
-	complete, moved := true, 0
+// member and drops the local copy once the owner holds it, and says how many
+// moved. Incomplete when a push failed (the owner was busy or saw another
+// ring): the next tick tries again.
+func (n *Node) rehome(ctx context.Context) (moved int, complete bool) {
+	complete = true
 	for _, d := range n.cat.Datasets() {
 		byOwner := map[string][]int{}
 		for i := range d.Manifest.Len() {
@@ -125,7 +127,7 @@ func (n *Node) rehome(ctx context.Context) bool {
 	if moved > 0 {
 		n.log.Info("moved copies left by earlier rings to their owners", "items", moved)
 	}
-	return complete && ctx.Err() == nil
+	return moved, complete && ctx.Err() == nil
 }
 
 // pushCopies sends the first batch of *idx to owner (bounded as a tar

@@ -464,19 +464,19 @@ func TestRehomeMovesCopiesToTheirOwner(t *testing.T) {
 	mine, theirs := p.split(d)
 
 	p.pushErr = errors.New("t2 is busy")
-	if n.rehome(ctx) {
-		t.Fatal("rehome reported complete after a failed push")
+	if moved, complete := n.rehome(ctx); complete || moved != 0 {
+		t.Fatalf("after a failed push rehome reported %d moved, complete %v", moved, complete)
 	}
 	p.pushErr, p.full = nil, true
-	if !n.rehome(ctx) {
-		t.Fatal("rehome incomplete when every push was answered")
+	if moved, complete := n.rehome(ctx); !complete || moved != 0 {
+		t.Fatalf("when t2 kept nothing rehome reported %d moved, complete %v", moved, complete)
 	}
 	if st := n.Stats(); st.ItemsCached != items {
 		t.Fatalf("%d items left after pushes t2 did not keep: want all %d", st.ItemsCached, items)
 	}
 	p.full, p.pushes = false, nil
-	if !n.rehome(ctx) {
-		t.Fatal("rehome incomplete")
+	if moved, complete := n.rehome(ctx); !complete || moved != len(theirs) {
+		t.Fatalf("rehome reported %d moved, complete %v; t2 owns %d", moved, complete, len(theirs))
 	}
 	for _, i := range theirs {
 		if n.Split().Holds(d, i) || !bytes.Equal(p.pushed[i], files[d.Manifest.Key(i)]) {
@@ -505,8 +505,8 @@ func TestRehomeMovesCopiesToTheirOwner(t *testing.T) {
 		t.Fatalf("pushes of %v bytes: the first should fill exactly %d", p.pushes, pushBytes)
 	}
 	p.pushes = nil
-	if !n.rehome(ctx) || len(p.pushes) != 0 {
-		t.Fatalf("a second sweep pushed %d times with nothing left to move", len(p.pushes))
+	if moved, complete := n.rehome(ctx); !complete || moved != 0 || len(p.pushes) != 0 {
+		t.Fatalf("a second sweep pushed %d times and reported %d moved with nothing left to move", len(p.pushes), moved)
 	}
 }
 
@@ -659,8 +659,8 @@ func TestRehomeMovesAnItemLargerThanAPush(t *testing.T) {
 	if len(theirs) == 0 {
 		t.Fatal("t2 owns none of the items: pick another count")
 	}
-	if !n.rehome(ctx) {
-		t.Fatal("rehome incomplete")
+	if moved, complete := n.rehome(ctx); !complete || moved != len(theirs) {
+		t.Fatalf("rehome reported %d moved, complete %v; t2 owns %d", moved, complete, len(theirs))
 	}
 	if len(p.pushes) != len(theirs) || len(p.pushed) != len(theirs) {
 		t.Fatalf("%d pushes of %d items for %d items over the bound: want one each", len(p.pushes), len(p.pushed), len(theirs))
