@@ -266,14 +266,7 @@ func (m MemorySplit) SplitPlan(_ context.Context) (api.Plan, error) {
 				cur = float64(*d.Quota)
 			}
 			bytes := float64(d.Manifest.TotalBytes())
-			bps := n.split.meter.Rate(d.ID)
-			if rate := float64(n.cfg.SourceRate); rate > 0 && (bps == 0 || bps > rate) {
-				// A throttled source gives a short burst after each pause:
-				// a job whose misses come in spurts measures more than the
-				// rate, which would not hold once it is given less cache
-				// and its misses come back to back.
-				bps = rate
-			}
+			bps := storageRate(n.split.meter.Rate(d.ID), float64(n.cfg.SourceRate))
 			in.Datasets[d.Name] = planner.Dataset{Name: d.Name, Bytes: bytes, StorageBps: bps / share,
 				Cached: math.Min(cached, bytes), Current: math.Min(cur, bytes)}
 			if d.Manifest.Len() > 0 {
@@ -313,6 +306,21 @@ func (m MemorySplit) SplitPlan(_ context.Context) (api.Plan, error) {
 			Ranks: js.Ranks, Epochs: js.Epochs})
 	}
 	return out, nil
+}
+
+// storageRate is the storage throughput a plan counts on: the measured one
+// (0 when nothing was read yet), capped by --source-rate where that is set.
+// A throttled source gives a short burst after each pause: a job whose
+// misses come in spurts measures more than the rate, which would not hold
+// once it is given less cache and its misses come back to back.
+func storageRate(measured, limit float64) float64 {
+	if limit <= 0 {
+		return measured
+	}
+	if measured == 0 {
+		return limit
+	}
+	return math.Min(measured, limit)
 }
 
 // ApplySplit sets the quotas of a plan's split.
