@@ -15,7 +15,7 @@ import (
 
 func openLeader(t *testing.T, dir, addr string) *Catalog {
 	t.Helper()
-	c, err := Open(Config{NodeID: "n1", Bind: addr, Dir: dir, Bootstrap: true, Timing: LocalTiming()})
+	c, err := Open(Config{Key: testutil.ClusterKey(), NodeID: "n1", Bind: addr, Dir: dir, Bootstrap: true, Timing: LocalTiming()})
 	if err != nil {
 		t.Fatal(err)
 	}

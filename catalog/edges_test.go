@@ -275,7 +275,7 @@ func TestServersJoinCatchUpAndLeave(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := testutil.FreeAddr(t)
-	f, err := Open(Config{NodeID: "n2", Bind: addr, Dir: t.TempDir(), Timing: LocalTiming()})
+	f, err := Open(Config{Key: testutil.ClusterKey(), NodeID: "n2", Bind: addr, Dir: t.TempDir(), Timing: LocalTiming()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -376,7 +376,7 @@ func TestTimingProfiles(t *testing.T) {
 		given Timing
 		want  Timing
 	}{{"zero", Timing{}, LANTiming()}, {"local", LocalTiming(), LocalTiming()}, {"lan", LANTiming(), LANTiming()}} {
-		c, err := Open(Config{NodeID: "n1", Bind: testutil.FreeAddr(t), Dir: t.TempDir(), Bootstrap: true, Timing: tc.given})
+		c, err := Open(Config{Key: testutil.ClusterKey(), NodeID: "n1", Bind: testutil.FreeAddr(t), Dir: t.TempDir(), Bootstrap: true, Timing: tc.given})
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}

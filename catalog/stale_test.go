@@ -42,7 +42,7 @@ func TestBootstrapOnStaleStateResumesOrRefuses(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	_, err := Open(Config{NodeID: "other", Bind: testutil.FreeAddr(t), Dir: dir, Bootstrap: true, Timing: LocalTiming(), Logger: slog.New(slog.DiscardHandler)})
+	_, err := Open(Config{Key: testutil.ClusterKey(), NodeID: "other", Bind: testutil.FreeAddr(t), Dir: dir, Bootstrap: true, Timing: LocalTiming(), Logger: slog.New(slog.DiscardHandler)})
 	if err == nil {
 		t.Fatal("a node that is not a member bootstrapped on another cluster's raft state")
 	}
@@ -53,7 +53,7 @@ func TestBootstrapOnStaleStateResumesOrRefuses(t *testing.T) {
 	}
 
 	var logs syncBuf
-	c, err := Open(Config{NodeID: "n1", Bind: testutil.FreeAddr(t), Dir: dir, Bootstrap: true, Timing: LocalTiming(),
+	c, err := Open(Config{Key: testutil.ClusterKey(), NodeID: "n1", Bind: testutil.FreeAddr(t), Dir: dir, Bootstrap: true, Timing: LocalTiming(),
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatalf("resuming its own cluster: %v", err)

@@ -60,7 +60,7 @@ func oneMember(t *testing.T, n, size int) (*Cluster, *catalog.Dataset, *store.St
 func oneMemberWith(t *testing.T, n, size int, cfg Config) (*Cluster, *catalog.Dataset, *store.Store, *fakeLocal) {
 	t.Helper()
 	log := slog.New(slog.DiscardHandler)
-	cat, err := catalog.Open(catalog.Config{NodeID: "c1", Bind: testutil.FreeAddr(t), Dir: t.TempDir(), Bootstrap: true, Timing: catalog.LocalTiming(), Logger: log})
+	cat, err := catalog.Open(catalog.Config{Key: testutil.ClusterKey(), NodeID: "c1", Bind: testutil.FreeAddr(t), Dir: t.TempDir(), Bootstrap: true, Timing: catalog.LocalTiming(), Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +182,7 @@ func TestUnansweredSeedIsNotJoined(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	cat, err := catalog.Open(catalog.Config{NodeID: "lone", Bind: testutil.FreeAddr(t), Dir: t.TempDir(), Timing: catalog.LocalTiming(), Logger: slog.New(slog.DiscardHandler)})
+	cat, err := catalog.Open(catalog.Config{Key: testutil.ClusterKey(), NodeID: "lone", Bind: testutil.FreeAddr(t), Dir: t.TempDir(), Timing: catalog.LocalTiming(), Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}

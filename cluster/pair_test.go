@@ -48,7 +48,7 @@ func startPairWith(t *testing.T, n, size int, cfg Config) (*pairMember, func(nam
 		testutil.Await(t, "c1 to lead", c1.cat.IsLeader)
 		log := slog.New(slog.DiscardHandler)
 		raftAddr := testutil.FreeAddr(t)
-		cat, err := catalog.Open(catalog.Config{NodeID: name, Bind: raftAddr, Dir: t.TempDir(), Timing: catalog.LocalTiming(), Logger: log})
+		cat, err := catalog.Open(catalog.Config{Key: testutil.ClusterKey(), NodeID: name, Bind: raftAddr, Dir: t.TempDir(), Timing: catalog.LocalTiming(), Logger: log})
 		if err != nil {
 			t.Fatal(err)
 		}

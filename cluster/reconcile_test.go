@@ -43,7 +43,7 @@ func startRaftMember(t *testing.T, name, seed string, bootstrap bool) *raftMembe
 	// Raft's LAN timers, not the loopback ones: a leader that misses its
 	// 150 ms lease on a loaded machine steps down, and these tests need the
 	// one they drive to keep leading.
-	cat, err := catalog.Open(catalog.Config{NodeID: name, Bind: m.raft, Dir: t.TempDir(), Bootstrap: bootstrap, Logger: log})
+	cat, err := catalog.Open(catalog.Config{Key: testutil.ClusterKey(), NodeID: name, Bind: m.raft, Dir: t.TempDir(), Bootstrap: bootstrap, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,7 +29,7 @@ func (lone) HTTPAddr(string) (string, bool) { return "", false }
 // openLeader is control over a one-member raft that leads.
 func openLeader(t *testing.T) *Control {
 	t.Helper()
-	cat, err := catalog.Open(catalog.Config{NodeID: "n1", Bind: testutil.FreeAddr(t), Dir: t.TempDir(), Bootstrap: true, Timing: catalog.LocalTiming(), Logger: testutil.Discard()})
+	cat, err := catalog.Open(catalog.Config{Key: testutil.ClusterKey(), NodeID: "n1", Bind: testutil.FreeAddr(t), Dir: t.TempDir(), Bootstrap: true, Timing: catalog.LocalTiming(), Logger: testutil.Discard()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +195,7 @@ func TestProxyCarriesTheClientsRequest(t *testing.T) {
 // A node that knows no leader refuses writes at once with a 503, and a
 // request relayed to it is never relayed again.
 func TestWritesWithoutALeader(t *testing.T) {
-	cat, err := catalog.Open(catalog.Config{NodeID: "f1", Bind: testutil.FreeAddr(t), Dir: t.TempDir(), Timing: catalog.LocalTiming(), Logger: testutil.Discard()})
+	cat, err := catalog.Open(catalog.Config{Key: testutil.ClusterKey(), NodeID: "f1", Bind: testutil.FreeAddr(t), Dir: t.TempDir(), Timing: catalog.LocalTiming(), Logger: testutil.Discard()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -272,7 +272,7 @@ func TestCatchupTargetFromTheLeader(t *testing.T) {
 	l := openLeader(t)
 	s := newLeaderStub(t)
 	bind := testutil.FreeAddr(t)
-	fcat, err := catalog.Open(catalog.Config{NodeID: "f1", Bind: bind, Dir: t.TempDir(), Timing: catalog.LocalTiming(), Logger: testutil.Discard()})
+	fcat, err := catalog.Open(catalog.Config{Key: testutil.ClusterKey(), NodeID: "f1", Bind: bind, Dir: t.TempDir(), Timing: catalog.LocalTiming(), Logger: testutil.Discard()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -69,7 +69,7 @@ func start(t testing.TB, items, size int, memory uint64, policy, token string) *
 // startOn serves an existing dataset directory.
 func startOn(t testing.TB, dir string, files map[string][]byte, memory uint64, policy, token string) *harness {
 	t.Helper()
-	n, err := node.New(node.Config{Name: "t1", RaftBind: testutil.FreeAddr(t), DataDir: t.TempDir(), Bootstrap: true,
+	n, err := node.New(node.Config{Name: "t1", ClusterKey: testutil.ClusterKey(), RaftBind: testutil.FreeAddr(t), DataDir: t.TempDir(), Bootstrap: true,
 		Memory: memory, Policy: policy, Timing: node.LocalTiming(), Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
@@ -379,7 +379,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 func TestAllowSource(t *testing.T) {
 	dir, _ := writeDataset(t, 3, 100)
 	other, _ := writeDataset(t, 3, 100)
-	n, err := node.New(node.Config{Name: "t1", RaftBind: testutil.FreeAddr(t), DataDir: t.TempDir(), Bootstrap: true,
+	n, err := node.New(node.Config{Name: "t1", ClusterKey: testutil.ClusterKey(), RaftBind: testutil.FreeAddr(t), DataDir: t.TempDir(), Bootstrap: true,
 		Memory: 1 << 20, Timing: node.LocalTiming(), AllowSources: []string{dir}, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)

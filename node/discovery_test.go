@@ -104,7 +104,7 @@ func pod(t *testing.T, name, ip string, port int, seed string, dns *dnsTable) (*
 		t.Fatal(err)
 	}
 	peer := testutil.FreeAddr(t)
-	cfg := node.Config{Name: name, HTTPAdvert: ln.Addr().String(), PeerAdvert: peer, PeerBind: peer, RaftBind: testutil.FreeAddr(t),
+	cfg := node.Config{Name: name, ClusterKey: testutil.ClusterKey(), HTTPAdvert: ln.Addr().String(), PeerAdvert: peer, PeerBind: peer, RaftBind: testutil.FreeAddr(t),
 		DataDir: t.TempDir(), Bootstrap: first, Memory: 64 << 20, Policy: "lru", Timing: node.LocalTiming(),
 		Logger: slog.New(slog.DiscardHandler), GossipBind: net.JoinHostPort(ip, strconv.Itoa(port)), Advertise: ip,
 		Join: []string{seed}, Resolver: dns}

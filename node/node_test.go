@@ -28,7 +28,7 @@ func startNode(t *testing.T, items, size int, memory uint64, clustered bool) (*N
 func startNodeWith(t *testing.T, items, size int, memory uint64, clustered bool, policy string, tweaks ...func(*Config)) (*Node, *catalog.Dataset, map[string][]byte) {
 	t.Helper()
 	dir, files := testutil.RandomFiles(t, items, size)
-	cfg := Config{Name: "t1", RaftBind: testutil.FreeAddr(t), DataDir: t.TempDir(), Bootstrap: true, Memory: memory,
+	cfg := Config{Name: "t1", ClusterKey: testutil.ClusterKey(), RaftBind: testutil.FreeAddr(t), DataDir: t.TempDir(), Bootstrap: true, Memory: memory,
 		Policy: policy, Timing: LocalTiming(), Logger: slog.New(slog.DiscardHandler)}
 	if clustered {
 		cfg.GossipBind, cfg.Advertise, cfg.PeerBind = testutil.FreeAddr(t), "127.0.0.1", testutil.FreeAddr(t)

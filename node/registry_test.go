@@ -109,7 +109,7 @@ func TestAllowSource(t *testing.T) {
 	if err := os.Symlink(outside, link); err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{Name: "t1", RaftBind: testutil.FreeAddr(t), DataDir: t.TempDir(), Bootstrap: true, Memory: 1 << 20,
+	cfg := Config{Name: "t1", ClusterKey: testutil.ClusterKey(), RaftBind: testutil.FreeAddr(t), DataDir: t.TempDir(), Bootstrap: true, Memory: 1 << 20,
 		Policy: "lru", Timing: LocalTiming(), Logger: testutil.Discard(), AllowSources: []string{allowed}}
 	n, err := New(cfg)
 	if err != nil {
@@ -147,7 +147,7 @@ func TestRegisterAtStartAndReady(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "a"), []byte("x"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{Name: "t1", RaftBind: testutil.FreeAddr(t), DataDir: t.TempDir(), Bootstrap: true, Memory: 1 << 20,
+	cfg := Config{Name: "t1", ClusterKey: testutil.ClusterKey(), RaftBind: testutil.FreeAddr(t), DataDir: t.TempDir(), Bootstrap: true, Memory: 1 << 20,
 		Policy: "lru", Timing: LocalTiming(), Logger: testutil.Discard(), Datasets: []string{"a=" + dir}}
 	n, err := New(cfg)
 	if err != nil {

@@ -81,7 +81,7 @@ func (c *Cluster) Add(name string) *Member {
 		t.Fatal(err)
 	}
 	peer := testutil.FreeAddr(t)
-	cfg := node.Config{Name: name, HTTPAdvert: ln.Addr().String(), PeerAdvert: peer, PeerBind: peer,
+	cfg := node.Config{Name: name, ClusterKey: testutil.ClusterKey(), HTTPAdvert: ln.Addr().String(), PeerAdvert: peer, PeerBind: peer,
 		RaftBind: testutil.FreeAddr(t), DataDir: t.TempDir(), Bootstrap: first, Memory: 64 << 20, Policy: "lru",
 		Timing: timing(), Logger: testutil.Discard(), GossipBind: testutil.FreeAddr(t), Advertise: "127.0.0.1"}
 	if !first {

@@ -5,12 +5,14 @@
 package testutil
 
 import (
+	crand "crypto/rand"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 )
@@ -92,6 +94,21 @@ func RandomFiles(t testing.TB, n, size int) (string, map[string][]byte) {
 	}
 	return WriteTree(t, files), files
 }
+
+// ClusterKey is the key for every cluster a test of this process starts
+// (catalog.Config.Key, node.Config.ClusterKey): the same within the process,
+// different from any other process's. go test runs packages side by side
+// (and gremlins runs mutants so), and a port that one process's raft gave up
+// can be handed by FreeAddr to another's while the first one's members still
+// send to it. A keyless raft would take such a stranger's higher term and
+// follow its leader; a keyed one fails its handshake.
+func ClusterKey() []byte { return processKey() }
+
+// processKey is one value per process by design: tests of one process
+// share a cluster's key without passing it around.
+var processKey = sync.OnceValue(func() []byte {
+	return []byte(crand.Text())
+})
 
 // Long skips t under -short: tests that start clusters, wait out timers or
 // move many items take more than a few seconds, and `make test-short` is

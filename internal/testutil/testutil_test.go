@@ -43,3 +43,10 @@ func TestRandomFiles(t *testing.T) {
 		t.Fatalf("nested key: %q %v", b, err)
 	}
 }
+
+func TestClusterKeyIsThisProcesss(t *testing.T) {
+	k := ClusterKey()
+	if len(k) < 16 || !bytes.Equal(k, ClusterKey()) {
+		t.Fatalf("key %q, then %q: want one of at least 16 bytes, the same each time", k, ClusterKey())
+	}
+}
