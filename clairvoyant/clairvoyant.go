@@ -252,18 +252,30 @@ func (p *policy) Removed(slot uint32, k store.Key) {
 }
 
 // Victim proposes the resident item used farthest in the future, unless it
-// is needed sooner than the incoming item.
+// is needed sooner than the incoming item. A priority is taken when its item
+// is touched, and jobs move at their own speeds, so it goes stale: an item
+// ranked far when one job was behind may be needed next now that it has
+// caught up. The top is ranked again with its current priority until it
+// holds (each entry at most about once a call: jobs keep moving meanwhile),
+// and only the current priority is judged.
 func (p *policy) Victim(incoming store.Key) (uint32, bool) {
-	for p.h.Len() > 0 {
+	p.s.mu.RLock()
+	defer p.s.mu.RUnlock()
+	want := p.s.priority(incoming)
+	for reranked := 0; p.h.Len() > 0; {
 		top := p.h[0]
 		if !p.live[top.slot] || p.gen[top.slot] != top.gen {
 			heap.Pop(&p.h)
 			continue
 		}
-		p.s.mu.RLock()
-		want := p.s.priority(incoming)
-		p.s.mu.RUnlock()
-		if top.prio > want {
+		now := p.s.priority(p.keys[top.slot])
+		if now != top.prio && reranked < p.h.Len() {
+			p.h[0].prio = now
+			heap.Fix(&p.h, 0)
+			reranked++
+			continue
+		}
+		if now > want {
 			return top.slot, true
 		}
 		return 0, false

@@ -167,3 +167,31 @@ func TestScheduleObserveMovesOnlyTheJobsConcerned(t *testing.T) {
 	s.observe(1, 5, "")
 	s.observe(7, 0, "")
 }
+
+// A priority goes stale as jobs move at their own speeds: an item ranked
+// when it was far is not evicted once it is needed sooner than the incoming
+// item, and one that stays far still is.
+func TestVictimJudgesCurrentPriorities(t *testing.T) {
+	s, a, _ := scheduleOf()
+	p := newPolicy(s)
+	item0, item1 := store.MakeKey(1, 0), store.MakeKey(1, 1)
+	p.track(1, item1) // 7 steps ahead of a: 32 on the clock
+	a.observe(0)      // a reads item 0 at 23; the clock moves to 26
+	// Item 1 is now 4 ahead of a (30); incoming item 0 is next used by b
+	// at 35, 5 ahead (31).
+	if got, want := s.priority(item1), s.priority(item0); got != 30 || want != 31 {
+		t.Fatalf("priorities: item 1 %d, item 0 %d; want 30, 31", got, want)
+	}
+	if slot, ok := p.Victim(item0); ok {
+		t.Fatalf("slot %d evicted for an item needed later than it", slot)
+	}
+	if p.h[0].prio != 30 {
+		t.Fatalf("item 1 left ranked at %d, want its current 30", p.h[0].prio)
+	}
+	// b moves to 34: item 0 is next used 1 ahead of b (29 on the clock of
+	// 28), item 1 still 4 ahead of a (32): item 1 makes room.
+	s.byJob["b"].pos.Store(34)
+	if slot, ok := p.Victim(item0); !ok || slot != 1 {
+		t.Fatalf("victim %d, %v: want item 1's slot for an item needed sooner", slot, ok)
+	}
+}
