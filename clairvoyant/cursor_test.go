@@ -195,3 +195,36 @@ func TestVictimJudgesCurrentPriorities(t *testing.T) {
 		t.Fatalf("victim %d, %v: want item 1's slot for an item needed sooner", slot, ok)
 	}
 }
+
+// Each resident slot has exactly one current heap entry, however often it is
+// touched, removed and reused: entries left by earlier items or touches are
+// recognised as stale and popped, so the heap does not grow with accesses.
+func TestOneCurrentEntryPerSlot(t *testing.T) {
+	s, _, _ := scheduleOf()
+	p := newPolicy(s)
+	current := func() map[uint32]int {
+		n := map[uint32]int{}
+		for _, e := range p.h {
+			if p.live[e.slot] && p.gen[e.slot] == e.gen {
+				n[e.slot]++
+			}
+		}
+		return n
+	}
+	item0, item1 := store.MakeKey(1, 0), store.MakeKey(1, 1)
+	p.Added(0, item0)
+	p.Accessed(0, item0)
+	p.Removed(0, item0)
+	p.Added(0, item1) // slot 0 reused by another item
+	p.Added(1, item0)
+	p.Removed(1, item0)
+	p.Added(1, item0)
+	if got := current(); len(got) != 2 || got[0] != 1 || got[1] != 1 {
+		t.Fatalf("current entries per slot %v, want one for each of slots 0 and 1", got)
+	}
+	p.Removed(0, item1)
+	p.Removed(1, item0)
+	if slot, ok := p.Victim(item0); ok || p.h.Len() != 0 {
+		t.Fatalf("nothing resident: victim %d, %v, %d entries left", slot, ok, p.h.Len())
+	}
+}
