@@ -17,7 +17,6 @@ import (
 	"stallfree/catalog"
 	"stallfree/control"
 	"stallfree/internal/testutil"
-	"stallfree/partition"
 )
 
 // Registering again with the same source changes nothing; with another
@@ -442,13 +441,7 @@ func TestTarWarmupPushesShrinkWithTheCluster(t *testing.T) {
 	for x := range 6 {
 		names = append(names, fmt.Sprintf("o%d", x))
 	}
-	r, err := partition.New(names)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.mu.Lock()
-	p.ring = r
-	p.mu.Unlock()
+	p.setRing(t, names...)
 	p.owner = func(i int) string { return names[i%2] } // t1 reads every shard and pushes half to t2
 	const limit = pendingBytes / 8
 	d, _ := tarDataset(t, n, 1, 64, limit/32)

@@ -592,13 +592,7 @@ func TestOwnersTableWidth(t *testing.T) {
 			names[x] = fmt.Sprintf("m%03d", x)
 		}
 		names[0] = "t1"
-		r, err := partition.New(names)
-		if err != nil {
-			t.Fatal(err)
-		}
-		p.mu.Lock()
-		p.ring = r
-		p.mu.Unlock()
+		p.setRing(t, names...)
 		o := n.Owners(d)
 		width := 1
 		if count > 255 {
