@@ -13,7 +13,8 @@ build:
 # python3-pil and python3-boto3 (they belong to /usr/bin/python3, not to a
 # pyenv python3 earlier on PATH). Pillow is installed so that the image
 # decode path is always tested; test_decode also runs a child without it.
-# boto3 uploads the examples' data to MinIO.
+# boto3 uploads the examples' data to MinIO. prometheus brings promtool, which
+# checks deploy/prometheus's alert rules.
 PYTHON ?= /usr/bin/python3
 test: build test-deps
 	STALLFREE_MINIO=$$(./scripts/minio.sh) CGO_ENABLED=1 $(GO) test -race -count=1 -tags minio -timeout 20m ./...
@@ -23,7 +24,7 @@ test: build test-deps
 
 # Installs what `make test` needs when it is missing: as root through
 # apt-get, otherwise it stops with the one command to run.
-TEST_DEBS := gcc libc6-dev python3-torch python3-msgpack python3-numpy python3-pil python3-boto3
+TEST_DEBS := gcc libc6-dev python3-torch python3-torchvision python3-msgpack python3-numpy python3-pil python3-boto3 python3-crc32c prometheus
 test-deps:
 	@./scripts/test-deps.sh $(PYTHON) $(TEST_DEBS)
 

@@ -51,6 +51,11 @@ type PutDataset struct {
 	// the parent's keys and indices, items written by loaders.
 	DerivedFrom string `json:"derived_from,omitempty"`
 	Stage       string `json:"stage,omitempty"`
+	// Refresh lists the registered source again as a new version of the
+	// dataset (201 with it; 200 and the registered version when the
+	// listing is unchanged). Source may be left out; given, it must be the
+	// registered one.
+	Refresh bool `json:"refresh,omitempty"`
 }
 
 // Quota is PUT /v1/datasets/{name}'s "quota": absent (the zero Quota), a
@@ -116,6 +121,27 @@ type Job struct {
 	// ranks changed: a sampler state saved under it resumes under this one
 	// (the interrupted epoch's remaining samples re-split). Shown, never taken.
 	Previous *JobGeneration `json:"previous,omitempty"`
+}
+
+// JobInfo is GET /v1/jobs/{job}: the job as registered, and what its ranks'
+// stall meters reported over the last 60 s, cluster-wide.
+type JobInfo struct {
+	Job
+	Stall []RankStall `json:"stall"`
+}
+
+// RankStall is one rank of a job as its stall meter reported it over the
+// last 60 s: the share of the loop's time spent waiting for data, the mean
+// step time per batch, samples per second, how long ago it last reported,
+// and whether its step time is over 1.2× the median of its job's ranks.
+type RankStall struct {
+	Rank        int     `json:"rank"`
+	Node        string  `json:"node"`
+	WaitShare   float64 `json:"wait_share"`
+	StepS       float64 `json:"step_s"`
+	SamplesPerS float64 `json:"samples_per_s"`
+	LastReportS float64 `json:"last_report_s"`
+	Straggler   bool    `json:"straggler"`
 }
 
 // RankPosition is how far a rank has got, as its sampler last reported at a

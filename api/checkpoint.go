@@ -2,9 +2,20 @@ package api
 
 import "encoding/json"
 
-// HeaderChecksum carries a checkpoint part's sha256 (64 lowercase hex
-// digits) on PUT and on GET of a part.
+// HeaderChecksum carries a checkpoint part's checksum on PUT and on GET of a
+// part: "crc32c:<8 lowercase hex>", "sha256:<64 lowercase hex>" or a bare
+// 64-hex sha256 (v3).
 const HeaderChecksum = "X-Checksum"
+
+// HeaderCheckpointMap, on the answer to GET …/parts/{part}?map=1 over the
+// node's Unix socket, is the path of the file in shared memory holding the
+// node's own checked copy of the part (the body is then empty), and
+// HeaderCheckpointMapSize its length: the rank maps it read-only. Without
+// it the answer is the part's bytes, as for any GET.
+const (
+	HeaderCheckpointMap     = "X-Checkpoint-Map"
+	HeaderCheckpointMapSize = "X-Checkpoint-Map-Size"
+)
 
 // CommitCheckpoint is the body of POST /v1/checkpoints/{name}/steps/{step}/commit.
 type CommitCheckpoint struct {
@@ -21,6 +32,15 @@ type CheckpointStep struct {
 	Replicas  int             `json:"replicas"`
 	Persisted bool            `json:"persisted"`
 	Meta      json.RawMessage `json:"meta,omitempty"`
+	// Checksums names each part's checksum algorithm, in Parts' order.
+	Checksums []PartChecksum `json:"checksums"`
+}
+
+// PartChecksum is a part of a step and the algorithm its checksum uses
+// ("crc32c" or "sha256").
+type PartChecksum struct {
+	Part     string `json:"part"`
+	Checksum string `json:"checksum"`
 }
 
 // Checkpoint is GET /v1/checkpoints/{name} (and one entry of GET
@@ -45,6 +65,7 @@ type UploadedPart struct {
 	Part     string `json:"part"`
 	Bytes    int64  `json:"bytes"`
 	Replicas int    `json:"replicas"`
+	Checksum string `json:"checksum,omitempty"` // "crc32c" or "sha256"
 }
 
 // MissingParts is the 409 body of a commit whose parts lack copies.
@@ -64,4 +85,7 @@ type CheckpointStats struct {
 	PersistFailures uint64 `json:"persist_failures"`
 	PersistError    string `json:"persist_last_error,omitempty"`
 	Rereplicated    uint64 `json:"rereplicated_parts"`
+	// DroppedCopies counts copies found to differ from their committed
+	// part (and dropped) when read, persisted or copied.
+	DroppedCopies uint64 `json:"dropped_copies"`
 }

@@ -14,6 +14,15 @@ const (
 // that prepares the batch (-1: none, every job is detached).
 const HeaderGroupProducer = "X-Group-Producer"
 
+// HeaderGroupMap, on a batch answer to GET …?map=1 over the node's Unix
+// socket, is the path of the shared-memory file holding the batch (the body
+// is then empty), and HeaderGroupMapSize its length: the job maps it
+// read-only.
+const (
+	HeaderGroupMap     = "X-Group-Map"
+	HeaderGroupMapSize = "X-Group-Map-Size"
+)
+
 // GroupSpec is the body of PUT /v1/groups/{g}.
 type GroupSpec struct {
 	Dataset   string `json:"dataset"`

@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -54,7 +55,13 @@ type Config struct {
 	Advertise string // address other nodes dial; defaults to Bind
 	Dir       string
 	Bootstrap bool
-	Logger    *slog.Logger
+	// Rejoin says the node has seeds to join through (--join). A node that
+	// left cleanly (SIGTERM, MarkLeft) is no longer in the configuration
+	// recorded in its data dir; with seeds, --bootstrap on that state means
+	// "come back" (the leader adds it again), as a StatefulSet's ordinal 0
+	// restarting after a rolling update does, instead of a refusal.
+	Rejoin bool
+	Logger *slog.Logger
 	// Timing is how fast raft notices a lost leader and elects another:
 	// LANTiming (the zero Timing means it) or LocalTiming.
 	Timing Timing
@@ -110,6 +117,7 @@ type Catalog struct {
 	updated chan struct{} // closed and replaced after every applied change
 
 	releasing atomic.Bool // a releaseSoon is pending
+	dir, id   string      // --data-dir and this node's raft ID (MarkLeft)
 	closed    chan struct{}
 	closeOnce sync.Once
 }
@@ -163,7 +171,8 @@ func Open(cfg Config) (*Catalog, error) {
 		return nil, fmt.Errorf("catalog: raft transport: %w", err)
 	}
 	tr := raft.NewNetworkTransport(stream, 3, 10*time.Second, io.Discard)
-	c := &Catalog{fsm: &fsm{st: newState()}, trans: tr, store: bs, log: cfg.Logger, updated: make(chan struct{}), closed: make(chan struct{})}
+	c := &Catalog{fsm: &fsm{st: newState()}, trans: tr, store: bs, log: cfg.Logger, updated: make(chan struct{}), closed: make(chan struct{}),
+		dir: cfg.Dir, id: cfg.NodeID}
 	c.fsm.onChange = c.notify
 	c.fsm.onLarge = c.releaseSoon
 	// The leader replicates recent entries from memory instead of reading
@@ -220,6 +229,11 @@ func (c *Catalog) resumeOrRefuse(cfg Config) error {
 		member = member || string(s.ID) == cfg.NodeID
 	}
 	slices.Sort(names)
+	if !member && cfg.Rejoin && c.leftCleanly(cfg.Dir) {
+		c.log.Info("--bootstrap: this node is not in the cluster recorded in --data-dir (it left); joining it again through --join",
+			"data_dir", cfg.Dir, "members", names)
+		return nil
+	}
 	if !member {
 		return fmt.Errorf("catalog: --data-dir %s holds raft state of a cluster this node (%s) is not a member of (members: [%s]); "+
 			"to start a new cluster remove that directory (rm -r %s) or give --data-dir a fresh one; to rejoin that cluster "+
@@ -417,10 +431,24 @@ func (c *Catalog) apply(cmd *command) (any, error) {
 // leftOut counts what the source's listing left out (a tar source's unsafe
 // members), kept with the dataset so users can see it.
 func (c *Catalog) RegisterDataset(name, src string, entries []source.Entry, leftOut int) (*Dataset, bool, error) {
+	return c.register(name, src, entries, leftOut, false)
+}
+
+// RefreshDataset records a new listing of a registered dataset's source as
+// a new version: a new ID (nothing cached under the old one is served for
+// it), its quota kept, the datasets derived from it deleted. A dataset not
+// registered yet is registered; another source under the name is
+// ErrConflict, and so is a derived dataset. Must run on the leader.
+func (c *Catalog) RefreshDataset(name, src string, entries []source.Entry, leftOut int) (*Dataset, error) {
+	d, _, err := c.register(name, src, entries, leftOut, true)
+	return d, err
+}
+
+func (c *Catalog) register(name, src string, entries []source.Entry, leftOut int, refresh bool) (*Dataset, bool, error) {
 	c.mu.Lock() // one registration at a time keeps chunk streams from interleaving
 	defer c.mu.Unlock()
 	token := newToken()
-	res, err := c.apply(&command{Op: opBegin, Name: name, Source: src, Token: token, Count: len(entries)})
+	res, err := c.apply(&command{Op: opBegin, Name: name, Source: src, Token: token, Count: len(entries), Refresh: refresh})
 	if err != nil {
 		return nil, false, err
 	}
@@ -624,6 +652,58 @@ func (c *Catalog) AddServer(id, addr string, voter bool) error {
 	}
 	return f.Error()
 }
+
+// leftMarker is the file a node writes in its data dir once it has left
+// the raft configuration cleanly: on a restart it tells "this node left
+// this cluster" from "another cluster's state", which --bootstrap must
+// still refuse to mix with, and it names the members to join again through.
+const leftMarker = "LEFT"
+
+// leftRecord is leftMarker's contents (JSON).
+type leftRecord struct {
+	Node string `json:"node"`
+	// Seeds are the gossip addresses of the members alive when this node
+	// left: a node started with no --join (the one that bootstrapped) has
+	// nobody else to ask.
+	Seeds []string `json:"seeds"`
+}
+
+// MarkLeft records in the data dir that this node left the configuration
+// cleanly (cluster.Leave), and the members it left behind, so that a restart
+// comes back to them, even with the command line it was first started with.
+func (c *Catalog) MarkLeft(seeds []string) error {
+	if c.dir == "" { // never the working directory: it may be a checkout
+		return errors.New("catalog: no data dir to record the leave in")
+	}
+	b, err := json.Marshal(leftRecord{Node: c.id, Seeds: seeds})
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(c.dir, leftMarker), b, 0o644)
+}
+
+// LeftSeeds reads what a clean leave recorded in dir: whether this node
+// left its cluster, and the gossip addresses of the members it left.
+func LeftSeeds(dir string) (seeds []string, left bool) {
+	b, err := os.ReadFile(filepath.Join(dir, leftMarker))
+	if err != nil {
+		return nil, false
+	}
+	var r leftRecord
+	if json.Unmarshal(b, &r) != nil {
+		return nil, true // written by hand, or cut short: it still says the node left
+	}
+	return r.Seeds, true
+}
+
+func (c *Catalog) leftCleanly(dir string) bool {
+	_, left := LeftSeeds(dir)
+	return left
+}
+
+// TransferLeadership hands the lead to another voter and waits until it has
+// it (or raft gives up). Leader only.
+func (c *Catalog) TransferLeadership() error { return c.raft.LeadershipTransfer().Error() }
 
 // RemoveServer removes a member from the raft configuration. Leader only.
 func (c *Catalog) RemoveServer(id string) error {

@@ -29,21 +29,27 @@ func TestEmptyManifest(t *testing.T) {
 	}
 }
 
-// Tags survive when the first entries have none, and the manifest's size
-// counts every part it holds.
+// Tags survive when the first entries have none, in 4 bytes an item when
+// they fit 32 bits (Stamps) and 8 otherwise, and the manifest's size counts
+// every part it holds.
 func TestTagsAndBytes(t *testing.T) {
-	es := frontCodingKeys(20)
-	for i := 3; i < len(es); i++ {
-		es[i].Tag = uint64(1000 + i)
-	}
-	m := NewManifest(es)
-	for i, want := range es {
-		if got := m.Entry(i); got != want {
-			t.Fatalf("entry %d: %+v, want %+v", i, got, want)
+	for _, c := range []struct {
+		base    uint64
+		perItem int
+	}{{1000, 4}, {1 << 40, 8}} {
+		es := frontCodingKeys(20)
+		for i := 3; i < len(es); i++ {
+			es[i].Tag = c.base + uint64(i)
 		}
-	}
-	if want := len(m.Blocks) + len(m.Starts) + 4*len(es) + 8*len(es); m.Bytes() != int64(want) {
-		t.Fatalf("a tagged manifest: %d bytes, want %d", m.Bytes(), want)
+		m := NewManifest(es)
+		for i, want := range es {
+			if got := m.Entry(i); got != want {
+				t.Fatalf("entry %d: %+v, want %+v", i, got, want)
+			}
+		}
+		if want := len(m.Blocks) + len(m.Starts) + 4*len(es) + c.perItem*len(es); m.Bytes() != int64(want) {
+			t.Fatalf("a manifest tagged from %d: %d bytes, want %d", c.base, m.Bytes(), want)
+		}
 	}
 	tar := NewManifest(tarEntries())
 	tar.seal()
@@ -437,5 +443,38 @@ func TestAppliedIndexBeforeAnyCommand(t *testing.T) {
 	}
 	if got := c.AppliedIndex(); got != c.fsm.applied.Load() || got == 0 {
 		t.Fatalf("applied index %d after a command, the FSM's %d", got, c.fsm.applied.Load())
+	}
+}
+
+// Chunks of a listing append whatever their fingerprints: untagged, 32-bit
+// (Stamps) and 64-bit (Tags) chunks in any order give every entry its own.
+func TestChunksWithMixedFingerprints(t *testing.T) {
+	es := frontCodingKeys(30)
+	tags := []uint64{0, 7, 1 << 40} // per chunk of 10: none, small, wide
+	for i := range es {
+		if t := tags[i/10]; t != 0 {
+			es[i].Tag = t + uint64(i)
+		}
+	}
+	for _, order := range [][]int{{0, 1, 2}, {1, 0, 2}, {1, 2, 0}, {0, 1}, {1, 0}} {
+		var m *Manifest
+		var want []source.Entry
+		for _, k := range order {
+			c := NewManifest(es[k*10 : (k+1)*10])
+			want = append(want, es[k*10:(k+1)*10]...)
+			if m == nil {
+				m = c
+				continue
+			}
+			m.appendChunk(c)
+		}
+		if !m.wellFormed() {
+			t.Fatalf("chunks %v: not well formed", order)
+		}
+		for i := range want {
+			if got := m.Entry(i); got.Tag != want[i].Tag || got.Key != want[i].Key {
+				t.Fatalf("chunks %v, entry %d: %+v, want %+v", order, i, got, want[i])
+			}
+		}
 	}
 }

@@ -125,6 +125,10 @@ type command struct {
 	// Parent and Stage of a derived dataset.
 	Parent string `msgpack:"parent,omitempty"`
 	Stage  string `msgpack:"stage,omitempty"`
+	// Refresh makes an opBegin on a registered dataset of the same source
+	// start a new version of it (a fresh listing under a new ID) instead
+	// of returning the existing one.
+	Refresh bool `msgpack:"refresh,omitempty"`
 }
 
 type pending struct {
@@ -207,15 +211,24 @@ func (f *fsm) apply(index uint64, c *command) any {
 	st := f.st
 	switch c.Op {
 	case opBegin:
-		if d, ok := st.Datasets[c.Name]; ok {
-			if d.Source == c.Source {
-				return beginResult{existing: d}
-			}
+		d, exists := st.Datasets[c.Name]
+		if exists && d.Source != c.Source {
 			return fmt.Errorf("%w: dataset %q is registered with source %s", ErrConflict, c.Name, d.Source)
+		}
+		if exists && d.Derived() {
+			return fmt.Errorf("%w: %q is derived: loaders write its items, there is no source to list again", ErrConflict, c.Name)
+		}
+		if exists && !c.Refresh {
+			return beginResult{existing: d}
 		}
 		// A newer registration of the same name supersedes an abandoned one.
 		p := &pending{Source: c.Source, Token: c.Token, Count: c.Count, Manifest: &Manifest{}}
-		if old, ok := st.Pending[c.Name]; ok {
+		if exists {
+			// A refresh is a new version under a new ID: items cached under
+			// the old one (old bytes, old indices) can never be taken for it.
+			p.ID = st.NextID
+			st.NextID++
+		} else if old, ok := st.Pending[c.Name]; ok {
 			p.ID = old.ID
 		} else {
 			p.ID = st.NextID
@@ -244,6 +257,17 @@ func (f *fsm) apply(index uint64, c *command) any {
 		delete(st.Pending, c.Name)
 		p.Manifest.seal()
 		d := &Dataset{ID: p.ID, Name: c.Name, Source: p.Source, Version: index, Manifest: p.Manifest}
+		if old, ok := st.Datasets[c.Name]; ok { // a refresh replaces the version it began from
+			d.Quota = old.Quota
+			// Derived datasets are the old version's keys and indices, and
+			// their items were computed from its bytes: they go with it, as
+			// with a delete, and loaders derive them again.
+			for name, dd := range st.Datasets {
+				if dd.DerivedFrom == c.Name {
+					delete(st.Datasets, name)
+				}
+			}
+		}
 		st.Datasets[c.Name] = d
 		return d
 	case opDeleteDataset:
@@ -378,7 +402,7 @@ func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	for k, p := range f.st.Pending {
 		pc := *p
 		m := *p.Manifest
-		m.Blocks, m.Starts, m.Sizes, m.Tags = slices.Clone(m.Blocks), slices.Clone(m.Starts), slices.Clone(m.Sizes), slices.Clone(m.Tags)
+		m.Blocks, m.Starts, m.Sizes, m.Tags, m.Stamps = slices.Clone(m.Blocks), slices.Clone(m.Starts), slices.Clone(m.Sizes), slices.Clone(m.Tags), slices.Clone(m.Stamps)
 		m.Shards, m.ShardOf, m.Offsets = slices.Clone(m.Shards), slices.Clone(m.ShardOf), slices.Clone(m.Offsets)
 		pc.Manifest = &m
 		cp.Pending[k] = &pc

@@ -2,6 +2,7 @@ package catalog
 
 import (
 	"encoding/binary"
+	"math"
 	"sort"
 	"strings"
 
@@ -21,8 +22,12 @@ type Manifest struct {
 	Sizes  []byte `msgpack:"fz"` // uint32 per item (MaxItemSize is 256 MiB)
 	Count  int    `msgpack:"n"`
 	// Tags are the entries' version fingerprints, nil when the source has
-	// none (directories), so they cost nothing there.
-	Tags []uint64 `msgpack:"t,omitempty"`
+	// none, so they cost nothing there. Where every fingerprint of a chunk
+	// fits in 32 bits (a directory's folded mtimes) they are Stamps instead:
+	// a uint32 an item, little-endian, half the memory and one binary string
+	// in raft and snapshots. At most one of the two is set.
+	Tags   []uint64 `msgpack:"t,omitempty"`
+	Stamps []byte   `msgpack:"ft,omitempty"`
 	// A tar dataset's items are members of shards: ShardOf[i] indexes
 	// Shards, Offsets[i] is where the member's bytes start in its shard.
 	// All three are nil for other datasets.
@@ -74,15 +79,48 @@ func NewManifest(entries []source.Entry) *Manifest {
 		m.seal()
 		return m
 	}
-	for i, e := range entries {
-		if e.Tag != 0 && m.Tags == nil {
-			m.Tags = make([]uint64, len(entries))
+	tagged, small := false, true
+	for _, e := range entries {
+		tagged = tagged || e.Tag != 0
+		small = small && e.Tag <= math.MaxUint32
+	}
+	switch {
+	case tagged && small:
+		m.Stamps = make([]byte, 0, 4*len(entries))
+		for _, e := range entries {
+			m.Stamps = binary.LittleEndian.AppendUint32(m.Stamps, uint32(e.Tag))
 		}
-		if m.Tags != nil {
+	case tagged:
+		m.Tags = make([]uint64, len(entries))
+		for i, e := range entries {
 			m.Tags[i] = e.Tag
 		}
 	}
 	return m
+}
+
+// tag is item i's fingerprint (0: none).
+func (m *Manifest) tag(i int) uint64 {
+	switch {
+	case m.Tags != nil:
+		return m.Tags[i]
+	case m.Stamps != nil:
+		return uint64(binary.LittleEndian.Uint32(m.Stamps[4*i:]))
+	}
+	return 0
+}
+
+// widenTags turns Stamps (or no fingerprints) into Tags of Count items, for
+// a merge with a chunk whose fingerprints do not fit in 32 bits.
+func (m *Manifest) widenTags() {
+	if m.Tags != nil {
+		return
+	}
+	tags := make([]uint64, m.Count)
+	for i := range tags {
+		tags[i] = m.tag(i)
+	}
+	m.Tags, m.Stamps = tags, nil
 }
 
 func blocks(items int) int { return (items + manifestBlock - 1) / manifestBlock }
@@ -106,10 +144,7 @@ func (m *Manifest) add(prev, key string, size int64) {
 
 // Entry returns the i-th manifest line, what a source reads by.
 func (m *Manifest) Entry(i int) source.Entry {
-	e := source.Entry{Key: m.Key(i), Size: m.Size(i)}
-	if m.Tags != nil {
-		e.Tag = m.Tags[i]
-	}
+	e := source.Entry{Key: m.Key(i), Size: m.Size(i), Tag: m.tag(i)}
 	if m.Shards != nil {
 		sh := m.Shards[m.ShardOf[i]]
 		e.Shard, e.ShardSize, e.Tag, e.Offset = sh.Key, sh.Size, sh.Tag, m.Offsets[i]
@@ -209,7 +244,7 @@ func (m *Manifest) sumSizes() int64 {
 
 // Bytes is what the manifest holds in memory.
 func (m *Manifest) Bytes() int64 {
-	n := len(m.Blocks) + len(m.Starts) + len(m.Sizes) + 8*len(m.Tags) + 4*len(m.ShardOf) + 8*len(m.Offsets)
+	n := len(m.Blocks) + len(m.Starts) + len(m.Sizes) + 8*len(m.Tags) + len(m.Stamps) + 4*len(m.ShardOf) + 8*len(m.Offsets)
 	if t := m.tar; t != nil {
 		n += 4 * (len(t.byKey) + len(t.samples))
 	}
@@ -221,11 +256,12 @@ func (m *Manifest) Bytes() int64 {
 // within the key limit, a tar chunk's shard numbers inside its shard list.
 func (m *Manifest) wellFormed() bool {
 	if m.Count < 0 || len(m.Sizes) != 4*m.Count || len(m.Starts) != 8*blocks(m.Count) ||
-		(m.Tags != nil && len(m.Tags) != m.Count) {
+		(m.Tags != nil && len(m.Tags) != m.Count) || (m.Stamps != nil && len(m.Stamps) != 4*m.Count) ||
+		(m.Tags != nil && m.Stamps != nil) {
 		return false
 	}
 	if m.Shards != nil || m.ShardOf != nil || m.Offsets != nil {
-		if len(m.ShardOf) != m.Count || len(m.Offsets) != m.Count || m.Tags != nil {
+		if len(m.ShardOf) != m.Count || len(m.Offsets) != m.Count || m.Tags != nil || m.Stamps != nil {
 			return false
 		}
 		for _, s := range m.ShardOf {
@@ -293,14 +329,27 @@ func (m *Manifest) appendChunk(c *Manifest) {
 			prev = key
 		}
 	}
-	// Chunks of one manifest come from one source: all tagged or none.
-	if c.Tags != nil {
-		if m.Tags == nil {
-			m.Tags = make([]uint64, m.Count-c.Count)
+	// Chunks of one manifest come from one source, tagged or not; 32-bit
+	// fingerprints stay Stamps unless a chunk needs Tags.
+	before := m.Count - c.Count
+	switch {
+	case c.Tags == nil && c.Stamps == nil && m.Tags == nil && m.Stamps == nil:
+	case c.Tags == nil && m.Tags == nil:
+		if m.Stamps == nil {
+			m.Stamps = make([]byte, 4*before)
 		}
-		m.Tags = append(m.Tags, c.Tags...)
-	} else if m.Tags != nil {
-		m.Tags = append(m.Tags, make([]uint64, c.Count)...)
+		if c.Stamps == nil {
+			m.Stamps = append(m.Stamps, make([]byte, 4*c.Count)...)
+		} else {
+			m.Stamps = append(m.Stamps, c.Stamps...)
+		}
+	default:
+		m.Count = before // widen what was there before the chunk
+		m.widenTags()
+		m.Count += c.Count
+		for i := range c.Count {
+			m.Tags = append(m.Tags, c.tag(i))
+		}
 	}
 	m.LeftOut += c.LeftOut
 	if c.Shards != nil {

@@ -26,6 +26,7 @@ import (
 	"stallfree/api"
 	"stallfree/catalog"
 	"stallfree/relay"
+	"stallfree/shmdir"
 	"stallfree/source"
 )
 
@@ -85,8 +86,14 @@ type Config struct {
 	// again (--dead-grace).
 	DeadGrace time.Duration
 	// Tick paces persistence retries, repair and cleanup (default 1 s).
-	Tick   time.Duration
-	Logger *slog.Logger
+	Tick time.Duration
+	// ShmDir, when set, is a directory in shared memory (--shm-dir, a tmpfs
+	// such as /dev/shm) where parts are held as files, which a rank
+	// restoring on this host maps instead of reading (shm.go). "":
+	// anonymous memory. ShmTag tells this node's files from those of
+	// another node of the same name on this host.
+	ShmDir, ShmTag string
+	Logger         *slog.Logger
 }
 
 // Service is safe for concurrent use.
@@ -100,9 +107,11 @@ type Service struct {
 	persist backend // nil without --checkpoint-persist
 
 	persisted, persistFailures, repaired atomic.Uint64
+	droppedCopies                        atomic.Uint64
 	persistPending                       atomic.Int64
 	errMu                                sync.Mutex
 	persistErr                           string
+	steps                                stepClock // when each committed step was first seen (metrics.go)
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -133,6 +142,18 @@ func New(cfg Config, cat Catalog, members Members) (*Service, error) {
 		}
 		s.persist = b
 	}
+	if cfg.ShmDir != "" {
+		prefix := shmPrefix(cfg.Self, cfg.ShmTag)
+		if n := shmdir.RemoveStale(cfg.ShmDir, prefix); n > 0 {
+			s.log.Info("removed checkpoint parts a previous run left in shared memory", "files", n, "dir", cfg.ShmDir)
+		}
+		var once sync.Once
+		s.mem.inShm(cfg.ShmDir, prefix, func(err error) {
+			once.Do(func() {
+				s.log.Warn("a checkpoint part could not be held in shared memory; such parts are in anonymous memory and read over the socket", "dir", cfg.ShmDir, "err", err)
+			})
+		})
+	}
 	s.peers = cfg.Relay
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.wg.Add(2)
@@ -153,7 +174,8 @@ func (s *Service) Stats() api.CheckpointStats {
 	used, parts := s.mem.usage()
 	st := api.CheckpointStats{MemoryBytes: s.cfg.Memory, UsedBytes: used, Parts: parts,
 		PersistedSteps: s.persisted.Load(), PersistFailures: s.persistFailures.Load(),
-		PersistPending: int(s.persistPending.Load()), Rereplicated: s.repaired.Load()}
+		PersistPending: int(s.persistPending.Load()), Rereplicated: s.repaired.Load(),
+		DroppedCopies: s.droppedCopies.Load()}
 	if s.persist != nil {
 		st.Persist = s.persist.String()
 	}
@@ -170,16 +192,6 @@ var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 func CheckName(what, v string) error {
 	if !nameRE.MatchString(v) {
 		return fmt.Errorf("%w: %s %q: want 1-128 of A-Z a-z 0-9 . _ - starting with a letter or digit", ErrBadRequest, what, v)
-	}
-	return nil
-}
-
-var sumRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
-
-// CheckSum checks an X-Checksum value.
-func CheckSum(v string) error {
-	if !sumRE.MatchString(v) {
-		return fmt.Errorf("%w: X-Checksum %q: want the body's sha256 as 64 lowercase hex digits", ErrBadRequest, v)
 	}
 	return nil
 }
@@ -229,4 +241,16 @@ func (s *Service) live() map[string]bool {
 		m[name] = true
 	}
 	return m
+}
+
+// dropBadCopy drops this node's copy of k, whose bytes (sum) are not the
+// committed ones (want): it must never be read, persisted or copied again.
+// Reported once: only the caller that drops the copy logs it.
+func (s *Service) dropBadCopy(k partKey, sum, want string) {
+	if !s.mem.dropIf(k, sum) {
+		return
+	}
+	s.droppedCopies.Add(1)
+	s.log.Error("checkpoint copy differs from the committed part; dropped", "name", k.name, "step", k.step, "part", k.part,
+		"held_sum", sum, "committed_sum", want)
 }

@@ -63,7 +63,9 @@ func TestMemoryBudget(t *testing.T) {
 	}
 	copy(b, "hello")
 	k := partKey{"n", 1, "0"}
-	m.store(k, b, "sum")
+	if err := m.store(k, b, "sum", func(partKey) (string, bool) { return "", false }); err != nil {
+		t.Fatal(err)
+	}
 	h, ok := m.get(k)
 	if !ok || string(h.data[:5]) != "hello" {
 		t.Fatal("stored part not found")

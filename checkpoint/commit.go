@@ -93,7 +93,9 @@ func twoCopies(copies []copyOf) (catalog.CheckpointPart, bool) {
 	return best, len(best.Holders) >= 2
 }
 
-// gather asks every live member which parts of step it holds.
+// gather asks every live member which parts of step it holds, for a
+// commit: each keeps what it listed until the commit reaches its catalog
+// (memory.store), so the bytes counted are the bytes committed.
 func (s *Service) gather(ctx context.Context, name string, step uint64) map[string][]copyOf {
 	var (
 		mu  sync.Mutex
@@ -109,7 +111,7 @@ func (s *Service) gather(ctx context.Context, name string, step uint64) map[stri
 	}
 	for _, m := range s.members.Members() {
 		if m == s.cfg.Self {
-			add(m, s.Held(name, step))
+			add(m, s.Held(name, step, true))
 			continue
 		}
 		addr, ok := s.members.MemberHTTP(m)
@@ -118,7 +120,7 @@ func (s *Service) gather(ctx context.Context, name string, step uint64) map[stri
 		}
 		wg.Go(func() {
 			var held []HeldPart
-			if err := s.doJSON(ctx, http.MethodGet, addr, internalPath(name, step, ""), &held); err != nil {
+			if err := s.doJSON(ctx, http.MethodGet, addr, internalPath(name, step, "?commit=1"), &held); err != nil {
 				s.log.Debug("checkpoint: asking a member what it holds", "member", m, "err", err)
 				return
 			}
@@ -129,9 +131,10 @@ func (s *Service) gather(ctx context.Context, name string, step uint64) map[stri
 	return out
 }
 
-// Held lists the parts of a step this node holds.
-func (s *Service) Held(name string, step uint64) []HeldPart {
-	held := s.mem.step(name, step)
+// Held lists the parts of a step this node holds (never nil). forCommit
+// marks the listing as a commit's count (memory.step).
+func (s *Service) Held(name string, step uint64, forCommit bool) []HeldPart {
+	held := s.mem.step(name, step, forCommit)
 	slices.SortFunc(held, func(a, b HeldPart) int { return cmpStr(a.Part, b.Part) })
 	return held
 }
@@ -158,14 +161,14 @@ func (s *Service) Uploads(ctx context.Context, name string, step uint64) (api.Ch
 		out.Committed = true
 		live := s.live()
 		for _, p := range st.Parts {
-			out.Parts = append(out.Parts, api.UploadedPart{Part: p.Name, Bytes: p.Size, Replicas: liveCount(p.Holders, live)})
+			out.Parts = append(out.Parts, api.UploadedPart{Part: p.Name, Bytes: p.Size, Replicas: liveCount(p.Holders, live), Checksum: AlgoOf(p.Sum)})
 		}
 		return out, nil
 	}
 	held := s.gather(ctx, name, step)
 	for part, copies := range held {
 		best, _ := twoCopies(copies)
-		out.Parts = append(out.Parts, api.UploadedPart{Part: part, Bytes: best.Size, Replicas: len(best.Holders)})
+		out.Parts = append(out.Parts, api.UploadedPart{Part: part, Bytes: best.Size, Replicas: len(best.Holders), Checksum: AlgoOf(best.Sum)})
 	}
 	slices.SortFunc(out.Parts, func(a, b api.UploadedPart) int { return cmpStr(a.Part, b.Part) })
 	return out, nil

@@ -2,9 +2,13 @@ package checkpoint
 
 import (
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
+
+	"stallfree/catalog"
 )
 
 // memory holds parts outside the Go heap: each part is one anonymous
@@ -25,7 +29,30 @@ type memory struct {
 	// limit; spares are unmapped first when room is needed.
 	spare      map[int64][][]byte
 	spareBytes uint64
+	// counted are parts a commit has counted (the leader asked for them
+	// with forCommit), with the sum it was told and until when that holds:
+	// until the commit shows in this node's catalog, only those bytes may be
+	// stored under the part. Store and commit are thus decided under mu.
+	counted map[partKey]countedPart
+
+	// shmDir and shmPrefix, when set, back new mappings with files in
+	// shared memory (shm.go); files holds the file behind each such
+	// mapping. A mapping that could not be made there is anonymous, and
+	// shmFailed reports the first failure once.
+	shmDir, shmPrefix string
+	files             map[*byte]*shmFile
+	shmFailed         func(error)
 }
+
+type countedPart struct {
+	sum   string
+	until time.Time
+}
+
+// countedFor is how long a part stays as a commit counted it. The commit
+// reaches this node's catalog well within it (a raft apply); after it, the
+// committed sum is the rule.
+const countedFor = 2 * time.Minute
 
 type partKey struct {
 	name string
@@ -43,7 +70,16 @@ type held struct {
 }
 
 func newMemory(limit uint64) *memory {
-	return &memory{limit: limit, parts: map[partKey]*held{}, spare: map[int64][][]byte{}}
+	return &memory{limit: limit, parts: map[partKey]*held{}, spare: map[int64][][]byte{}, counted: map[partKey]countedPart{},
+		files: map[*byte]*shmFile{}}
+}
+
+// inShm backs the mappings made from now on with files in dir, named with
+// prefix; failed is told of the first one that could not be.
+func (m *memory) inShm(dir, prefix string, failed func(error)) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.shmDir, m.shmPrefix, m.shmFailed = dir, prefix, failed
 }
 
 // reserve takes size bytes of the budget and maps them (or reuses a spare
@@ -63,21 +99,36 @@ func (m *memory) reserve(size int64) ([]byte, error) {
 		m.mu.Unlock()
 		return b, nil
 	}
-	var victims [][]byte
+	var victims []unmapping
 	for sz, l := range m.spare {
 		if m.used+m.spareBytes <= m.limit {
 			break
 		}
-		victims = append(victims, l...)
+		for _, b := range l {
+			victims = append(victims, m.forget(b))
+		}
 		m.spareBytes -= uint64(sz) * uint64(len(l))
 		delete(m.spare, sz)
 	}
+	dir, prefix, failed := m.shmDir, m.shmPrefix, m.shmFailed
 	m.mu.Unlock()
 	for _, v := range victims {
-		syscall.Munmap(v)
+		v.unmap()
 	}
 	if size == 0 {
 		return []byte{}, nil
+	}
+	if dir != "" {
+		b, path, err := mapShm(dir, prefix, size)
+		if err == nil {
+			m.mu.Lock()
+			m.files[mapKey(b)] = &shmFile{path: path}
+			m.mu.Unlock()
+			return b, nil
+		}
+		if failed != nil {
+			failed(err)
+		}
 	}
 	b, err := syscall.Mmap(-1, 0, int(size), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
 	if err != nil {
@@ -95,42 +146,123 @@ func (m *memory) unreserve(n uint64) {
 	m.mu.Unlock()
 }
 
-// free gives a buffer's room back; its mapping is kept as a spare.
+// free gives a buffer's room back; its mapping is kept as a spare, unless
+// a reader on this host was given its file (share): that one is removed.
 func (m *memory) free(b []byte) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	m.used -= uint64(len(b))
+	if f := m.files[mapKey(b)]; f != nil && f.shared {
+		gone := m.forget(b)
+		m.mu.Unlock()
+		gone.unmap()
+		return
+	}
 	if len(b) > 0 {
 		m.spare[int64(len(b))] = append(m.spare[int64(len(b))], b)
 		m.spareBytes += uint64(len(b))
 	}
+	m.mu.Unlock()
+}
+
+// unmapping is a mapping to unmap and the file behind it ("" for none).
+type unmapping struct {
+	b    []byte
+	path string
+}
+
+// forget takes b's file out of the index; the caller unmaps it. Caller
+// holds mu.
+func (m *memory) forget(b []byte) unmapping {
+	u := unmapping{b: b}
+	if f := m.files[mapKey(b)]; f != nil && len(b) > 0 {
+		u.path = f.path
+		delete(m.files, mapKey(b))
+	}
+	return u
+}
+
+func (u unmapping) unmap() {
+	if u.path != "" {
+		os.Remove(u.path)
+	}
+	if len(u.b) > 0 {
+		syscall.Munmap(u.b)
+	}
+}
+
+// share returns the file holding h's bytes, marking it never to be reused
+// (free removes it instead); false when h is in anonymous memory.
+func (m *memory) share(h *held) (string, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	f := m.files[mapKey(h.data)]
+	if f == nil || len(h.data) == 0 {
+		return "", false
+	}
+	f.shared = true
+	return f.path, true
 }
 
 // unmapSpares unmaps every spare mapping (Close).
 func (m *memory) unmapSpares() {
 	m.mu.Lock()
-	spare := m.spare
+	var gone []unmapping
+	for _, l := range m.spare {
+		for _, b := range l {
+			gone = append(gone, m.forget(b))
+		}
+	}
 	m.spare, m.spareBytes = map[int64][][]byte{}, 0
 	m.mu.Unlock()
-	for _, l := range spare {
-		for _, b := range l {
-			syscall.Munmap(b)
-		}
+	for _, u := range gone {
+		u.unmap()
 	}
 }
 
+// settled says whether a part's step is committed in this node's catalog,
+// and with which sum the part was committed ("" when the step lacks it).
+type settled func(partKey) (sum string, committed bool)
+
 // store publishes a filled buffer under k, replacing (and releasing) what
-// was there.
-func (m *memory) store(k partKey, b []byte, sum string) {
+// was there, unless k is settled with other bytes: its step is committed
+// with another sum, or a commit has counted other bytes under it
+// (countedFor). Checked under mu, with the catalog read there, so no store
+// slips between a commit's count and the part's replacement.
+func (m *memory) store(k partKey, b []byte, sum string, settledSum settled) error {
 	h := &held{data: b, sum: sum, mem: m}
 	h.refs.Store(1)
 	m.mu.Lock()
+	if want, committed := settledSum(k); committed && want != sum {
+		m.mu.Unlock()
+		return fmt.Errorf("%w: checkpoint %s step %d is committed (immutable)", catalog.ErrConflict, k.name, k.step)
+	}
+	if c, ok := m.counted[k]; ok && time.Now().Before(c.until) && c.sum != sum {
+		m.mu.Unlock()
+		return fmt.Errorf("%w: checkpoint %s step %d part %s is being committed with other bytes", catalog.ErrConflict, k.name, k.step, k.part)
+	}
 	old := m.parts[k]
 	m.parts[k] = h
 	m.mu.Unlock()
 	if old != nil {
 		old.release()
 	}
+	return nil
+}
+
+// dropIf removes k when it holds sum (a copy found to differ from the
+// committed bytes), and reports whether it did.
+func (m *memory) dropIf(k partKey, sum string) bool {
+	m.mu.Lock()
+	h, ok := m.parts[k]
+	if ok && h.sum == sum {
+		delete(m.parts, k)
+	}
+	m.mu.Unlock()
+	if ok && h.sum == sum {
+		h.release()
+		return true
+	}
+	return false
 }
 
 // get returns the part with a reference the caller must release.
@@ -160,6 +292,11 @@ func (m *memory) drop(f func(partKey) bool) int {
 			delete(m.parts, k)
 		}
 	}
+	for k := range m.counted {
+		if f(k) {
+			delete(m.counted, k)
+		}
+	}
 	m.mu.Unlock()
 	for _, h := range gone {
 		h.release()
@@ -183,14 +320,25 @@ func (m *memory) keys() []partKey {
 	return out
 }
 
-// step lists the parts held of one step, with their sizes and sums.
-func (m *memory) step(name string, step uint64) []HeldPart {
+// step lists the parts held of one step, with their sizes and sums. With
+// forCommit the listing is a commit's count: each part listed keeps these
+// bytes for countedFor (store).
+func (m *memory) step(name string, step uint64, forCommit bool) []HeldPart {
+	now := time.Now()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var out []HeldPart
+	out := []HeldPart{}
 	for k, h := range m.parts {
 		if k.name == name && k.step == step {
 			out = append(out, HeldPart{Part: k.part, Bytes: int64(len(h.data)), Sum: h.sum})
+			if forCommit {
+				m.counted[k] = countedPart{sum: h.sum, until: now.Add(countedFor)}
+			}
+		}
+	}
+	for k, c := range m.counted { // forget counts long over
+		if now.After(c.until) {
+			delete(m.counted, k)
 		}
 	}
 	return out

@@ -187,7 +187,14 @@ func (s *Service) persistStep(name string, st *catalog.CheckpointStep) error {
 		if err != nil {
 			return err
 		}
-		err = s.persist.Put(ctx, objectKey(name, st.Step, p.Name), r, p.Size)
+		// A peer's copy is checked as it streams (openPeer); this node's is
+		// hashed here, so what is persisted is the committed part, byte for
+		// byte, or nothing (a backend keeps no partial object).
+		var body io.Reader = r
+		if r.From == "memory" {
+			body = newVerifier(io.NopCloser(r), p.Size, p.Sum)
+		}
+		err = s.persist.Put(ctx, objectKey(name, st.Step, p.Name), body, p.Size)
 		r.Close()
 		if err != nil {
 			return err
@@ -223,6 +230,7 @@ func (s *Service) cleanLoop() {
 			return
 		case <-updated:
 		}
+		s.steps.note(s, time.Now()) // a commit's age counts from here
 		now := map[string]*catalog.Checkpoint{}
 		for _, ck := range s.cat.Checkpoints() {
 			now[ck.Name] = ck

@@ -3,8 +3,6 @@ package checkpoint
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -23,7 +21,7 @@ type PutRequest struct {
 	Name string
 	Step uint64
 	Part string
-	Sum  string // sha256 the body must have
+	Sum  string // X-Checksum the body must have (ParseChecksum)
 	Size int64  // Content-Length; -1 when unknown (refused)
 	// Replica marks the partner's copy, sent by the node the client wrote
 	// to: stored here only, never passed on.
@@ -49,9 +47,11 @@ func (s *Service) Put(ctx context.Context, req PutRequest, body io.Reader) error
 	if err := CheckName("part", req.Part); err != nil {
 		return err
 	}
-	if err := CheckSum(req.Sum); err != nil {
+	want, err := ParseChecksum(req.Sum)
+	if err != nil {
 		return err
 	}
+	req.Sum = want.String() // kept, compared and sent on in one spelling
 	if req.Size < 0 {
 		return fmt.Errorf("%w: a part's body needs a Content-Length", ErrLengthRequired)
 	}
@@ -99,7 +99,7 @@ func (s *Service) Put(ctx context.Context, req PutRequest, body io.Reader) error
 	// All three share the one buffer; nothing is copied in user space.
 	type span struct{ lo, hi int64 }
 	var (
-		h           = sha256.New()
+		h           = want.New()
 		hashes      = make(chan span, 256)
 		hashDone    = make(chan struct{})
 		forwards    chan span
@@ -154,6 +154,11 @@ func (s *Service) Put(ctx context.Context, req PutRequest, body io.Reader) error
 			finish()
 			return rc.partnerError(forwardErr)
 		}
+		// A client that went away ends the loop even when its body reader
+		// would not (one that answers 0, nil forever).
+		if err := ctx.Err(); err != nil {
+			return fail(fmt.Errorf("%w: part %s of step %d: %w", ErrUnavailable, req.Part, req.Step, err))
+		}
 		n, rerr := body.Read(buf[off:min(off+chunk, req.Size)])
 		if n > 0 {
 			sp := span{off, off + int64(n)}
@@ -174,20 +179,37 @@ func (s *Service) Put(ctx context.Context, req PutRequest, body io.Reader) error
 	if forwardErr != nil {
 		return rc.partnerError(forwardErr)
 	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != req.Sum {
+	if got := want.Of(h); got != want {
 		if rc != nil {
 			rc.Close() // the partner checks the sum too; either way it keeps nothing
 		}
-		return fmt.Errorf("%w: X-Checksum %s, but the body's sha256 is %s", ErrBadRequest, req.Sum, got)
+		return fmt.Errorf("%w: X-Checksum %s, but the body's %s is %s", ErrBadRequest, req.Sum, want.Algo, got.Value)
 	}
 	if rc != nil {
 		if err := rc.answer(); err != nil {
 			return err
 		}
 	}
-	s.mem.store(partKey{req.Name, req.Step, req.Part}, buf, req.Sum)
+	// The check above ran before the body; the step may have been committed
+	// (or counted by a commit) since. store decides under the lock a
+	// commit's count takes.
+	if err := s.mem.store(partKey{req.Name, req.Step, req.Part}, buf, req.Sum, s.committedSum); err != nil {
+		return err
+	}
 	stored = true
 	return nil
+}
+
+// committedSum is the sum part k was committed with, when its step is
+// committed in this node's catalog ("" when the step lacks the part).
+func (s *Service) committedSum(k partKey) (string, bool) {
+	ck, _ := s.cat.Checkpoint(k.name)
+	st, ok := ck.Step(k.step)
+	if !ok {
+		return "", false
+	}
+	p, _ := st.Part(k.part)
+	return p.Sum, true
 }
 
 // replicaConn is a PUT of a part's copy to the partner, written straight to
@@ -201,12 +223,17 @@ type replicaConn struct {
 
 func (s *Service) dialReplica(ctx context.Context, addr string, req PutRequest) (*replicaConn, error) {
 	up, err := s.peers.Upload(ctx, addr, internalPath(req.Name, req.Step, "/parts/"+req.Part), req.Size,
-		http.Header{api.HeaderChecksum: {req.Sum}}, 10*time.Minute)
+		http.Header{api.HeaderChecksum: {req.Sum}}, replicaIdle)
 	if err != nil {
 		return nil, fmt.Errorf("%w: partner copy to %s: %w", ErrUnavailable, addr, err)
 	}
 	return &replicaConn{up: up, addr: addr}, nil
 }
+
+// replicaIdle is how long a partner's copy may make no progress (a write,
+// or its answer) before it is given up: the partner's own --idle-timeout
+// default. The whole copy takes as long as the client's body does.
+const replicaIdle = 30 * time.Second
 
 // answer reads the partner's answer once the whole part is sent.
 func (r *replicaConn) answer() error { return r.answerWithin(0) }
@@ -278,13 +305,32 @@ func answerError(resp *http.Response) error {
 }
 
 // CopyTo sends this node's copy of a committed part to the node at addr
-// (re-replication).
+// (re-replication). addr must be a live member's: the copy carries the
+// node's credentials, which go nowhere else.
 func (s *Service) CopyTo(ctx context.Context, name string, step uint64, part, addr string) error {
-	h, ok := s.mem.get(partKey{name, step, part})
+	if !s.memberAddr(addr) {
+		return fmt.Errorf("%w: copy to %q: not a live member's address", ErrBadRequest, addr)
+	}
+	k := partKey{name, step, part}
+	h, ok := s.mem.get(k)
 	if !ok {
 		return fmt.Errorf("%w: %s step %d part %s is not held here", catalog.ErrNotFound, name, step, part)
 	}
 	defer h.release()
+	if want, committed := s.committedSum(k); committed && want != h.sum {
+		s.dropBadCopy(k, h.sum, want)
+		return fmt.Errorf("%w: %s step %d part %s: the copy here is not the committed one (dropped)", ErrUnavailable, name, step, part)
+	}
 	return s.sendReplica(ctx, addr, PutRequest{Name: name, Step: step, Part: part, Sum: h.sum, Size: int64(len(h.data)),
 		Replica: true, Repair: true}, bytes.NewReader(h.data))
+}
+
+// memberAddr reports whether addr is a live member's HTTP address.
+func (s *Service) memberAddr(addr string) bool {
+	for _, m := range s.members.Members() {
+		if a, ok := s.members.MemberHTTP(m); ok && a == addr {
+			return true
+		}
+	}
+	return false
 }

@@ -2,8 +2,6 @@ package checkpoint
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -40,8 +38,14 @@ func (s *Service) Open(ctx context.Context, name string, step uint64, part strin
 	if err := CheckName("part", part); err != nil {
 		return nil, err
 	}
-	if h, ok := s.mem.get(partKey{name, step, part}); ok {
-		return &Part{ReadCloser: &heldReader{h: h}, Size: int64(len(h.data)), Sum: h.sum, From: "memory"}, nil
+	k := partKey{name, step, part}
+	if h, ok := s.mem.get(k); ok {
+		want, committed := s.committedSum(k)
+		if !committed || want == h.sum {
+			return &Part{ReadCloser: &heldReader{h: h}, Size: int64(len(h.data)), Sum: h.sum, From: "memory"}, nil
+		}
+		h.release()
+		s.dropBadCopy(k, h.sum, want) // and on to the other copies
 	}
 	notHere := fmt.Errorf("%w: checkpoint %s step %d part %s", catalog.ErrNotFound, name, step, part)
 	if localOnly {
@@ -90,6 +94,39 @@ func (s *Service) Open(ctx context.Context, name string, step uint64, part strin
 		return nil, fmt.Errorf("%w: no copy of %s step %d part %s answers", ErrUnavailable, name, step, part)
 	}
 	return nil, notHere
+}
+
+// Mapped is this node's own copy of a part, held in a file in shared
+// memory that a process on this host maps read-only.
+type Mapped struct {
+	Path string
+	Size int64
+	Sum  string
+}
+
+// MapLocal returns the file holding this node's copy of a part, when it
+// holds one in shared memory (Config.ShmDir) and it is the committed
+// bytes; false otherwise (the caller reads the part instead). The file stays
+// while the part is held; once dropped it is removed, never reused, so a
+// reader that mapped it keeps the bytes it was given.
+func (s *Service) MapLocal(name string, step uint64, part string) (Mapped, bool) {
+	if CheckName("checkpoint", name) != nil || CheckName("part", part) != nil {
+		return Mapped{}, false
+	}
+	k := partKey{name, step, part}
+	h, ok := s.mem.get(k)
+	if !ok {
+		return Mapped{}, false
+	}
+	defer h.release()
+	if want, committed := s.committedSum(k); committed && want != h.sum {
+		return Mapped{}, false // Open drops it and answers another copy
+	}
+	path, ok := s.mem.share(h)
+	if !ok {
+		return Mapped{}, false
+	}
+	return Mapped{Path: path, Size: int64(len(h.data)), Sum: h.sum}, true
 }
 
 func boolInt(b bool) int {
@@ -189,12 +226,16 @@ func (r *heldReader) Close() error {
 type verifier struct {
 	rc   io.ReadCloser
 	left int64
-	sum  string
+	sum  Checksum
 	h    hash.Hash
 }
 
 func newVerifier(rc io.ReadCloser, size int64, sum string) *verifier {
-	return &verifier{rc: rc, left: size, sum: sum, h: sha256.New()}
+	want, err := ParseChecksum(sum)
+	if err != nil {
+		want = Checksum{Algo: AlgoSHA256} // matches no body: the last read fails
+	}
+	return &verifier{rc: rc, left: size, sum: want, h: want.New()}
 }
 
 // errSum: bytes from another copy do not match the committed sum.
@@ -211,7 +252,7 @@ func (v *verifier) Read(p []byte) (int, error) {
 	v.h.Write(p[:n])
 	v.left -= int64(n)
 	if v.left == 0 {
-		if hex.EncodeToString(v.h.Sum(nil)) != v.sum {
+		if v.sum.Of(v.h) != v.sum {
 			return 0, errSum
 		}
 		return n, io.EOF
@@ -259,13 +300,15 @@ func (s *Service) info(ck *catalog.Checkpoint, live map[string]bool) api.Checkpo
 }
 
 func (s *Service) stepInfo(st *catalog.CheckpointStep, live map[string]bool) api.CheckpointStep {
-	out := api.CheckpointStep{Step: st.Step, Bytes: st.Bytes(), Persisted: st.Persisted, Parts: []string{}}
+	out := api.CheckpointStep{Step: st.Step, Bytes: st.Bytes(), Persisted: st.Persisted, Parts: []string{},
+		Checksums: []api.PartChecksum{}}
 	if st.Meta != "" {
 		out.Meta = json.RawMessage(st.Meta)
 	}
 	out.Replicas = -1
 	for _, p := range st.Parts {
 		out.Parts = append(out.Parts, p.Name)
+		out.Checksums = append(out.Checksums, api.PartChecksum{Part: p.Name, Checksum: AlgoOf(p.Sum)})
 		if n := liveCount(p.Holders, live); out.Replicas < 0 || n < out.Replicas {
 			out.Replicas = n
 		}

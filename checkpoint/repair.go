@@ -138,7 +138,7 @@ func (s *Service) verifyHolders(live map[string]bool) map[holderKey]bool {
 func (s *Service) heldBy(m, name string, step uint64) map[string]string {
 	var held []HeldPart
 	if m == s.cfg.Self {
-		held = s.Held(name, step)
+		held = s.Held(name, step, false)
 	} else {
 		addr, ok := s.members.MemberHTTP(m)
 		if !ok || s.doJSON(s.ctx, http.MethodGet, addr, internalPath(name, step, ""), &held) != nil {

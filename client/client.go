@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -158,7 +159,7 @@ func (c *Client) Do(ctx context.Context, method, path string, body any) (*http.R
 		resp, err = c.HTTP.Do(req)
 	}
 	if err != nil {
-		return nil, err
+		return nil, c.unreachable(ctx, err)
 	}
 	if resp.StatusCode >= 300 {
 		defer resp.Body.Close()
@@ -173,6 +174,20 @@ func (c *Client) Do(ctx context.Context, method, path string, body any) (*http.R
 		return nil, &Error{Status: resp.StatusCode, Message: msg}
 	}
 	return resp, nil
+}
+
+// unreachable says plainly that no node answered (refused, unresolvable,
+// timed out) rather than a transport's raw error, as the Python client does;
+// the cause stays wrapped. A request the caller cancelled is not that.
+func (c *Client) unreachable(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return err
+	}
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err // the URL is said once, below
+	}
+	return fmt.Errorf("no Stallfree node reachable at %s: %w", c.Base, err)
 }
 
 // A request told to come back later (503 with Retry-After: the node's
@@ -415,6 +430,19 @@ func (c *Client) PutDataset(ctx context.Context, name, source string) (Dataset, 
 	var d Dataset
 	err := c.JSON(ctx, http.MethodPut, "/v1/datasets/"+url.PathEscape(name), api.PutDataset{Source: source}, &d)
 	return d, err
+}
+
+// RefreshDataset lists a registered dataset's source again as a new version
+// (PUT {"refresh": true}); changed is false when the source lists exactly as
+// registered and the dataset was left as it was.
+func (c *Client) RefreshDataset(ctx context.Context, name string) (d Dataset, changed bool, err error) {
+	resp, err := c.Do(ctx, http.MethodPut, "/v1/datasets/"+url.PathEscape(name), api.PutDataset{Refresh: true})
+	if err != nil {
+		return d, false, err
+	}
+	defer resp.Body.Close()
+	err = json.NewDecoder(resp.Body).Decode(&d)
+	return d, resp.StatusCode == http.StatusCreated, err
 }
 
 // Dataset describes one dataset.

@@ -35,7 +35,7 @@ func (c *Client) PutItem(ctx context.Context, dataset string, i int, data []byte
 	setHeaders(req, false, c.Token)
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
-		return false, err
+		return false, c.unreachable(ctx, err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))

@@ -113,6 +113,9 @@ type Stats struct {
 	// MembersVouched counts the members gossip declared dead that answered
 	// this node directly and so stayed on its ring (vouch.go).
 	MembersVouched uint64
+	// Members counts the members gossip knows by state (alive, suspect,
+	// dead, left), this node included.
+	Members map[string]int
 }
 
 // Cluster is safe for concurrent use.
@@ -132,6 +135,7 @@ type Cluster struct {
 	ringMu                sync.Mutex // one rebuild at a time, so prev is always the ring replaced
 	wg                    sync.WaitGroup
 	stop                  chan struct{}
+	leaveOnce             sync.Once // gossip is left once, by Leave or Close
 
 	peerBytesIn, peerBytesOut, peerFailures atomic.Uint64
 	ringChanges                             atomic.Uint64
@@ -213,15 +217,19 @@ func (c *Cluster) Close() {
 	close(c.stop)
 	c.wg.Wait()
 	c.vouch.close()
-	c.ml.Leave(time.Second)
+	c.leaveGossip()
 	c.srv.Close()
 	c.client.Close()
 }
 
 // Stats returns the cluster's counters.
 func (c *Cluster) Stats() Stats {
-	return Stats{PeerBytesIn: c.peerBytesIn.Load(), PeerBytesOut: c.peerBytesOut.Load(), PeerFailures: c.peerFailures.Load(),
-		RingChanges: c.ringChanges.Load(), MembersVouched: c.vouch.vouched.Load()}
+	st := Stats{PeerBytesIn: c.peerBytesIn.Load(), PeerBytesOut: c.peerBytesOut.Load(), PeerFailures: c.peerFailures.Load(),
+		RingChanges: c.ringChanges.Load(), MembersVouched: c.vouch.vouched.Load(), Members: map[string]int{}}
+	for _, m := range c.ml.Members() {
+		st.Members[string(m.State)]++
+	}
+	return st
 }
 
 func (c *Cluster) ring() *partition.Ring { return c.rings.Load().cur }

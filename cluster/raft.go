@@ -64,8 +64,13 @@ func (c *Cluster) reconcileRaft() error {
 				voters++
 			}
 			c.log.Info("raft member added", "member", m.Name, "voter", voter)
-		} else if known && (m.State == membership.Dead || m.State == membership.Left) && m.Name != c.cfg.Name &&
-			time.Since(m.Since) > c.cfg.DeadGrace {
+		} else if known && m.Name != c.cfg.Name && (m.State == membership.Left ||
+			(m.State == membership.Dead && time.Since(m.Since) > c.cfg.DeadGrace)) {
+			// A member that left said goodbye (a clean stop, Leave): it is
+			// waiting to see itself removed, and keeping it would cost the
+			// others their quorum (a two-node cluster its leader). A dead
+			// one may be a host that stalls and comes back, so it keeps its
+			// vote for the grace.
 			if err := c.cat.RemoveServer(m.Name); err != nil {
 				return err
 			}

@@ -139,7 +139,7 @@ func TestReconcilerDoesAllInOnePass(t *testing.T) {
 		}
 	}
 	members[restarted].leave()
-	testutil.Await(t, restarted+" to leave c1's gossip", func() bool { m, ok := c.ml.Get(restarted); return ok && m.State == membership.Left })
+	testutil.Await(t, restarted+" to leave c1's gossip", func() bool { return goneFrom(c.ml, restarted) })
 	back := startRaftMember(t, restarted, gossip, false)
 	members[restarted] = back
 	testutil.Await(t, restarted+" back at its new address in c1's gossip", func() bool {
@@ -153,19 +153,31 @@ func TestReconcilerDoesAllInOnePass(t *testing.T) {
 	if s := roles[restarted]; s.Address != back.raft || !s.Voter || len(roles) != maxVoters+1 || voterCount(roles) != maxVoters {
 		t.Fatalf("after one pass over %s's restart: %v; want it a voter at %s, %d voters in all", restarted, roles, back.raft, maxVoters)
 	}
-	// Two other members go: one pass removes both.
+	// Two other members go, the non-voter and a voter: one pass removes
+	// both. (Two voters of five gone would leave exactly a quorum, one of
+	// them the member just restarted: on a loaded machine the leader can
+	// lose its lease mid-pass, which is raft doing its job, not this test's
+	// subject.)
 	var gone []string
 	for name := range members {
-		if name != restarted && len(gone) < 2 {
+		if !roles[name].Voter {
 			gone = append(gone, name)
 		}
+	}
+	for name := range members {
+		if name != restarted && roles[name].Voter && len(gone) < 2 {
+			gone = append(gone, name)
+		}
+	}
+	if len(gone) != 2 {
+		t.Fatalf("want the non-voter and a voter to stop, got %v of %v", gone, roles)
 	}
 	for _, name := range gone {
 		members[name].leave()
 	}
 	testutil.Await(t, gone[0]+" and "+gone[1]+" to leave c1's gossip", func() bool {
 		for _, name := range gone {
-			if m, ok := c.ml.Get(name); !ok || m.State != membership.Left {
+			if !goneFrom(c.ml, name) {
 				return false
 			}
 		}
@@ -183,6 +195,15 @@ func TestReconcilerDoesAllInOnePass(t *testing.T) {
 			t.Fatalf("after one pass, %s, gone past its grace, is still in raft: %v", name, roles)
 		}
 	}
+}
+
+// goneFrom reports whether ml records name as gone. Left or dead: a
+// goodbye not delivered within Leave's timeout on a loaded host leaves the
+// member to the failure detector, and the reconciler here (a grace of 1 ns)
+// removes either.
+func goneFrom(ml *membership.Membership, name string) bool {
+	m, ok := ml.Get(name)
+	return ok && (m.State == membership.Left || m.State == membership.Dead)
 }
 
 // records keeps the log records at warning level and above.

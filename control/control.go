@@ -239,10 +239,37 @@ func (c *Control) PutDataset(ctx context.Context, name, spec string) (info api.D
 	return c.Leader().PutDataset(ctx, name, spec)
 }
 
+// RefreshDataset lists a registered dataset's source again, on the leader,
+// and records it as a new version (a new ID: nothing cached of the old one is
+// served for it; the quota kept; derived datasets dropped). changed is false
+// when the source lists exactly as registered, and nothing is written.
+// spec, when given, must be the registered source: a refresh never moves a
+// dataset to other storage (delete it and register it again for that).
+func (c *Control) RefreshDataset(ctx context.Context, name, spec string) (api.Dataset, bool, error) {
+	if spec != "" {
+		if _, err := c.CheckSource(spec); err != nil {
+			return api.Dataset{}, false, err
+		}
+	}
+	return c.Leader().RefreshDataset(ctx, name, spec)
+}
+
+// derivedQuota refuses a quota on a derived dataset (issue 46): its items are
+// evicted before any parent item and never admitted by a quota's rules, so a
+// quota there would be enforced yet shown nowhere and mean nothing a user
+// could predict. The parent's quota is the one that bounds the memory.
+func derivedQuota(d *catalog.Dataset) error {
+	return fmt.Errorf("%w: %q is derived from %q: a quota applies to datasets read from a source; derived items are "+
+		"evicted first (they can be recomputed), so set the quota on %q", ErrBadRequest, d.Name, d.DerivedFrom, d.DerivedFrom)
+}
+
 // SetQuota sets (or lifts) a dataset's quota on the leader, registering the
 // dataset from source first when source is given; --allow-source is checked
 // here, before anything is relayed. The caller checks the quota's bounds.
 func (c *Control) SetQuota(ctx context.Context, name, source string, quota api.Quota) (api.Dataset, bool, error) {
+	if d, ok := c.cat.Dataset(name); ok && d.Derived() && !quota.Lift { // refused here, not relayed; the leader checks again
+		return api.Dataset{}, false, derivedQuota(d)
+	}
 	if source != "" {
 		if _, err := c.CheckSource(source); err != nil {
 			return api.Dataset{}, false, err

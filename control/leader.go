@@ -26,6 +26,10 @@ type Leader interface {
 	// false when it was already registered with that source.
 	PutDataset(ctx context.Context, name, spec string) (info api.Dataset, created bool, err error)
 	DeleteDataset(ctx context.Context, name string) error
+	// RefreshDataset lists a registered dataset's source again as a new
+	// version; changed is false when the listing is the registered one.
+	// spec, when given, must be the registered source.
+	RefreshDataset(ctx context.Context, name, spec string) (info api.Dataset, changed bool, err error)
 	// PutJob checks that the job's dataset exists and records the job.
 	PutJob(ctx context.Context, j api.Job) (api.Job, error)
 	DeleteJob(ctx context.Context, name string) error
@@ -63,6 +67,14 @@ func (l localLeader) PutDataset(ctx context.Context, name, spec string) (api.Dat
 	return DatasetInfo(d), created, nil
 }
 
+func (l localLeader) RefreshDataset(ctx context.Context, name, spec string) (api.Dataset, bool, error) {
+	d, changed, err := l.c.refreshDataset(ctx, name, spec)
+	if err != nil {
+		return api.Dataset{}, false, err
+	}
+	return DatasetInfo(d), changed, nil
+}
+
 func (l localLeader) DeleteDataset(_ context.Context, name string) error {
 	return l.c.cat.DeleteDataset(name)
 }
@@ -93,8 +105,10 @@ func (l localLeader) SetQuota(ctx context.Context, name, source string, quota ap
 		if _, created, err = l.c.registerDataset(ctx, name, source); err != nil {
 			return api.Dataset{}, false, err
 		}
-	} else if _, ok := l.c.cat.Dataset(name); !ok {
+	} else if d, ok := l.c.cat.Dataset(name); !ok {
 		return api.Dataset{}, false, fmt.Errorf("%w: no dataset %q (give its source to register it with the quota)", catalog.ErrNotFound, name)
+	} else if d.Derived() && !quota.Lift { // lifting one set before quotas were refused here is fine
+		return api.Dataset{}, false, derivedQuota(d)
 	}
 	var q *uint64 // nil lifts it
 	if !quota.Lift {
@@ -136,6 +150,13 @@ func (r relayLeader) PutDataset(ctx context.Context, name, spec string) (info ap
 	// Registering a large dataset lists its source on the leader: allow minutes.
 	code, err := r.c.forward(ctx, fasthttp.MethodPut, "/v1/datasets/"+url.PathEscape(name),
 		api.PutDataset{Source: spec}, &info, 10*time.Minute)
+	return info, code == fasthttp.StatusCreated, err
+}
+
+func (r relayLeader) RefreshDataset(ctx context.Context, name, spec string) (info api.Dataset, changed bool, err error) {
+	// A refresh lists the source again on the leader: allow minutes.
+	code, err := r.c.forward(ctx, fasthttp.MethodPut, "/v1/datasets/"+url.PathEscape(name),
+		api.PutDataset{Refresh: true, Source: spec}, &info, 10*time.Minute)
 	return info, code == fasthttp.StatusCreated, err
 }
 

@@ -16,6 +16,7 @@ import (
 
 	"stallfree/api"
 	"stallfree/catalog"
+	"stallfree/internal/testcatalog"
 	"stallfree/internal/testutil"
 	"stallfree/relay"
 )
@@ -29,17 +30,7 @@ func (lone) HTTPAddr(string) (string, bool) { return "", false }
 // openLeader is control over a one-member raft that leads.
 func openLeader(t *testing.T) *Control {
 	t.Helper()
-	cat, err := catalog.Open(catalog.Config{Key: testutil.ClusterKey(), NodeID: "n1", Bind: testutil.FreeAddr(t), Dir: t.TempDir(), Bootstrap: true, Timing: catalog.LocalTiming(), Logger: testutil.Discard()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cat.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := cat.WaitLeader(ctx); err != nil {
-		t.Fatal(err)
-	}
-	return New(Config{Name: "n1", Logger: testutil.Discard()}, cat, lone{"n1"})
+	return New(Config{Name: "n1", Logger: testutil.Discard()}, testcatalog.Leader(t, "n1"), lone{"n1"})
 }
 
 // leaderStub is the leader's HTTP API as a relaying follower sees it: it
@@ -285,6 +276,17 @@ func TestCatchupTargetFromTheLeader(t *testing.T) {
 	if f.LeaderHTTP() != s.addr() || f.AwaitLeader(context.Background()) != s.addr() {
 		t.Fatalf("the follower finds the leader at %q", f.LeaderHTTP())
 	}
+	// Whether the leader knows a dataset (how long a follower waits for
+	// it): asked of the leader, as the stub answers.
+	s.status, s.answer = http.StatusOK, `{"name":"ds"}`
+	if !f.leaderHasDataset(context.Background(), "ds") || s.path != "/v1/datasets/ds" {
+		t.Fatalf("a leader answering 200 for ds: not counted as having it (it saw %s)", s.path)
+	}
+	s.status = http.StatusNotFound
+	if f.leaderHasDataset(context.Background(), "ds") {
+		t.Fatal("a leader answering 404 counted as having it")
+	}
+	s.status, s.answer = http.StatusOK, ""
 	src := catchupSource{f}
 	if _, ok := src.LocalTarget(); ok {
 		t.Fatal("a follower has a local target")

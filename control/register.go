@@ -26,28 +26,87 @@ func (c *Control) registerDataset(ctx context.Context, name, spec string) (_ *ca
 		}
 		return nil, false, fmt.Errorf("%w: dataset %q is registered with source %s", catalog.ErrConflict, name, d.Source)
 	}
+	entries, leftOut, err := c.listSource(ctx, name, norm)
+	if err != nil {
+		return nil, false, err
+	}
+	return c.cat.RegisterDataset(name, norm, entries, leftOut)
+}
+
+// listSource lists a dataset's source (normalized) for its registration,
+// visible at GET .../registration while it runs.
+func (c *Control) listSource(ctx context.Context, name, norm string) (_ []source.Entry, leftOut int, err error) {
 	reg := c.startRegistration(name)
 	defer func() { reg.end(err) }()
 	src, err := source.Open(norm, source.Options{S3: c.cfg.S3, Progress: &reg.progress})
 	if err != nil {
-		return nil, false, fmt.Errorf("%w: %w", ErrBadRequest, err)
+		return nil, 0, fmt.Errorf("%w: %w", ErrBadRequest, err)
 	}
 	defer src.Close()
 	entries, err := src.List(ctx)
 	if err != nil {
 		if storageFault(err) {
-			return nil, false, err // 403, 404 or 502 as storage said
+			return nil, 0, err // 403, 404 or 502 as storage said
 		}
-		return nil, false, fmt.Errorf("%w: %w", ErrBadRequest, err)
+		return nil, 0, fmt.Errorf("%w: %w", ErrBadRequest, err)
 	}
 	if len(entries) > 1<<31 {
-		return nil, false, fmt.Errorf("%w: %d items is more than one dataset may hold", ErrBadRequest, len(entries))
+		return nil, 0, fmt.Errorf("%w: %d items is more than one dataset may hold", ErrBadRequest, len(entries))
 	}
-	leftOut := 0
 	if t, ok := src.(*source.Tar); ok {
 		leftOut = t.LeftOut()
 	}
-	return c.cat.RegisterDataset(name, norm, entries, leftOut)
+	return entries, leftOut, nil
+}
+
+// refreshDataset lists a registered dataset's source again and records the
+// listing as a new version, unless it is exactly the registered one (every
+// key, size and fingerprint alike: changed is false, nothing is written).
+// It runs on the raft leader (localLeader).
+func (c *Control) refreshDataset(ctx context.Context, name, spec string) (_ *catalog.Dataset, changed bool, err error) {
+	d, ok := c.cat.Dataset(name)
+	if !ok {
+		return nil, false, fmt.Errorf("%w: no dataset %q", catalog.ErrNotFound, name)
+	}
+	if spec != "" {
+		norm, err := c.CheckSource(spec)
+		if err != nil {
+			return nil, false, err
+		}
+		if norm != d.Source {
+			return nil, false, fmt.Errorf("%w: dataset %q is registered with source %s (a refresh lists that one again)",
+				catalog.ErrConflict, name, d.Source)
+		}
+	}
+	if d.Derived() {
+		return nil, false, fmt.Errorf("%w: %q is derived from %s: loaders write its items, there is no source to list again (refresh %s)",
+			ErrBadRequest, name, d.DerivedFrom, d.DerivedFrom)
+	}
+	if err := c.Allowed(d.Source); err != nil {
+		return nil, false, err
+	}
+	entries, leftOut, err := c.listSource(ctx, name, d.Source)
+	if err != nil {
+		return nil, false, err
+	}
+	if sameListing(d.Manifest, entries) {
+		return d, false, nil
+	}
+	nd, err := c.cat.RefreshDataset(name, d.Source, entries, leftOut)
+	return nd, err == nil, err
+}
+
+// sameListing reports whether entries are m's, line for line.
+func sameListing(m *catalog.Manifest, entries []source.Entry) bool {
+	if m.Len() != len(entries) {
+		return false
+	}
+	for i, e := range entries {
+		if m.Entry(i) != e {
+			return false
+		}
+	}
+	return true
 }
 
 // storageFault reports whether err is storage's answer rather than a fault
@@ -56,6 +115,11 @@ func storageFault(err error) bool {
 	return errors.Is(err, source.ErrDenied) || errors.Is(err, source.ErrNotFound) ||
 		errors.Is(err, source.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded)
 }
+
+// ErrDatasetFlag marks a --dataset flag that cannot register as given: its
+// source cannot be listed, is not allowed, or another source holds the
+// name. A node stops at start on it, as on any other bad flag.
+var ErrDatasetFlag = errors.New("cannot register as given")
 
 // RegisterAtStart registers --dataset flags once the catalog has a leader.
 // Followers leave registration to the leader's own flags or to cachectl.
@@ -85,6 +149,11 @@ func (c *Control) RegisterAtStart(ctx context.Context, specs []string) error {
 				case <-time.After(20 * time.Millisecond):
 				}
 				continue
+			}
+			if err != nil && ctx.Err() == nil {
+				// The source, the allow-list or the catalog refused this
+				// flag: waiting will not change that.
+				return fmt.Errorf("--dataset %s: %w: %w", name, ErrDatasetFlag, err)
 			}
 			if err != nil {
 				return fmt.Errorf("--dataset %s: %w", name, err)

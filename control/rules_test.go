@@ -131,8 +131,12 @@ func TestAllowSourceFollowsSymlinks(t *testing.T) {
 	if _, _, err := c.SetQuota(bg, "ds", outside, api.QuotaOf(1)); !errors.Is(err, ErrForbiddenSource) || c.HasDataset("ds") {
 		t.Fatalf("SetQuota outside: %v", err)
 	}
-	if err := c.RegisterAtStart(bg, []string{"ds=" + outside}); !errors.Is(err, ErrForbiddenSource) || c.HasDataset("ds") {
+	// A refused --dataset is marked so that the node stops at start.
+	if err := c.RegisterAtStart(bg, []string{"ds=" + outside}); !errors.Is(err, ErrForbiddenSource) || !errors.Is(err, ErrDatasetFlag) || c.HasDataset("ds") {
 		t.Fatalf("--dataset outside: %v", err)
+	}
+	if err := c.RegisterAtStart(bg, []string{"ds=" + filepath.Join(allowed, "gone")}); !errors.Is(err, ErrDatasetFlag) || c.HasDataset("ds") {
+		t.Fatalf("--dataset that cannot be listed: %v", err)
 	}
 	// Without prefixes every source is allowed.
 	if err := openLeader(t).Allowed("dir://" + outside); err != nil {

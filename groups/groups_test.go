@@ -1,10 +1,15 @@
 package groups
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -33,7 +38,16 @@ func (h *fakeHost) Group(name string) (*catalog.Group, bool) {
 	g, ok := h.groups[name]
 	return g, ok
 }
-func (h *fakeHost) Groups() []*catalog.Group                              { return nil }
+func (h *fakeHost) Groups() []*catalog.Group {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []*catalog.Group
+	for _, g := range h.groups {
+		out = append(out, g)
+	}
+	slices.SortFunc(out, func(a, b *catalog.Group) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
 func (h *fakeHost) AwaitCatalog(_ context.Context, cond func() bool) bool { return cond() }
 func (h *fakeHost) AppliedIndex() uint64                                  { return 0 }
 func (h *fakeHost) AwaitApplied(context.Context, uint64) bool             { return true }
@@ -333,7 +347,114 @@ func TestRedefiningAGroupWithAttachedJobsConflicts(t *testing.T) {
 		for _, g := range s.host.Groups() {
 			yield(g.Name)
 		}
-	}); len(got) != 0 {
-		t.Fatalf("groups %v", got)
+	}); !slices.Equal(got, []string{"g"}) {
+		t.Fatalf("groups %v; want only g (no refused definition)", got)
+	}
+}
+
+// The attack of issue 46: a read of a batch far ahead (another epoch, or
+// past the newest staged batch plus the window) used to make its job the
+// "fastest" and detach every other one. It is refused with a conflict and
+// moves no position; reads in reach still work.
+func TestFarReadsAreRefusedAndMoveNothing(t *testing.T) {
+	s, _ := newService(t, 1<<20, 3, 4)
+	ctx := context.Background()
+	if _, err := s.PutBatch(ctx, Batch{Group: "g", Job: 0, Index: 0}, []byte("b0"), time.Second); err != nil {
+		t.Fatal(err)
+	}
+	for _, j := range []int{1, 2} {
+		if _, _, err := s.Get(ctx, Batch{Group: "g", Job: j, Index: 0}, 0); err != nil {
+			t.Fatalf("job %d, batch 0: %v", j, err)
+		}
+	}
+	before, _ := s.LocalInfo("g")
+	for _, far := range []Batch{
+		{Group: "g", Job: 0, Epoch: 1000, Index: 0}, // another epoch
+		{Group: "g", Job: 0, Epoch: 2, Index: 0},    // past the next
+		{Group: "g", Job: 0, Epoch: 0, Index: 5},    // newest staged 0 + W 4 < 5
+	} {
+		if _, _, err := s.Get(ctx, far, 0); !errors.Is(err, catalog.ErrConflict) {
+			t.Fatalf("read of epoch %d batch %d: %v; want a conflict", far.Epoch, far.Index, err)
+		}
+	}
+	for _, e := range []uint64{2, 1000} { // a producer far ahead, too
+		if _, err := s.PutBatch(ctx, Batch{Group: "g", Job: 1, Epoch: e, Index: 1}, []byte("x"), 0); !errors.Is(err, catalog.ErrConflict) {
+			t.Fatalf("put of epoch %d: %v; want a conflict", e, err)
+		}
+	}
+	after, _ := s.LocalInfo("g")
+	for j := range after.Jobs {
+		if after.Jobs[j].Detached || after.Jobs[j].Epoch != before.Jobs[j].Epoch || after.Jobs[j].Batch != before.Jobs[j].Batch {
+			t.Fatalf("job %d moved or detached: before %+v, after %+v", j, before.Jobs[j], after.Jobs[j])
+		}
+	}
+	// In reach: batch 4 (newest 0 + W) and the next epoch's start.
+	if _, _, err := s.Get(ctx, Batch{Group: "g", Job: 1, Index: 4}, 0); !errors.Is(err, ErrNotStaged) {
+		t.Fatalf("batch 4: %v; want not staged (in reach)", err)
+	}
+	if _, _, err := s.Get(ctx, Batch{Group: "g", Job: 2, Epoch: 1, Index: 0}, 0); errors.Is(err, catalog.ErrConflict) {
+		t.Fatalf("the next epoch's first batch: %v", err)
+	}
+}
+
+// In shared memory a staged batch is one file, its path what readers on
+// this host get; a second PUT compares against it; once every job has read
+// it the file stays Linger and is then removed, even while a reader still
+// has it open (its pages go when the reader lets go or dies); a restarted
+// service removes what its last run left.
+func TestBatchesInSharedMemory(t *testing.T) {
+	dir := t.TempDir()
+	h := newFakeHost(1 << 20)
+	s := New(h, Config{Timeout: time.Hour, MaxBatchBytes: 1 << 20, ShmDir: dir, Linger: time.Minute})
+	t.Cleanup(s.Close)
+	w := 4
+	ctx := context.Background()
+	if _, _, err := s.Put(ctx, "g", api.GroupSpec{Dataset: "ds", Seed: 1, BatchSize: 4, Jobs: 2, Window: &w}); err != nil {
+		t.Fatal(err)
+	}
+	data := []byte("a staged batch")
+	if created, err := s.PutBatch(ctx, Batch{Group: "g", Job: 0, Index: 0}, data, time.Second); err != nil || !created {
+		t.Fatalf("put: %v %v", created, err)
+	}
+	if _, err := s.PutBatch(ctx, Batch{Group: "g", Job: 0, Index: 0}, []byte("other bytes"), time.Second); !errors.Is(err, catalog.ErrConflict) {
+		t.Fatalf("other bytes: %v", err)
+	}
+	if files, _ := filepath.Glob(filepath.Join(dir, "*")); len(files) != 1 {
+		t.Fatalf("files after one batch and a refused PUT: %v", files)
+	}
+	st, _, err := s.GetStaged(ctx, Batch{Group: "g", Job: 1, Index: 0}, 0)
+	if err != nil || st.Path == "" || st.Data != nil || st.Size != int64(len(data)) {
+		t.Fatalf("staged: %+v %v", st, err)
+	}
+	held, err := os.Open(st.Path) // a reader maps it
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	if got, _ := io.ReadAll(held); !bytes.Equal(got, data) {
+		t.Fatalf("the file holds %q", got)
+	}
+	if info, _ := s.LocalInfo("g"); info.StagedBatches != 0 || h.held() != 0 {
+		t.Fatalf("after both jobs: %d staged, %d bytes claimed", info.StagedBatches, h.held())
+	}
+	s.tick(time.Now())
+	if _, err := os.Stat(st.Path); err != nil {
+		t.Fatalf("the file went before its linger: %v", err)
+	}
+	s.tick(time.Now().Add(2 * time.Minute))
+	if _, err := os.Stat(st.Path); !os.IsNotExist(err) {
+		t.Fatalf("the file outlived its linger: %v", err)
+	}
+	// A file a dead run left is removed by the next one; another node's stays.
+	mine, other := filepath.Join(dir, s.shmPrefix()+"g-9-x"), filepath.Join(dir, "stallfree-othernode-g-9-x")
+	for _, p := range []string{mine, other} {
+		os.WriteFile(p, data, 0o600)
+	}
+	New(h, Config{ShmDir: dir}).Close()
+	if _, err := os.Stat(mine); !os.IsNotExist(err) {
+		t.Fatalf("a stale file of this node stayed: %v", err)
+	}
+	if _, err := os.Stat(other); err != nil {
+		t.Fatalf("another node's file was removed: %v", err)
 	}
 }

@@ -7,12 +7,15 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"stallfree/api"
 	"stallfree/catalog"
+	"stallfree/handoff"
 	"stallfree/relay"
 )
 
@@ -73,6 +76,15 @@ type Config struct {
 	// this node asks a group's owner about it.
 	Relay  *relay.Client
 	Logger *slog.Logger
+	// ShmDir, when set, is a directory in shared memory (a tmpfs such as
+	// /dev/shm) where staged batches are kept as files that jobs on this
+	// host map (shm.go). "": batches are kept in the heap.
+	ShmDir string
+	// Linger is how long a dropped batch's file stays (0: DefaultLinger).
+	Linger time.Duration
+	// ShmTag tells this node's files from those of another node of the same
+	// name on this host (cachenode: a digest of its data directory).
+	ShmTag string
 }
 
 // Service serves groups on one node: definitions for every group, and the
@@ -83,6 +95,11 @@ type Service struct {
 
 	mu     sync.Mutex
 	stages map[string]*stage
+	linger []lingering // files of dropped batches, removed when due (shm.go)
+	// copies are batches relayed from owners on other hosts (hostcopy.go).
+	copies    map[copyKey]hostCopy
+	copyBytes int64
+	copyHits  atomic.Uint64
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -96,8 +113,14 @@ func New(host Host, cfg Config) *Service {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.Linger <= 0 {
+		cfg.Linger = DefaultLinger
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &Service{host: host, cfg: cfg, stages: map[string]*stage{}, cancel: cancel}
+	s := &Service{host: host, cfg: cfg, stages: map[string]*stage{}, cancel: cancel, copies: map[copyKey]hostCopy{}}
+	if cfg.ShmDir != "" {
+		s.removeStaleShm()
+	}
 	s.wg.Add(1)
 	go s.clock(ctx)
 	return s
@@ -112,6 +135,8 @@ func (s *Service) Close() {
 	for name, st := range s.stages {
 		s.release(name, st)
 	}
+	s.expireCopies(time.Time{})
+	s.removeDue(time.Time{})
 }
 
 // Owner is where a group's batches are staged.
@@ -139,6 +164,8 @@ func (s *Service) clock(ctx context.Context) {
 func (s *Service) tick(now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.expireCopies(now)
+	s.removeDue(now)
 	for name, st := range s.stages {
 		if g, ok := s.host.Group(name); !ok || g.Version != st.spec.Version {
 			s.release(name, st)
@@ -166,6 +193,9 @@ func (s *Service) sweep(st *stage) {
 // gone. Caller holds s.mu.
 func (s *Service) release(name string, st *stage) {
 	s.host.UnclaimMemory(st.bytes)
+	for _, b := range st.staged {
+		s.retire(b)
+	}
 	st.staged, st.bytes = map[uint64]*batch{}, 0
 	delete(s.stages, name)
 	st.notify()
@@ -208,6 +238,7 @@ func (s *Service) stageOf(name string) (*stage, error) {
 		s.release(name, st)
 	}
 	st = newStage(g, time.Now())
+	st.retire = s.retire
 	s.stages[name] = st
 	return st, nil
 }
@@ -348,6 +379,17 @@ func (s *Service) begin(st *stage, j int) func() {
 // the stage, has to make the batch. producer is the job preparing the batch
 // (by the rule in Producer) when the answer is ErrNotStaged.
 func (s *Service) Get(ctx context.Context, b Batch, wait time.Duration) (data []byte, producer int, err error) {
+	st, producer, err := s.GetStaged(ctx, b, wait)
+	if err != nil {
+		return nil, producer, err
+	}
+	data, err = st.Bytes()
+	return data, producer, err
+}
+
+// GetStaged is Get, answering with the staged batch's file where it has one
+// (shm.go) rather than its bytes.
+func (s *Service) GetStaged(ctx context.Context, b Batch, wait time.Duration) (_ Staged, producer int, err error) {
 	s.awaitGroup(ctx, b.Group, b.After)
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
@@ -355,11 +397,15 @@ func (s *Service) Get(ctx context.Context, b Batch, wait time.Duration) (data []
 	defer s.mu.Unlock()
 	st, err := s.stageOf(b.Group)
 	if err != nil {
-		return nil, -1, err
+		return Staged{}, -1, err
 	}
 	pos, err := b.position(st)
 	if err != nil {
-		return nil, -1, err
+		return Staged{}, -1, err
+	}
+	// A reader is never more than W batches past what is staged.
+	if err := st.reach(b.Job, b.Epoch, pos, uint64(st.spec.Window)); err != nil {
+		return Staged{}, -1, err
 	}
 	defer s.begin(st, b.Job)()
 	st.touch(b.Job, pos)
@@ -367,31 +413,31 @@ func (s *Service) Get(ctx context.Context, b Batch, wait time.Duration) (data []
 	for {
 		if st.jobs[b.Job].detached {
 			_, err := b.position(st)
-			return nil, -1, err
+			return Staged{}, -1, err
 		}
 		if bt, ok := st.staged[pos]; ok {
 			if !bt.has[b.Job] {
 				bt.has[b.Job] = true
 				st.jobs[b.Job].served++
 			}
-			data := bt.data
+			got := Staged{Data: bt.data, Path: bt.path, Size: int64(bt.len())}
 			if st.complete(bt) {
 				s.host.UnclaimMemory(st.drop(pos, bt))
 			}
-			return data, b.Job, nil
+			return got, b.Job, nil
 		}
 		p := st.producer(pos)
 		if _, done := st.done[pos]; done {
-			return nil, -1, fmt.Errorf("%w: batch %d of epoch %d of group %q was served to every attached job and dropped", ErrNotStaged, b.Index, b.Epoch, b.Group)
+			return Staged{}, -1, fmt.Errorf("%w: batch %d of epoch %d of group %q was served to every attached job and dropped", ErrNotStaged, b.Index, b.Epoch, b.Group)
 		}
 		if p == b.Job {
-			return nil, p, fmt.Errorf("%w: batch %d of epoch %d of group %q is not staged; job %d (the asker) prepares it", ErrNotStaged, b.Index, b.Epoch, b.Group, p)
+			return Staged{}, p, fmt.Errorf("%w: batch %d of epoch %d of group %q is not staged; job %d (the asker) prepares it", ErrNotStaged, b.Index, b.Epoch, b.Group, p)
 		}
 		if !s.await(ctx, st) {
-			return nil, p, fmt.Errorf("%w: batch %d of epoch %d of group %q is not staged (waited %v; job %d prepares it)", ErrNotStaged, b.Index, b.Epoch, b.Group, wait, p)
+			return Staged{}, p, fmt.Errorf("%w: batch %d of epoch %d of group %q is not staged (waited %v; job %d prepares it)", ErrNotStaged, b.Index, b.Epoch, b.Group, wait, p)
 		}
 		if cur, ok := s.stages[b.Group]; !ok || cur != st {
-			return nil, -1, fmt.Errorf("%w: group %q was deleted or redefined", catalog.ErrNotFound, b.Group)
+			return Staged{}, -1, fmt.Errorf("%w: group %q was deleted or redefined", catalog.ErrNotFound, b.Group)
 		}
 	}
 }
@@ -415,10 +461,74 @@ func (s *Service) await(ctx context.Context, st *stage) bool {
 // (W × J × batch bytes) or the node's memory the producer waits up to wait,
 // then gets ErrFull. created reports whether these bytes were staged now.
 func (s *Service) PutBatch(ctx context.Context, b Batch, data []byte, wait time.Duration) (created bool, err error) {
-	if s.cfg.MaxBatchBytes > 0 && len(data) > s.cfg.MaxBatchBytes {
-		return false, fmt.Errorf("%w: %d bytes; --max-item-bytes is %d", ErrTooLarge, len(data), s.cfg.MaxBatchBytes)
+	return s.put(ctx, b, incoming{data: data}, wait)
+}
+
+// PutHandedOver stages a batch its producer, a job on this host, wrote into
+// a file of its own and handed over (package handoff): the file becomes the
+// batch's shared-memory file, and the node writes nothing. The service owns
+// the file from then on: it is closed when the batch retires, or at once
+// when these bytes are not staged (an error, a batch there already).
+func (s *Service) PutHandedOver(ctx context.Context, b Batch, f *handoff.File, wait time.Duration) (created bool, err error) {
+	return s.put(ctx, b, incoming{file: f}, wait)
+}
+
+// incoming is a batch a producer sends: its bytes, or a handed-over file.
+type incoming struct {
+	data []byte
+	file *handoff.File
+}
+
+func (in incoming) size() int {
+	if in.file != nil {
+		return int(in.file.Size)
+	}
+	return len(in.data)
+}
+
+// bytes are the batch's bytes; a handed-over file is read only when they
+// must be compared (a batch staged already).
+func (in incoming) bytes() ([]byte, error) {
+	if in.file != nil {
+		return in.file.ReadAll()
+	}
+	return in.data, nil
+}
+
+func (s *Service) put(ctx context.Context, b Batch, in incoming, wait time.Duration) (created bool, err error) {
+	if in.file != nil {
+		defer func() {
+			if !created {
+				in.file.Close()
+			}
+		}()
+	}
+	if s.cfg.MaxBatchBytes > 0 && in.size() > s.cfg.MaxBatchBytes {
+		return false, fmt.Errorf("%w: %d bytes; --max-item-bytes is %d", ErrTooLarge, in.size(), s.cfg.MaxBatchBytes)
 	}
 	s.awaitGroup(ctx, b.Group, b.After)
+	// In shared memory the batch is written to its file before the lock is
+	// taken (a write of megabytes must not hold up the group), and the file
+	// is removed unless the batch is staged from it. A handed-over file is
+	// that file already.
+	var shm string
+	if in.file != nil {
+		shm = in.file.Path
+	} else if s.cfg.ShmDir != "" {
+		nb := uint64(1) // the file's name only; the position is checked below
+		if g, ok := s.host.Group(b.Group); ok {
+			nb = uint64(max(g.Batches(), 1))
+		}
+		if shm, err = s.writeShm(b.Group, b.Epoch*nb+uint64(max(b.Index, 0)), in.data); err != nil {
+			s.cfg.Logger.Warn("staging in shared memory failed; keeping the batch in the heap", "dir", s.cfg.ShmDir, "err", err)
+			shm = ""
+		}
+		defer func() {
+			if shm != "" && !created {
+				os.Remove(shm)
+			}
+		}()
+	}
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	s.mu.Lock()
@@ -431,6 +541,11 @@ func (s *Service) PutBatch(ctx context.Context, b Batch, data []byte, wait time.
 	if err != nil {
 		return false, err
 	}
+	// Producers take turns, so one may be up to W×J batches ahead (the
+	// staging bound's reach).
+	if err := st.reach(b.Job, b.Epoch, pos, uint64(st.spec.Window)*uint64(st.spec.Jobs)); err != nil {
+		return false, err
+	}
 	defer s.begin(st, b.Job)()
 	// The job's position moves only once its batch is in: a PUT refused
 	// (409 aside: the batch is there) changes nothing.
@@ -440,13 +555,13 @@ func (s *Service) PutBatch(ctx context.Context, b Batch, data []byte, wait time.
 			s.sweep(st)
 		}
 	}()
-	n := uint64(len(data))
+	n := uint64(in.size())
 	for {
 		if st.jobs[b.Job].detached {
 			_, err := b.position(st)
 			return false, err
 		}
-		if staged, same := st.sameBytes(pos, data); staged {
+		if staged, same := st.sameBytes(pos, in.bytes); staged {
 			st.putDone(b.Job, pos)
 			if !same {
 				return false, fmt.Errorf("%w: batch %d of epoch %d of group %q is staged with other bytes; they stay (read them)", catalog.ErrConflict, b.Index, b.Epoch, b.Group)
@@ -473,9 +588,20 @@ func (s *Service) PutBatch(ctx context.Context, b Batch, data []byte, wait time.
 			return false, fmt.Errorf("%w: group %q was deleted or redefined", catalog.ErrNotFound, b.Group)
 		}
 	}
-	bt := &batch{data: append([]byte(nil), data...), has: make([]bool, st.spec.Jobs)}
+	bt := &batch{has: make([]bool, st.spec.Jobs)}
+	if shm != "" {
+		bt.path, bt.size = shm, n
+		if in.file != nil {
+			bt.held = in.file
+		}
+	} else {
+		bt.data = append([]byte(nil), in.data...)
+	}
 	bt.has[b.Job] = true
 	st.staged[pos] = bt
+	if !st.anyStaged || pos > st.newest {
+		st.newest, st.anyStaged = pos, true
+	}
 	st.bytes += n
 	st.largest = max(st.largest, n)
 	st.jobs[b.Job].prepared++

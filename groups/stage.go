@@ -3,6 +3,8 @@ package groups
 import (
 	"bytes"
 	"fmt"
+	"io"
+	"os"
 	"slices"
 	"time"
 
@@ -25,9 +27,15 @@ type stage struct {
 	largest uint64 // the largest batch staged so far: the bound's "batch bytes"
 	done    map[uint64]struct{}
 	doneQ   []uint64
+	// newest is the furthest position ever staged, valid when anyStaged:
+	// what requests are in reach of (reach).
+	newest    uint64
+	anyStaged bool
 	// changed is closed and replaced whenever a batch is staged or dropped
 	// or a job detached: waiting requests look again.
 	changed chan struct{}
+	// retire is told of every batch dropped (its file outlives it briefly).
+	retire func(*batch)
 }
 
 type jobState struct {
@@ -45,8 +53,22 @@ type jobState struct {
 }
 
 type batch struct {
-	data []byte
+	data []byte // the bytes, when they are not in a file (path)
+	// path is the shared-memory file holding the bytes (Config.ShmDir),
+	// size their length; "" when they are in data.
+	path string
+	size uint64
+	// held is the file when it was handed over by its producer (a sealed
+	// memfd, opened by path): closed, not removed, when the batch retires.
+	held io.Closer
 	has  []bool // job j staged or read it
+}
+
+func (b *batch) len() uint64 {
+	if b.path != "" {
+		return b.size
+	}
+	return uint64(len(b.data))
 }
 
 func newStage(spec *catalog.Group, now time.Time) *stage {
@@ -75,6 +97,39 @@ func (st *stage) detachedList() []Detached {
 
 func (st *stage) producer(pos uint64) int {
 	return Producer(st.spec.Jobs, st.spec.Batches(), st.detachedList(), pos)
+}
+
+// reach checks that job j may ask for position pos (epoch e) at all,
+// before the request moves any position: a request far ahead would make the
+// asker the "fastest job" and detach every other one. A job asks for its
+// current epoch or the next (a job not seen yet: the furthest attached
+// job's epoch or the next; in a stage nobody has asked of yet, any epoch,
+// so a group may resume where its jobs left off), and for no batch past the
+// newest staged one (or its epoch's first, when that is further) by more
+// than ahead batches. Refusals are ErrConflict and change nothing.
+func (st *stage) reach(j int, e, pos, ahead uint64) error {
+	nb := uint64(max(st.spec.Batches(), 1))
+	cur, known := uint64(0), false
+	if js := st.jobs[j]; js.seen {
+		cur, known = js.pos/nb, true
+	} else {
+		for _, o := range st.jobs {
+			if o.seen && !o.detached && (!known || o.pos/nb > cur) {
+				cur, known = o.pos/nb, true
+			}
+		}
+	}
+	if known && e != cur && e != cur+1 {
+		return fmt.Errorf("%w: epoch %d: job %d is in epoch %d; it may ask for that epoch or the next", catalog.ErrConflict, e, j, cur)
+	}
+	base := e * nb
+	if st.anyStaged && st.newest > base {
+		base = st.newest
+	}
+	if pos > base+ahead {
+		return fmt.Errorf("%w: batch %d of epoch %d is more than %d batches past the newest staged one", catalog.ErrConflict, pos-e*nb, e, ahead)
+	}
+	return nil
 }
 
 // touch records a request of job j at pos and applies the window: a job more
@@ -148,7 +203,10 @@ func (st *stage) sweep() uint64 {
 
 func (st *stage) drop(pos uint64, b *batch) uint64 {
 	delete(st.staged, pos)
-	n := uint64(len(b.data))
+	if st.retire != nil {
+		st.retire(b)
+	}
+	n := b.len()
 	st.bytes -= n
 	st.markDone(pos)
 	st.notify()
@@ -174,10 +232,18 @@ func (st *stage) fits(n uint64) bool {
 	return st.bytes+n <= bound
 }
 
-func (st *stage) sameBytes(pos uint64, data []byte) (staged, same bool) {
+func (st *stage) sameBytes(pos uint64, incoming func() ([]byte, error)) (staged, same bool) {
 	b, ok := st.staged[pos]
 	if !ok {
 		return false, false
+	}
+	data, err := incoming()
+	if err != nil {
+		return true, false
+	}
+	if b.path != "" { // a second PUT of a batch: rare, so read back
+		held, err := os.ReadFile(b.path)
+		return true, err == nil && bytes.Equal(held, data)
 	}
 	return true, bytes.Equal(b.data, data)
 }

@@ -67,7 +67,8 @@ func start(t testing.TB, items, size int, memory uint64, policy, token string) *
 }
 
 // startOn serves an existing dataset directory.
-func startOn(t testing.TB, dir string, files map[string][]byte, memory uint64, policy, token string) *harness {
+// opts configure the server before it serves.
+func startOn(t testing.TB, dir string, files map[string][]byte, memory uint64, policy, token string, opts ...func(*Server, *node.Node)) *harness {
 	t.Helper()
 	n, err := node.New(node.Config{Name: "t1", ClusterKey: testutil.ClusterKey(), RaftBind: testutil.FreeAddr(t), DataDir: t.TempDir(), Bootstrap: true,
 		Memory: memory, Policy: policy, Timing: node.LocalTiming(), Logger: slog.New(slog.DiscardHandler)})
@@ -79,6 +80,9 @@ func startOn(t testing.TB, dir string, files map[string][]byte, memory uint64, p
 		t.Fatal(err)
 	}
 	srv := New(n, token, slog.New(slog.DiscardHandler))
+	for _, o := range opts {
+		o(srv, n)
+	}
 	go srv.Serve(ln)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -450,7 +454,7 @@ func TestPanicIsContained(t *testing.T) {
 func TestUnusedConnectionClosedSilently(t *testing.T) {
 	h := start(t, 1, 10, 1<<20, "minio", "")
 	s := New(h.node, "", slog.New(slog.DiscardHandler))
-	s.srv.ReadTimeout = 100 * time.Millisecond
+	s.IdleTimeout = 100 * time.Millisecond
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	go s.Serve(ln)
 	defer s.Shutdown(context.Background())

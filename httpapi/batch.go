@@ -17,6 +17,7 @@ import (
 	"stallfree/api"
 	"stallfree/catalog"
 	"stallfree/node"
+	"stallfree/store"
 )
 
 // itemRoutes serve a dataset's items and samples: one by key or index, a
@@ -107,15 +108,67 @@ func (r itemRoutes) batch(ctx *fasthttp.RequestCtx, p params) {
 			idx[j] = i
 		}
 	}
+	if string(ctx.QueryArgs().Peek("map")) == "1" {
+		r.locate(ctx, d, idx)
+		return
+	}
 	// The node checks the count, the indices and the bytes (413, 400, 413).
 	rctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	items, err := r.items.GetManyFor(rctx, d, idx, "")
+	get := r.items.GetManyFor
+	if partial := string(ctx.QueryArgs().Peek("partial")); partial == "1" && d.Derived() {
+		get = r.items.GetManyPartial // items not written yet answered nil
+	} else if partial != "" {
+		writeError(ctx, fasthttp.StatusBadRequest, fmt.Sprintf("partial=%q: only partial=1, on a derived dataset", partial))
+		return
+	}
+	items, err := get(rctx, d, idx, "")
 	if err != nil {
 		fail(ctx, err)
 		return
 	}
 	writeBatch(ctx, r.items, items)
+}
+
+// locate answers POST batch?map=1 from a loader on this host: where each
+// item lies in the node's shared arena (node.LocateMany), for the loader to
+// copy it from there, as msgpack {"arena": path, "gens": path, "size": n,
+// "page": bytes a generation covers, "items": [[off, size, gens, key] or
+// nil]}; nil marks an item not resident here, which the loader reads
+// through a plain batch request. Over TCP, or where the arena is not
+// shared, there is nothing to map: 204.
+func (r itemRoutes) locate(ctx *fasthttp.RequestCtx, d *catalog.Dataset, idx []int) {
+	if err := node.CheckIndices(d, idx); err != nil {
+		fail(ctx, err)
+		return
+	}
+	if !overUnixSocket(ctx) {
+		ctx.SetStatusCode(fasthttp.StatusNoContent)
+		return
+	}
+	loc, ok, err := r.items.LocateMany(d, idx, "")
+	if err != nil {
+		fail(ctx, err)
+		return
+	}
+	if !ok {
+		ctx.SetStatusCode(fasthttp.StatusNoContent)
+		return
+	}
+	items := make([]any, len(loc.Items))
+	for j, it := range loc.Items {
+		if it.Found {
+			items[j] = []any{it.Off, it.Size, it.Gens, it.Key}
+		}
+	}
+	b, err := msgpack.Marshal(map[string]any{"arena": loc.Arena, "gens": loc.Gens, "size": loc.Size,
+		"page": store.GenPage, "items": items})
+	if err != nil {
+		fail(ctx, err)
+		return
+	}
+	ctx.SetContentType("application/msgpack")
+	ctx.SetBody(b)
 }
 
 // samples serves POST samples/batch {"indices": [...]} of a tar dataset: an
@@ -173,6 +226,11 @@ func writeBatch(ctx *fasthttp.RequestCtx, to Served, items []node.Item) {
 	ends := make([]int, len(items)) // end of each item's framing in meta
 	_ = enc.EncodeArrayLen(len(items))
 	for j := range items {
+		if items[j].NotWritten {
+			_ = enc.EncodeNil()
+			ends[j] = meta.Len()
+			continue
+		}
 		_ = enc.EncodeMapLen(2)
 		_ = enc.EncodeString("key")
 		_ = enc.EncodeString(items[j].Key)

@@ -28,7 +28,9 @@ func TestBodiesByRoute(t *testing.T) {
 	if r := h.do("GET", "/v1/datasets/ds", nil); r.status != 200 {
 		t.Fatalf("after the refusals: %d %s", r.status, r.body)
 	}
-	req, err := http.NewRequest("PUT", h.base+"/v1/checkpoints/job/steps/1/parts/0", bytes.NewReader(big))
+	// Within the small drain a refused body gets its 401; past it the
+	// sender may see a reset instead (hostile_test.go).
+	req, err := http.NewRequest("PUT", h.base+"/v1/checkpoints/job/steps/1/parts/0", bytes.NewReader(big[:32<<10]))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +46,6 @@ func TestBodiesByRoute(t *testing.T) {
 		{"GET", "/v1/checkpoints"},
 		{"PUT", "/v1/checkpoints/job/steps/1/parts/0"},
 		{"POST", "/v1/checkpoints/job/steps/1/commit"},
-		{"GET", "/v1/internal/checkpoints/job/steps/1"},
 	} {
 		if r := h.do(c.method, c.path, nil); r.status != 404 || !strings.Contains(string(r.body), "not served by this node") {
 			t.Fatalf("%s %s without checkpoints: %d %s", c.method, c.path, r.status, r.body)

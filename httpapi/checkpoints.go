@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"strconv"
 	"strings"
 	"time"
@@ -23,10 +24,11 @@ type Checkpoints interface {
 	Put(ctx context.Context, req checkpoint.PutRequest, body io.Reader) error
 	Commit(ctx context.Context, name string, step uint64, req api.CommitCheckpoint, relayed bool) (api.CheckpointStep, error)
 	Open(ctx context.Context, name string, step uint64, part string, localOnly bool) (*checkpoint.Part, error)
+	MapLocal(name string, step uint64, part string) (checkpoint.Mapped, bool)
 	List() []api.Checkpoint
 	Get(name string) (api.Checkpoint, error)
 	Uploads(ctx context.Context, name string, step uint64) (api.CheckpointUpload, error)
-	Held(name string, step uint64) []checkpoint.HeldPart
+	Held(name string, step uint64, forCommit bool) []checkpoint.HeldPart
 	Delete(ctx context.Context, name string, relayed bool) error
 	CopyTo(ctx context.Context, name string, step uint64, part, addr string) error
 	DropLocal(name string) int
@@ -62,7 +64,20 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, limit int) bool {
 	if ctx.Request.Header.ContentLength() > limit {
 		return tooLarge()
 	}
-	b, err := io.ReadAll(io.LimitReader(ctx.RequestBodyStream(), int64(limit)+1))
+	var (
+		b   []byte
+		err error
+	)
+	if n := ctx.Request.Header.ContentLength(); n >= 0 {
+		// The length is known (and within the limit): one buffer of that
+		// size, filled in place, where io.ReadAll would grow one by doubling
+		// and copy the body several times over (a derived item's PUT spent
+		// more in those copies than in storing it).
+		b = make([]byte, n)
+		_, err = io.ReadFull(s.bodyStream(ctx), b)
+	} else {
+		b, err = io.ReadAll(io.LimitReader(s.bodyStream(ctx), int64(limit)+1))
+	}
 	if err != nil {
 		writeError(ctx, fasthttp.StatusBadRequest, "reading the request body: "+err.Error())
 		ctx.SetConnectionClose()
@@ -73,6 +88,31 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, limit int) bool {
 	}
 	ctx.Request.SetBodyRaw(b)
 	return true
+}
+
+// bodyStream is a streamed request body that fails when no byte arrives for
+// IdleTimeout, not after a total time: a large part on a slow link
+// takes as long as it takes while it makes progress, and a silent sender
+// is cut off. Every body a route reads goes through it.
+func (s *Server) bodyStream(ctx *fasthttp.RequestCtx) io.Reader {
+	if !ctx.Request.IsBodyStream() {
+		return bytes.NewReader(ctx.PostBody())
+	}
+	return progressReader{r: ctx.RequestBodyStream(), conn: ctx.Conn(), idle: s.IdleTimeout}
+}
+
+// progressReader moves the connection's read deadline before each read.
+type progressReader struct {
+	r    io.Reader
+	conn net.Conn
+	idle time.Duration
+}
+
+func (p progressReader) Read(b []byte) (int, error) {
+	if p.idle > 0 {
+		p.conn.SetReadDeadline(time.Now().Add(p.idle))
+	}
+	return p.r.Read(b)
 }
 
 // maxTooLargeDrain bounds what is read of a body refused as too large.
@@ -150,7 +190,7 @@ func (checkpointRoutes) dropLocal(ctx *fasthttp.RequestCtx, ck Checkpoints, p pa
 }
 
 func (checkpointRoutes) held(ctx *fasthttp.RequestCtx, ck Checkpoints, p params, step uint64) {
-	writeJSON(ctx, 200, ck.Held(p.get("checkpoint"), step))
+	writeJSON(ctx, 200, ck.Held(p.get("checkpoint"), step, string(ctx.QueryArgs().Peek("commit")) == "1"))
 }
 
 func (checkpointRoutes) copy(ctx *fasthttp.RequestCtx, ck Checkpoints, p params, step uint64) {
@@ -164,12 +204,12 @@ func (checkpointRoutes) copy(ctx *fasthttp.RequestCtx, ck Checkpoints, p params,
 	ctx.SetStatusCode(fasthttp.StatusNoContent)
 }
 
-func (checkpointRoutes) putPart(ctx *fasthttp.RequestCtx, ck Checkpoints, p params, step uint64) {
-	putPart(ctx, ck, p.get("checkpoint"), step, p.get("part"), false)
+func (c checkpointRoutes) putPart(ctx *fasthttp.RequestCtx, ck Checkpoints, p params, step uint64) {
+	putPart(ctx, ck, c.s.bodyStream(ctx), p.get("checkpoint"), step, p.get("part"), false)
 }
 
-func (checkpointRoutes) putReplica(ctx *fasthttp.RequestCtx, ck Checkpoints, p params, step uint64) {
-	putPart(ctx, ck, p.get("checkpoint"), step, p.get("part"), true)
+func (c checkpointRoutes) putReplica(ctx *fasthttp.RequestCtx, ck Checkpoints, p params, step uint64) {
+	putPart(ctx, ck, c.s.bodyStream(ctx), p.get("checkpoint"), step, p.get("part"), true)
 }
 
 func (checkpointRoutes) getPart(ctx *fasthttp.RequestCtx, ck Checkpoints, p params, step uint64) {
@@ -180,20 +220,14 @@ func (checkpointRoutes) getLocal(ctx *fasthttp.RequestCtx, ck Checkpoints, p par
 	getPart(ctx, ck, p.get("checkpoint"), step, p.get("part"), true)
 }
 
-func (checkpointRoutes) commit(ctx *fasthttp.RequestCtx, ck Checkpoints, p params, step uint64) {
-	commitCheckpoint(ctx, ck, p.get("checkpoint"), step)
+func (c checkpointRoutes) commit(ctx *fasthttp.RequestCtx, ck Checkpoints, p params, step uint64) {
+	commitCheckpoint(ctx, ck, c.s.bodyStream(ctx), p.get("checkpoint"), step)
 }
 
-func putPart(ctx *fasthttp.RequestCtx, ck Checkpoints, name string, step uint64, part string, internal bool) {
+func putPart(ctx *fasthttp.RequestCtx, ck Checkpoints, body io.Reader, name string, step uint64, part string, internal bool) {
 	req := checkpoint.PutRequest{Name: name, Step: step, Part: part, Replica: internal,
 		Repair: internal && string(ctx.QueryArgs().Peek("repair")) == "1",
 		Sum:    string(ctx.Request.Header.Peek(api.HeaderChecksum)), Size: int64(ctx.Request.Header.ContentLength())}
-	var body io.Reader
-	if ctx.Request.IsBodyStream() {
-		body = ctx.RequestBodyStream()
-	} else {
-		body = bytes.NewReader(ctx.PostBody())
-	}
 	if err := ck.Put(context.Background(), req, body); err != nil {
 		failCheckpoint(ctx, err)
 		return
@@ -202,6 +236,27 @@ func putPart(ctx *fasthttp.RequestCtx, ck Checkpoints, name string, step uint64,
 }
 
 func getPart(ctx *fasthttp.RequestCtx, ck Checkpoints, name string, step uint64, part string, internal bool) {
+	if !internal && string(ctx.QueryArgs().Peek("map")) == "1" {
+		// A rank on this host maps the node's own copy: no byte crosses
+		// the socket. When there is nothing to map (not held here, not in
+		// shared memory, a caller on another host) nothing is sent either:
+		// 204, and the caller fetches the bytes without ?map.
+		// Asked only over the socket: a mapping handed out is never reused.
+		m, ok := checkpoint.Mapped{}, false
+		if overUnixSocket(ctx) {
+			m, ok = ck.MapLocal(name, step, part)
+		}
+		if !ok {
+			ctx.SetStatusCode(fasthttp.StatusNoContent)
+			return
+		}
+		ctx.Response.Header.Set(api.HeaderChecksum, m.Sum)
+		ctx.Response.Header.Set("X-Checkpoint-From", "memory")
+		ctx.Response.Header.Set(api.HeaderCheckpointMap, m.Path)
+		ctx.Response.Header.Set(api.HeaderCheckpointMapSize, strconv.FormatInt(m.Size, 10))
+		ctx.SetStatusCode(fasthttp.StatusOK)
+		return
+	}
 	p, err := ck.Open(context.Background(), name, step, part, internal)
 	if err != nil {
 		failCheckpoint(ctx, err)
@@ -213,13 +268,18 @@ func getPart(ctx *fasthttp.RequestCtx, ck Checkpoints, name string, step uint64,
 	ctx.SetBodyStream(p, int(p.Size)) // fasthttp closes p after the last byte
 }
 
-func commitCheckpoint(ctx *fasthttp.RequestCtx, ck Checkpoints, name string, step uint64) {
-	body, err := ctx.PostBody(), error(nil)
-	if ctx.Request.IsBodyStream() {
-		body, err = io.ReadAll(io.LimitReader(ctx.RequestBodyStream(), MaxBodySize+1))
+func commitCheckpoint(ctx *fasthttp.RequestCtx, ck Checkpoints, r io.Reader, name string, step uint64) {
+	if ctx.Request.Header.ContentLength() > MaxBodySize {
+		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, fmt.Sprintf("commit body over %d bytes", MaxBodySize))
+		return
 	}
-	if err != nil || len(body) > MaxBodySize {
-		writeError(ctx, fasthttp.StatusBadRequest, "commit body unreadable or over 1 MiB")
+	body, err := io.ReadAll(io.LimitReader(r, MaxBodySize+1))
+	switch {
+	case err != nil:
+		writeError(ctx, fasthttp.StatusBadRequest, "reading the commit body: "+err.Error())
+		return
+	case len(body) > MaxBodySize:
+		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, fmt.Sprintf("commit body over %d bytes", MaxBodySize))
 		return
 	}
 	var req api.CommitCheckpoint

@@ -44,7 +44,17 @@ func (r datasetRoutes) put(ctx *fasthttp.RequestCtx, p params) {
 		writeError(ctx, fasthttp.StatusBadRequest, err.Error())
 		return
 	}
+	if req.Refresh {
+		r.refresh(ctx, p.get("dataset"), req)
+		return
+	}
 	if req.DerivedFrom != "" || req.Stage != "" {
+		if req.Quota.Given {
+			// Refused, not dropped: a quota the node ignored would look set.
+			writeError(ctx, fasthttp.StatusBadRequest, "a derived dataset takes no quota: its items are evicted first "+
+				"(they can be recomputed); set the quota on its parent "+req.DerivedFrom)
+			return
+		}
 		r.derived.put(ctx, p.get("dataset"), req, r.c)
 		return
 	}
@@ -65,6 +75,25 @@ func (r datasetRoutes) put(ctx *fasthttp.RequestCtx, p params) {
 	}
 	markApplied(ctx, r.c)
 	writeCreated(ctx, created, d)
+}
+
+// refresh lists a registered dataset's source again as a new version:
+// PUT /v1/datasets/{name} {"refresh": true} (docs/api.md). 201 with the new
+// version, 200 with the registered one when the listing is unchanged.
+func (r datasetRoutes) refresh(ctx *fasthttp.RequestCtx, name string, req api.PutDataset) {
+	if req.Quota.Given || req.DerivedFrom != "" || req.Stage != "" {
+		writeError(ctx, fasthttp.StatusBadRequest, `"refresh" goes alone (with "source" at most)`)
+		return
+	}
+	rctx, cancel := reqContext(ctx, 10*time.Minute)
+	defer cancel()
+	d, changed, err := r.c.RefreshDataset(rctx, name, req.Source)
+	if err != nil {
+		fail(ctx, err)
+		return
+	}
+	markApplied(ctx, r.c)
+	writeCreated(ctx, changed, d)
 }
 
 func (r datasetRoutes) delete(ctx *fasthttp.RequestCtx, p params) {

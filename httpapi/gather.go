@@ -66,6 +66,10 @@ type gatherConn struct {
 }
 
 // Close closes the connection through the listener's guard, if any.
+// Unwrap is the socket itself (handoff.PeerPID asks it who is at the other
+// end).
+func (c *gatherConn) Unwrap() net.Conn { return c.Conn }
+
 func (c *gatherConn) Close() error {
 	if c.closer != nil {
 		return c.closer.Close()

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"time"
 
@@ -12,6 +14,7 @@ import (
 
 	"stallfree/api"
 	"stallfree/groups"
+	"stallfree/handoff"
 )
 
 // maxGroupWait bounds ?wait= on group batch routes.
@@ -128,7 +131,42 @@ func (s *Server) groupBatch(ctx *fasthttp.RequestCtx, method, name, epochSeg, ba
 		writeError(ctx, fasthttp.StatusBadRequest, fmt.Sprintf("epoch %q, batch %q, ?job=K (the job's index) and ?wait=DURATION: %v", epochSeg, batchSeg, err))
 		return
 	}
+	if method == fasthttp.MethodGet && wait > 0 {
+		// Each waiting read holds a connection (two when relayed) and a
+		// goroutine or three for up to its wait: past the node's bound the
+		// caller comes back later instead.
+		if !s.waiting.TryAcquire(1) {
+			writeError(ctx, fasthttp.StatusServiceUnavailable, fmt.Sprintf("%d group reads are waiting on this node already; retry", s.MaxGroupWaits))
+			ctx.Response.Header.Set("Retry-After", "1")
+			return
+		}
+		defer s.waiting.Release(1)
+	}
+	var held *handoff.File
+	if method == fasthttp.MethodPut && q.Has("memfd") {
+		var err error
+		if held, err = s.takeHandedOver(ctx); err != nil {
+			writeError(ctx, fasthttp.StatusBadRequest, "?memfd=FD&ino=INODE: "+err.Error())
+			return
+		}
+	}
 	if addr, self := s.groups.Owner(name); !self && !relayed(ctx) {
+		if method == fasthttp.MethodGet {
+			s.relayRead(ctx, addr, wait, name, epoch, b)
+			return
+		}
+		if held != nil {
+			// The owner is on another host: the bytes cross to it, once.
+			data, err := held.ReadAll()
+			held.Close()
+			if err != nil {
+				writeError(ctx, fasthttp.StatusInternalServerError, err.Error())
+				return
+			}
+			ctx.Request.SetBodyRaw(data)
+			ctx.URI().QueryArgs().Del("memfd")
+			ctx.URI().QueryArgs().Del("ino")
+		}
 		s.relayToOwner(ctx, addr, wait)
 		return
 	}
@@ -136,7 +174,13 @@ func (s *Server) groupBatch(ctx *fasthttp.RequestCtx, method, name, epochSeg, ba
 	defer cancel()
 	bt := groups.Batch{Group: name, Job: job, Epoch: epoch, Index: b, After: relayedIndex(ctx)}
 	if method == fasthttp.MethodPut {
-		created, err := s.groups.PutBatch(rctx, bt, ctx.PostBody(), wait)
+		var created bool
+		var err error
+		if held != nil {
+			created, err = s.groups.PutHandedOver(rctx, bt, held, wait)
+		} else {
+			created, err = s.groups.PutBatch(rctx, bt, ctx.PostBody(), wait)
+		}
 		if err != nil {
 			groupFail(ctx, err)
 			return
@@ -144,7 +188,7 @@ func (s *Server) groupBatch(ctx *fasthttp.RequestCtx, method, name, epochSeg, ba
 		writeCreated(ctx, created, map[string]bool{"staged": created})
 		return
 	}
-	data, producer, err := s.groups.Get(rctx, bt, wait)
+	staged, producer, err := s.groups.GetStaged(rctx, bt, wait)
 	if err != nil {
 		groupFail(ctx, err)
 		if errors.Is(err, groups.ErrNotStaged) { // after groupFail, which resets the response
@@ -153,8 +197,97 @@ func (s *Server) groupBatch(ctx *fasthttp.RequestCtx, method, name, epochSeg, ba
 		return
 	}
 	ctx.Response.Header.Set(api.HeaderGroupProducer, strconv.Itoa(producer))
+	if string(q.Peek("record")) == "1" {
+		// A relaying node holds this batch already (hostcopy.go): the read
+		// is counted, the bytes stay here.
+		ctx.SetStatusCode(fasthttp.StatusOK)
+		return
+	}
+	serveStaged(ctx, staged, string(q.Peek("map")) == "1")
+}
+
+// serveStaged answers a staged batch: its bytes, or, to a job on this host
+// asking for it (map), the path of the shared-memory file holding them.
+func serveStaged(ctx *fasthttp.RequestCtx, staged groups.Staged, mapIt bool) {
 	ctx.SetContentType("application/octet-stream")
-	ctx.Response.SetBodyRaw(data) // staged bytes are never changed, only dropped
+	switch {
+	case staged.Path == "":
+		ctx.Response.SetBodyRaw(staged.Data) // staged bytes are never changed, only dropped
+	case mapIt && overUnixSocket(ctx):
+		// A job on this host maps the batch's file itself: no byte crosses
+		// the socket. It opens the file at once; the file outlives the batch
+		// by the group service's linger.
+		ctx.Response.Header.Set(api.HeaderGroupMap, staged.Path)
+		ctx.Response.Header.Set(api.HeaderGroupMapSize, strconv.FormatInt(staged.Size, 10))
+	default:
+		f, err := os.Open(staged.Path)
+		if err != nil {
+			writeError(ctx, fasthttp.StatusInternalServerError, "opening the staged batch: "+err.Error())
+			return
+		}
+		ctx.SetBodyStream(f, int(staged.Size)) // fasthttp closes f
+	}
+}
+
+// takeHandedOver takes over the file a producer on this host names in a
+// PUT (?memfd=FD&ino=INODE: its descriptor and the file's inode) instead of
+// sending the batch's bytes: a memfd it filled, sealed here (package
+// handoff). Only over the Unix socket, whose peer is the process whose
+// descriptor is opened, and with an empty body.
+func (s *Server) takeHandedOver(ctx *fasthttp.RequestCtx) (*handoff.File, error) {
+	q := ctx.QueryArgs()
+	fd, ferr := strconv.Atoi(string(q.Peek("memfd")))
+	ino, ierr := strconv.ParseUint(string(q.Peek("ino")), 10, 64)
+	if err := errors.Join(ferr, ierr); err != nil {
+		return nil, err
+	}
+	if !overUnixSocket(ctx) {
+		return nil, errors.New("a file is handed over only over the node's Unix socket; send the bytes")
+	}
+	if len(ctx.Request.Body()) > 0 {
+		return nil, errors.New("a handed-over batch has no body")
+	}
+	pid, err := handoff.PeerPID(ctx.Conn())
+	if err != nil {
+		return nil, err
+	}
+	return handoff.Take(pid, fd, ino, int64(s.groupBodyLimit()))
+}
+
+// overUnixSocket reports whether the request came over the node's Unix
+// socket, from a process on this host.
+func overUnixSocket(ctx *fasthttp.RequestCtx) bool {
+	_, ok := ctx.LocalAddr().(*net.UnixAddr)
+	return ok
+}
+
+// relayRead serves a group read on a node that does not own the group:
+// from this host's copy of the batch when it has one (the owner only counts
+// the read: "record"), else relayed to the owner, keeping the batch it sends
+// back for the next jobs on this host. A batch thus crosses to this host
+// once, whatever the number of jobs here that read it.
+func (s *Server) relayRead(ctx *fasthttp.RequestCtx, addr string, wait time.Duration, group string, epoch uint64, index int) {
+	mapIt := string(ctx.QueryArgs().Peek("map")) == "1"
+	if local, ok := s.groups.HostCopy(group, epoch, index); ok {
+		ctx.URI().QueryArgs().Set("record", "1")
+		s.relayToOwner(ctx, addr, wait)
+		if ctx.Response.StatusCode() == fasthttp.StatusOK {
+			producer := append([]byte(nil), ctx.Response.Header.Peek(api.HeaderGroupProducer)...)
+			ctx.Response.Reset()
+			ctx.Response.Header.SetBytesV(api.HeaderGroupProducer, producer)
+			serveStaged(ctx, local, mapIt)
+		}
+		return
+	}
+	s.relayToOwner(ctx, addr, wait)
+	if ctx.Response.StatusCode() == fasthttp.StatusOK && len(ctx.Response.Header.Peek(api.HeaderGroupMap)) == 0 {
+		if local, ok := s.groups.KeepHostCopy(group, epoch, index, ctx.Response.Body()); ok && mapIt && local.Path != "" && overUnixSocket(ctx) {
+			producer := append([]byte(nil), ctx.Response.Header.Peek(api.HeaderGroupProducer)...)
+			ctx.Response.Reset()
+			ctx.Response.Header.SetBytesV(api.HeaderGroupProducer, producer)
+			serveStaged(ctx, local, true)
+		}
+	}
 }
 
 // relayToOwner hands a batch request to the group's owner and passes its
@@ -166,7 +299,11 @@ func (s *Server) relayToOwner(ctx *fasthttp.RequestCtx, addr string, wait time.D
 	rctx, cancel := context.WithTimeout(context.Background(), wait+30*time.Second)
 	defer cancel()
 	limit := int64(max(MaxBodySize, s.groups.MaxBatchBytes()))
-	if err := s.peers.Forward(rctx, addr, string(ctx.URI().RequestURI()), &ctx.Request, &ctx.Response, h, limit); err != nil {
+	forward := s.peers.Forward
+	if wait > 0 {
+		forward = s.peers.ForwardWaiting
+	}
+	if err := forward(rctx, addr, string(ctx.URI().RequestURI()), &ctx.Request, &ctx.Response, h, limit); err != nil {
 		writeError(ctx, fasthttp.StatusServiceUnavailable, fmt.Sprintf("the group's owner at %s: %v", addr, err))
 	}
 }

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"time"
@@ -8,10 +9,31 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"stallfree/api"
+	"stallfree/split"
 )
 
 // jobRoutes serve the registered jobs and the positions their ranks report.
-type jobRoutes struct{ c Jobs }
+type jobRoutes struct {
+	c Jobs
+	// stall is the per-rank stall figures: the job's, gathered from every
+	// member, and this node's part of them (the internal stall route).
+	stall Stall
+}
+
+// Stall is what the job routes use of the per-rank stall figures.
+type Stall interface {
+	JobStall(ctx context.Context, job string) []api.RankStall
+	StallWindows(job string) []split.RankWindow
+}
+
+// localStall is the internal route: this node's windows of a job's ranks.
+func (r jobRoutes) localStall(ctx *fasthttp.RequestCtx, p params) {
+	w := r.stall.StallWindows(p.get("job"))
+	if w == nil {
+		w = []split.RankWindow{}
+	}
+	writeJSON(ctx, 200, w)
+}
 
 func (r jobRoutes) list(ctx *fasthttp.RequestCtx, _ params) {
 	if !catalogNotReady(ctx, r.c) {
@@ -34,7 +56,7 @@ func (r jobRoutes) get(ctx *fasthttp.RequestCtx, p params) {
 		fail(ctx, err)
 		return
 	}
-	writeJSON(ctx, 200, j)
+	writeJSON(ctx, 200, api.JobInfo{Job: j, Stall: r.stall.JobStall(rctx, name)})
 }
 
 func (r jobRoutes) put(ctx *fasthttp.RequestCtx, p params) {

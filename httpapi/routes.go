@@ -37,6 +37,7 @@ type Datasets interface {
 	Finder
 	Datasets() []api.Dataset
 	PutDataset(ctx context.Context, name, spec string) (api.Dataset, bool, error)
+	RefreshDataset(ctx context.Context, name, spec string) (api.Dataset, bool, error)
 	DeleteDataset(ctx context.Context, name string) error
 	Registration(name string) (api.Registration, bool)
 }
@@ -70,6 +71,8 @@ type Items interface {
 	Served
 	Get(ctx context.Context, d *catalog.Dataset, index int) (node.Item, error)
 	GetManyFor(ctx context.Context, d *catalog.Dataset, indices []int, job string) ([]node.Item, error)
+	GetManyPartial(ctx context.Context, d *catalog.Dataset, indices []int, job string) ([]node.Item, error)
+	LocateMany(d *catalog.Dataset, indices []int, job string) (node.Located, bool, error)
 	GetSamplesFor(ctx context.Context, d *catalog.Dataset, samples []int, job string) ([]node.Item, []node.SampleSpan, error)
 	ReadUncached(ctx context.Context, d *catalog.Dataset, index int) ([]byte, uint64, error)
 	Owners(d *catalog.Dataset) api.Owners
@@ -128,7 +131,7 @@ func (s *Server) routes(n *node.Node) []route {
 	ds := datasetRoutes{c: c, quota: sp, derived: dv}
 	it := itemRoutes{find: c, items: n, readers: &s.readers}
 	wu := warmupRoutes{find: c, w: n}
-	jb := jobRoutes{c: c}
+	jb := jobRoutes{c: c, stall: n.Split()}
 	ord := orderRoutes{c: c, b: n}
 	st := statusRoutes{n: n, loader: n.Split(), relay: c, metrics: s.metrics, checkpoints: s.checkpointStats}
 	ck := checkpointRoutes{s: s}
@@ -188,6 +191,7 @@ func (s *Server) routes(n *node.Node) []route {
 		{method: get, pattern: "/v1/internal/checkpoints/{checkpoint}/steps/{step}", handle: ck.served(ck.held)},
 		{method: put, pattern: "/v1/internal/checkpoints/{checkpoint}/steps/{step}/parts/{part}", handle: ck.served(ck.putReplica), stream: true},
 		{method: get, pattern: "/v1/internal/checkpoints/{checkpoint}/steps/{step}/parts/{part}", handle: ck.served(ck.getLocal)},
+		{method: get, pattern: "/v1/internal/jobs/{job}/stall", handle: jb.localStall},
 		{method: post, pattern: "/v1/internal/checkpoints/{checkpoint}/steps/{step}/parts/{part}/copy", handle: ck.served(ck.copy)},
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"net"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -25,9 +26,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
+	"golang.org/x/sync/semaphore"
 
 	"stallfree/api"
 	"stallfree/catalog"
+	"stallfree/clusterauth"
 	"stallfree/control"
 	"stallfree/groups"
 	"stallfree/listen"
@@ -55,15 +58,31 @@ type Server struct {
 	// MaxConns bounds the client connections open at once; beyond it a new
 	// one gets 503 and is closed (0: no bound). Set it before Serve.
 	MaxConns int
-	ckpt     Checkpoints     // checkpoints.go
-	groups   *groups.Service // coordinated prep (groups.go); nil: off
-	peers    *relay.Client   // the node's client to the other nodes: a group's batches are its owner's
-	relay    Relay           // this node's applied index, on relayed group requests
+	// IdleTimeout is --idle-timeout: a request whose headers or body make
+	// no progress for this long is cut off (a body's total time is not
+	// bounded). Set it before Serve. New sets DefaultIdleTimeout.
+	IdleTimeout time.Duration
+	// MaxGroupWaits bounds the group reads waiting (?wait=) on this node at
+	// once, its own and those it relays; past it: 503 with Retry-After.
+	// Set it before Serve. New sets DefaultMaxGroupWaits.
+	MaxGroupWaits int
+	waiting       *semaphore.Weighted
+	settle        sync.Once       // Serve applies the settings above once
+	ckpt          Checkpoints     // checkpoints.go
+	groups        *groups.Service // coordinated prep (groups.go); nil: off
+	peers         *relay.Client   // the node's client to the other nodes: a group's batches are its owner's
+	relay         Relay           // this node's applied index, on relayed group requests
+	// memberKey checks members' proofs on the internal routes (member),
+	// and liveMember whether the prover is a member gossip sees alive.
+	memberKey  []byte
+	liveMember func(name string) bool
 }
 
 // New builds the server; token may be empty (no auth).
 func New(n *node.Node, token string, log *slog.Logger) *Server {
-	s := &Server{prep: n.Prep(), token: []byte(token), log: log, SendBuffer: DefaultSendBuffer}
+	s := &Server{prep: n.Prep(), token: []byte(token), log: log, SendBuffer: DefaultSendBuffer, IdleTimeout: DefaultIdleTimeout,
+		MaxGroupWaits: DefaultMaxGroupWaits,
+		memberKey:     n.MemberKey(), liveMember: func(name string) bool { return slices.Contains(n.MemberView().Members(), name) }}
 	s.metrics = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(n.Registry(), promhttp.HandlerOpts{}))
 	s.readers.New = func() any { return &itemReader{} }
 	s.relay, s.peers = n.Control(), n.Control().Relay()
@@ -77,14 +96,31 @@ func New(n *node.Node, token string, log *slog.Logger) *Server {
 		WriteTimeout:       60 * time.Second,
 		IdleTimeout:        2 * time.Minute,
 		MaxRequestBodySize: MaxBodySize,
-		NoDefaultDate:      true,
-		Logger:             fasthttpLogger{r: redactor{token: []byte(token)}, log: log},
+		// A multipart body would be read (into memory and temporary files)
+		// before the handler, so before the token is checked; no route
+		// takes one.
+		DisablePreParseMultipartForm: true,
+		NoDefaultDate:                true,
+		Logger:                       fasthttpLogger{r: redactor{token: []byte(token)}, log: log},
 	}
 	return s
 }
 
-// Serve serves on ln until Shutdown.
+// DefaultMaxGroupWaits is MaxGroupWaits' default.
+const DefaultMaxGroupWaits = 1024
+
+// DefaultIdleTimeout is --idle-timeout's default.
+const DefaultIdleTimeout = 30 * time.Second
+
+// Serve serves on ln until Shutdown; a node serves its TCP port and its
+// Unix socket, each with a Serve of its own, on one Server.
 func (s *Server) Serve(ln net.Listener) error {
+	s.settle.Do(func() { // the fields set before Serve, taken once
+		if s.IdleTimeout > 0 {
+			s.srv.ReadTimeout = s.IdleTimeout // the headers' (the body's: bodyStream)
+		}
+		s.waiting = semaphore.NewWeighted(int64(max(s.MaxGroupWaits, 1)))
+	})
 	guarded := listen.Guard(ln, listen.Options{Name: "http", MaxConns: s.MaxConns, Refuse: refuseConn, Log: s.log})
 	return s.srv.Serve(gatherListener{Listener: guarded, sendBuffer: s.SendBuffer})
 }
@@ -96,8 +132,16 @@ func refuseConn(c net.Conn) {
 		"Connection: close\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body)
 }
 
-// Shutdown stops accepting and waits for in-flight requests.
-func (s *Server) Shutdown(ctx context.Context) error { return s.srv.ShutdownWithContext(ctx) }
+// Shutdown stops accepting and waits for in-flight requests until ctx ends;
+// the requests still open then (a peer's long wait, a client mid-body) have
+// their connections closed when the process exits. It reports how many.
+func (s *Server) Shutdown(ctx context.Context) (open int32, err error) {
+	err = s.srv.ShutdownWithContext(ctx)
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return s.srv.GetOpenConnectionsCount(), nil
+	}
+	return 0, err
+}
 
 func (s *Server) parseError(ctx *fasthttp.RequestCtx, err error) {
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
@@ -212,43 +256,47 @@ func (s *Server) recovering(h fasthttp.RequestHandler) fasthttp.RequestHandler {
 	}
 }
 
-// handle routes a request: the table (routes.go) picks the handler, the
-// token guards every /v1 path (before its route is known, so a client without
-// the token learns nothing of the API), and names of datasets and jobs are
-// checked before any handler sees them. Bodies arrive as streams: a stream
-// route's handler reads its own, every other route's is read whole first.
+// handle routes a request. The token is checked first: before any body byte
+// is read and before the route is resolved, so a caller without it can
+// neither make the node buffer a body nor map the routes by their statuses
+// (every path but the open probes answers it 401 alike). Names of datasets
+// and jobs are checked before any handler sees them. Bodies arrive as
+// streams: a stream route's handler reads its own, every other route's is
+// read whole first, up to its limit.
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	var segs [16]string
 	path, seg := splitPath(ctx.URI().PathOriginal(), segs[:0])
 	rt, p, allowed := s.router.match(string(ctx.Method()), path, seg)
+	if (rt == nil || !rt.open) && !s.authorized(ctx) {
+		writeError(ctx, fasthttp.StatusUnauthorized, "missing or wrong bearer token")
+		ctx.Response.Header.Set("WWW-Authenticate", "Bearer") // writeError resets the response
+		refuse(ctx, maxUnauthorizedDrain)
+		return
+	}
 	switch {
 	case rt == nil:
 		// Whatever the body, the answer is the same: it is not read, only
 		// drained (bounded) after the answer.
 		defer drainRefused(ctx, maxTooLargeDrain)
+		if allowed {
+			writeError(ctx, fasthttp.StatusMethodNotAllowed, "method not allowed")
+		} else {
+			writeError(ctx, fasthttp.StatusNotFound, "no such route")
+		}
+		return
+	case !s.member(ctx, seg):
+		writeError(ctx, fasthttp.StatusForbidden, "internal routes serve members only (cluster key)")
+		refuse(ctx, maxUnauthorizedDrain)
+		return
 	case rt.stream:
 		s.handleStream(ctx, rt, p)
 		return
-	default:
-		limit := s.srv.MaxRequestBodySize
-		if rt.limit != nil {
-			limit = rt.limit()
-		}
-		if !s.readBody(ctx, limit) {
-			return
-		}
 	}
-	if len(seg) >= 2 && seg[0] == "v1" && !s.authorized(ctx) {
-		ctx.Response.Header.Set("WWW-Authenticate", "Bearer")
-		writeError(ctx, fasthttp.StatusUnauthorized, "missing or wrong bearer token")
-		return
+	limit := s.srv.MaxRequestBodySize
+	if rt.limit != nil {
+		limit = rt.limit()
 	}
-	switch {
-	case rt == nil && allowed:
-		writeError(ctx, fasthttp.StatusMethodNotAllowed, "method not allowed")
-		return
-	case rt == nil:
-		writeError(ctx, fasthttp.StatusNotFound, "no such route")
+	if !s.readBody(ctx, limit) {
 		return
 	}
 	if err := p.decodeNames(); err != nil {
@@ -257,6 +305,11 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	}
 	rt.handle(ctx, p)
 }
+
+// maxUnauthorizedDrain bounds what is read of a request refused for its
+// token: enough for a small body to be answered rather than reset, and no
+// more, since nobody vouches for the sender.
+const maxUnauthorizedDrain = 64 << 10
 
 // drainRefused reads (and drops) the rest of a refused request's body, up to
 // bound, so that a client still sending gets the answer and not a reset;
@@ -270,22 +323,16 @@ func drainRefused(ctx *fasthttp.RequestCtx, bound int64) {
 	}
 }
 
-// handleStream serves a stream route, whose body is still unread. A request
-// refused before its handler (no token, bad names) has up to 64 MiB of its
-// body read and dropped, so a client still sending sees the status rather
-// than a reset, and its connection is closed: nothing more of an
-// unauthenticated body is read. An answer of 300 or more from the handler
-// reads the rest of the body (bounded) first, for the same reason.
+// handleStream serves a stream route (the caller holds the token), whose
+// body is still unread. A request refused before its handler (bad names)
+// has up to 64 MiB of its body read and dropped, so a client still sending
+// sees the status rather than a reset, and its connection is closed. An
+// answer of 300 or more from the handler reads the rest of the body
+// (bounded) first, for the same reason.
 func (s *Server) handleStream(ctx *fasthttp.RequestCtx, rt *route, p params) {
-	if !s.authorized(ctx) {
-		ctx.Response.Header.Set("WWW-Authenticate", "Bearer")
-		writeError(ctx, fasthttp.StatusUnauthorized, "missing or wrong bearer token")
-		refuseStream(ctx)
-		return
-	}
 	if err := p.decodeNames(); err != nil {
 		writeError(ctx, fasthttp.StatusBadRequest, err.Error())
-		refuseStream(ctx)
+		refuse(ctx, maxTooLargeDrain)
 		return
 	}
 	defer func() {
@@ -296,11 +343,40 @@ func (s *Server) handleStream(ctx *fasthttp.RequestCtx, rt *route, p params) {
 	rt.handle(ctx, p)
 }
 
-// refuseStream drops up to maxTooLargeDrain of a refused stream's body and
-// closes its connection.
-func refuseStream(ctx *fasthttp.RequestCtx) {
-	drainRefused(ctx, maxTooLargeDrain)
+// refuse drops up to bound of a refused request's body, for at most
+// refuseDrainTime, and closes its connection: nothing more of that body is
+// read, and a sender that stops sending does not hold the answer back.
+func refuse(ctx *fasthttp.RequestCtx, bound int64) {
+	ctx.Conn().SetReadDeadline(time.Now().Add(refuseDrainTime))
+	drainRefused(ctx, bound)
 	ctx.SetConnectionClose()
+}
+
+// refuseDrainTime bounds how long a refused body is drained.
+const refuseDrainTime = 200 * time.Millisecond
+
+// member reports whether a request may use the route under seg: an
+// internal route (/v1/internal/…) acts on this node's own copies, so it
+// wants a member's proof (clusterauth.SignRequest) beside the token, which
+// clients hold too. Without a cluster key (loopback only) the token is all
+// there is.
+func (s *Server) member(ctx *fasthttp.RequestCtx, seg []string) bool {
+	if len(s.memberKey) == 0 || len(seg) < 2 || seg[0] != "v1" || seg[1] != "internal" {
+		return true
+	}
+	from := string(ctx.Request.Header.Peek(api.HeaderForwarded))
+	err := clusterauth.VerifyRequest(s.memberKey, string(ctx.Method()), string(ctx.RequestURI()),
+		from, string(ctx.Request.Header.Peek(clusterauth.HeaderMember)), time.Now())
+	if err == nil && !s.liveMember(from) {
+		// A node that left (or was removed) still holds the key: only the
+		// members gossip sees alive may act on this node's copies.
+		err = fmt.Errorf("%s is not a live member", from)
+	}
+	if err != nil {
+		s.log.Warn("internal route refused", "path", string(ctx.Path()), "from", ctx.RemoteAddr().String(), "err", err)
+		return false
+	}
+	return true
 }
 
 func (s *Server) authorized(ctx *fasthttp.RequestCtx) bool {

@@ -1,6 +1,8 @@
 package httpapi
 
 import (
+	"fmt"
+
 	"github.com/valyala/fasthttp"
 
 	"stallfree/api"
@@ -53,6 +55,33 @@ func (r statusRoutes) loaderWait(ctx *fasthttp.RequestCtx, _ params) {
 		writeError(ctx, fasthttp.StatusBadRequest, "seconds or step_seconds out of range")
 		return
 	}
+	// Names and ranks become keys of what the node keeps (split.Book) and
+	// of the plan's answer: they keep to the rules for names in paths.
+	if err := loaderNames(req); err != nil {
+		writeError(ctx, fasthttp.StatusBadRequest, err.Error())
+		return
+	}
 	r.loader.ReportLoader(req)
 	ctx.SetStatusCode(fasthttp.StatusNoContent)
+}
+
+// maxReportedRank bounds a report's rank (a job's world size is bounded
+// alike).
+const maxReportedRank = api.MaxWorldSize
+
+func loaderNames(r api.LoaderWait) error {
+	if r.Job != "" {
+		if err := validName("job", r.Job); err != nil {
+			return err
+		}
+	}
+	if r.Dataset != "" {
+		if err := validName("dataset", r.Dataset); err != nil {
+			return err
+		}
+	}
+	if r.Rank < 0 || r.Rank >= maxReportedRank {
+		return fmt.Errorf("rank %d: want 0..%d", r.Rank, maxReportedRank-1)
+	}
+	return nil
 }

@@ -142,6 +142,15 @@ func TestCachectl(t *testing.T) {
 		an.Model.Rates.Cold <= 0 || an.Model.Rates.Cached <= 0 {
 		t.Fatalf("analyze: %+v %v", an, err)
 	}
+	// The what-if drawn: a terminal chart beside the table, and --svg.
+	svg := filepath.Join(t.TempDir(), "whatif.svg")
+	if out := must(n1, "analyze", "ds", "--sample", "50", "--gpu-rate", "1000", "--svg", svg); !strings.Contains(out, "stall per epoch (s) vs cache size") ||
+		!strings.Contains(out, "epoch time (s) vs cache size") || !strings.Contains(out, "chart written to "+svg) {
+		t.Fatalf("analyze's chart:\n%s", out)
+	}
+	if b, err := os.ReadFile(svg); err != nil || !bytes.Contains(b, []byte("<svg")) || !bytes.Contains(b, []byte("minio stall")) {
+		t.Fatalf("analyze --svg: %v, %.200s", err, b)
+	}
 	// Positions ranks report at checkpoints show in jobs ls, from any node.
 	if err := n2.c.ReportPosition(context.Background(), "train", api.RankPosition{Rank: 1, Epoch: 3, Position: 16}); err != nil {
 		t.Fatal(err)

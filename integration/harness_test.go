@@ -127,6 +127,16 @@ func startNode(t *testing.T, o nodeOpts) *proc {
 		}
 		token = strings.TrimSpace(string(b))
 	}
+	// Shared-memory files (staged batches, checkpoint parts) go under the
+	// test's own directory rather than the host's /dev/shm: a node this
+	// test SIGKILLs leaves nothing behind once the test ends.
+	if !slices.ContainsFunc(o.extra, func(a string) bool { return strings.HasPrefix(a, "--shm-dir") }) {
+		shm := filepath.Join(p.dataDir, "shm")
+		if err := os.MkdirAll(shm, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		p.args = append(p.args, "--shm-dir", shm)
+	}
 	p.args = append(p.args, o.extra...)
 	p.token = token
 	p.pickPorts()

@@ -128,8 +128,8 @@ func TestS3DatasetOnThreeNodes(t *testing.T) {
 		t.Errorf("after a refused registration: %v %v, want only ds", ds, err)
 	}
 
-	// An object overwritten after registration: 502 for that item, never
-	// the new bytes.
+	// An object overwritten after registration: 409 "source changed: KEY"
+	// for that item (502 before v4), never the new bytes.
 	if _, err := nodes[0].c.PutDataset(ctx, "small", "s3://train/small"); err != nil {
 		t.Fatal(err)
 	}
@@ -137,10 +137,10 @@ func TestS3DatasetOnThreeNodes(t *testing.T) {
 	var overwritten int
 	for i := range 20 {
 		it, err := nodes[0].c.ItemByIndex(ctx, "small", i)
-		if it.Key == "with space.jpg" || (err != nil && apiStatus(err) == http.StatusBadGateway) {
+		if it.Key == "with space.jpg" || (err != nil && apiStatus(err) == http.StatusConflict) {
 			overwritten++
-			if apiStatus(err) != http.StatusBadGateway || !strings.Contains(err.Error(), "changed") {
-				t.Fatalf("overwritten object: %q, %v; want 502 saying it changed", it.Data, err)
+			if apiStatus(err) != http.StatusConflict || !strings.Contains(err.Error(), "source changed: with space.jpg") {
+				t.Fatalf("overwritten object: %q, %v; want 409 source changed: with space.jpg", it.Data, err)
 			}
 			continue
 		}

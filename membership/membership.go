@@ -437,10 +437,25 @@ func (d delegate) NodeMeta(limit int) []byte {
 	return b
 }
 func (d delegate) NotifyMsg(b []byte) {
-	if name, ok := strings.CutPrefix(string(b), goodbye); ok {
-		d.m.mu.Lock()
+	name, ok := strings.CutPrefix(string(b), goodbye)
+	if !ok {
+		return
+	}
+	d.m.mu.Lock()
+	// The goodbye comes over TCP and memberlist's own leave over UDP, each
+	// handled on its own goroutine: on a loaded host the leave can be
+	// handled first and record a failure. A goodbye from a member already
+	// recorded dead corrects that to left.
+	mem, known := d.m.members[name]
+	late := known && mem.State == Dead
+	if late {
+		d.m.members[name] = &Member{Name: mem.Name, Addr: mem.Addr, State: Left, Meta: mem.Meta, Since: mem.Since}
+	} else {
 		d.m.leaving[name] = true
-		d.m.mu.Unlock()
+	}
+	d.m.mu.Unlock()
+	if late {
+		d.m.notify()
 	}
 }
 func (delegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }

@@ -2,9 +2,12 @@ package membership
 
 import (
 	"log/slog"
+	"net"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/memberlist"
 
 	"stallfree/internal/testutil"
 )
@@ -63,9 +66,9 @@ func TestJoinLeaveCrashAndKey(t *testing.T) {
 		t.Fatalf("leave: %v", err)
 	}
 	waitAlive(t, a, []string{"a", "b", "d"})
-	if m, _ := a.Get("c"); m.State != Left {
-		t.Fatalf("c left but is %s", m.State)
-	}
+	// Awaited, not read at once: the goodbye may be handled just after
+	// gossip's own leave (TestGoodbyeAfterTheLeaveEvent).
+	testutil.Await(t, "a to record c as left", func() bool { m, _ := a.Get("c"); return m.State == Left })
 
 	// b stops without a goodbye: shutting down memberlist looks like a crash.
 	close(b.stop)
@@ -77,5 +80,36 @@ func TestJoinLeaveCrashAndKey(t *testing.T) {
 	}
 	if err := d.Leave(time.Second); err != nil {
 		t.Fatalf("leave: %v", err)
+	}
+}
+
+// The goodbye (TCP) and gossip's leave (UDP) are handled on different
+// goroutines, in either order: a member that said goodbye is recorded as
+// left whichever comes first, and one that did not as dead.
+func TestGoodbyeAfterTheLeaveEvent(t *testing.T) {
+	m := &Membership{log: slog.New(slog.DiscardHandler), members: map[string]*Member{}, leaving: map[string]bool{}, changed: make(chan struct{}, 1)}
+	d, ev := delegate{m}, events{m}
+	for _, name := range []string{"first", "late", "silent"} {
+		ev.NotifyJoin(&memberlist.Node{Name: name, Addr: net.IPv4(127, 0, 0, 1), Port: 7946})
+	}
+	d.NotifyMsg([]byte(goodbye + "first"))
+	ev.NotifyLeave(&memberlist.Node{Name: "first", Addr: net.IPv4(127, 0, 0, 1), Port: 7946})
+	ev.NotifyLeave(&memberlist.Node{Name: "late", Addr: net.IPv4(127, 0, 0, 1), Port: 7946})
+	<-m.Changed()
+	d.NotifyMsg([]byte(goodbye + "late"))
+	select {
+	case <-m.Changed():
+	default:
+		t.Error("a late goodbye changed a member without signalling it")
+	}
+	ev.NotifyLeave(&memberlist.Node{Name: "silent", Addr: net.IPv4(127, 0, 0, 1), Port: 7946})
+	want := map[string]State{"first": Left, "late": Left, "silent": Dead}
+	for name, st := range want {
+		if mem, ok := m.Get(name); !ok || mem.State != st {
+			t.Errorf("%s: %+v, want %s", name, mem, st)
+		}
+	}
+	if len(m.leaving) != 0 {
+		t.Errorf("goodbyes still pending: %v", m.leaving)
 	}
 }

@@ -42,14 +42,18 @@ var ErrBadRequest = control.ErrBadRequest
 
 // Config is everything a node needs; cmd/cachenode fills it from flags.
 type Config struct {
-	Name         string
-	HTTPAdvert   string // host:port clients and peers use for HTTP
-	PeerAdvert   string // host:port of the peer transport
-	RaftBind     string
-	RaftAdvert   string
-	DataDir      string
-	Bootstrap    bool
-	Memory       uint64
+	Name       string
+	HTTPAdvert string // host:port clients and peers use for HTTP
+	PeerAdvert string // host:port of the peer transport
+	RaftBind   string
+	RaftAdvert string
+	DataDir    string
+	Bootstrap  bool
+	Memory     uint64
+	// ShareItems keeps the item arena in a memfd that loaders on this host
+	// map read-only (LocateMany; store.NewShared). A node where that fails
+	// keeps it in anonymous memory and says so.
+	ShareItems   bool
 	Policy       string
 	AllowSources []string
 	SourceRate   int64 // bytes/s per source, 0 = unlimited (for simulating slow storage)
@@ -191,12 +195,12 @@ func New(cfg Config) (*Node, error) {
 	if cfg.MaxInflightBytes == 0 {
 		cfg.MaxInflightBytes = max(cfg.Memory/4, 256<<20)
 	}
-	st, err := store.New(cfg.Memory, pol)
+	st, err := newStore(cfg, pol)
 	if err != nil {
 		return nil, err
 	}
 	cat, err := catalog.Open(catalog.Config{NodeID: cfg.Name, Bind: cfg.RaftBind, Advertise: cfg.RaftAdvert,
-		Dir: cfg.DataDir, Bootstrap: cfg.Bootstrap, Logger: cfg.Logger, Timing: cfg.Timing.Catalog,
+		Dir: cfg.DataDir, Bootstrap: cfg.Bootstrap, Rejoin: len(cfg.Join) > 0, Logger: cfg.Logger, Timing: cfg.Timing.Catalog,
 		Key: clusterauth.Derive(cfg.ClusterKey, "raft")})
 	if err != nil {
 		st.Close()
@@ -208,7 +212,7 @@ func New(cfg Config) (*Node, error) {
 	n.split = newSplitState()
 	// One client to the other nodes' APIs for every part of this node
 	// (control's relays, the prep cache; the rest get it from control).
-	rc := relay.New(cfg.Name, cfg.Token)
+	rc := relay.New(cfg.Name, cfg.Token, relay.MemberKey(memberKey(cfg.ClusterKey)))
 	n.prep = derived.New(derived.Config{Name: cfg.Name, Relay: rc, MaxItemBytes: cfg.MaxItemBytes, Logger: cfg.Logger},
 		cat, st, derivedHost{n})
 	n.inflight.limit = cfg.MaxInflightBytes
@@ -252,6 +256,12 @@ func New(cfg Config) (*Node, error) {
 	}
 	return n, nil
 }
+
+// Leave takes this node out of the cluster before a clean stop: gossip sees
+// it leave and raft removes it from the voters, so the members that stay keep
+// their quorum (cluster.Leave). A node alone has nothing to leave. Call it
+// before Close; Close alone is what a crash looks like to the others.
+func (n *Node) Leave(ctx context.Context) error { return n.peers.Leave(ctx) }
 
 // Close stops background work and releases everything.
 func (n *Node) Close() error {
@@ -329,6 +339,15 @@ func (n *Node) watchCatalog() {
 			}
 		}
 		n.mu.Unlock()
+		// Items of a version gone (deleted, or replaced by a refresh under
+		// a new ID) go too, also where this node never opened its source
+		// (it held them by handoff or push): a refreshed dataset's old
+		// bytes must not linger, or be found under a reused key.
+		for id := range n.store.Usage() {
+			if !live[id] {
+				n.store.DeleteDataset(id)
+			}
+		}
 	}
 }
 
@@ -367,7 +386,10 @@ type Item struct {
 	Data  []byte
 	Sum   uint64
 	Cache Cache
-	ref   store.Ref
+	// NotWritten marks an item of a derived dataset nobody has written
+	// (GetManyPartial): no bytes.
+	NotWritten bool
+	ref        store.Ref
 	// recycle hands back the transport buffer Data lives in, when this item
 	// is its only user.
 	recycle func()
@@ -538,21 +560,24 @@ func (n *Node) readSource(ctx context.Context, d *catalog.Dataset, index int, ca
 		if !errors.Is(err, source.ErrTimeout) && ctx.Err() == nil {
 			n.bufs.Put(buf)
 		}
-		return filled{}, err
+		return filled{}, sourceChanged(d, index, err)
 	}
 	n.counters.sourceReads.Add(1)
 	n.counters.sourceBytes.Add(uint64(len(data)))
-	sum := xxhash.Sum64(data)
 	if cache {
 		// The ring may have moved during the read: keep only what this node
 		// still owns, or the copy would sit where nobody asks for it.
 		_, cache = n.peers.Owner(d, index)
 	}
+	var sum uint64
 	if cache {
-		if err := n.store.Put(store.MakeKey(d.ID, uint32(index)), data, sum); err != nil && !errors.Is(err, store.ErrNotAdmitted) {
+		var err error
+		if sum, err = n.store.PutSummed(store.MakeKey(d.ID, uint32(index)), data); err != nil && !errors.Is(err, store.ErrNotAdmitted) {
 			n.bufs.Put(buf)
 			return filled{}, err
 		}
+	} else {
+		sum = xxhash.Sum64(data)
 	}
 	return filled{data: data, sum: sum, cache: Miss, recycle: func() { n.bufs.Put(buf) }}, nil
 }
@@ -562,14 +587,23 @@ func (n *Node) readSource(ctx context.Context, d *catalog.Dataset, index int, ca
 // error, those already fetched are released. Items owned by one peer travel
 // in one transport request.
 func (n *Node) GetManyFor(ctx context.Context, d *catalog.Dataset, indices []int, job string) ([]Item, error) {
-	if len(indices) > MaxBatch {
-		return nil, fmt.Errorf("%w: %d items in one batch; the limit is %d", ErrTooLarge, len(indices), MaxBatch)
+	return n.getMany(ctx, d, indices, job, false)
+}
+
+// GetManyPartial is GetManyFor for a derived dataset whose items may not
+// all be written yet: those come back marked NotWritten instead of failing
+// the batch, so that a loader learns in one request which items it has to
+// compute (the prep cache's first epoch).
+func (n *Node) GetManyPartial(ctx context.Context, d *catalog.Dataset, indices []int, job string) ([]Item, error) {
+	return n.getMany(ctx, d, indices, job, true)
+}
+
+func (n *Node) getMany(ctx context.Context, d *catalog.Dataset, indices []int, job string, partial bool) ([]Item, error) {
+	if err := CheckIndices(d, indices); err != nil {
+		return nil, err
 	}
 	var total uint64
 	for _, i := range indices {
-		if i < 0 || i >= d.Manifest.Len() {
-			return nil, fmt.Errorf("%w: index %d out of range [0,%d)", ErrBadRequest, i, d.Manifest.Len())
-		}
 		total += uint64(d.Manifest.Size(i))
 	}
 	if total > MaxBatchBytes {
@@ -611,6 +645,10 @@ func (n *Node) GetManyFor(ctx context.Context, d *catalog.Dataset, indices []int
 	for _, j := range missing {
 		g.Go(func() error {
 			f, err := n.fetch(gctx, d, indices[j])
+			if partial && errors.Is(err, catalog.ErrNotWritten) {
+				out[j].Key, out[j].NotWritten = d.Manifest.Key(indices[j]), true
+				return nil
+			}
 			if err != nil {
 				return err
 			}

@@ -38,6 +38,9 @@ type Peers interface {
 	// Describe lists every known member, with self as given.
 	Describe(self api.Member) []api.Member
 	Stats() cluster.Stats
+	// Leave takes this node out of gossip and raft's voters before a clean
+	// stop (cluster.Leave says how).
+	Leave(ctx context.Context) error
 	Close()
 }
 
@@ -65,6 +68,7 @@ func (p noPeers) Ring() *partition.Ring               { return p.ring }
 func (noPeers) HTTPAddr(string) (string, bool)        { return "", false }
 func (noPeers) Describe(self api.Member) []api.Member { return []api.Member{self} }
 func (noPeers) Stats() cluster.Stats                  { return cluster.Stats{} }
+func (noPeers) Leave(context.Context) error           { return nil }
 func (noPeers) Close()                                {}
 
 func newNoPeers(self string) noPeers {

@@ -145,8 +145,9 @@ func (p *twoMembers) Describe(self api.Member) []api.Member {
 	}
 	return []api.Member{self, {Name: "t2", State: "alive"}}
 }
-func (p *twoMembers) Stats() cluster.Stats { return cluster.Stats{} }
-func (p *twoMembers) Close()               {}
+func (p *twoMembers) Stats() cluster.Stats        { return cluster.Stats{} }
+func (p *twoMembers) Leave(context.Context) error { return nil }
+func (p *twoMembers) Close()                      {}
 
 // split names the items of d each member owns.
 func (p *twoMembers) split(d *catalog.Dataset) (mine, theirs []int) {

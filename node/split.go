@@ -326,6 +326,9 @@ func storageRate(measured, limit float64) float64 {
 // ApplySplit sets the quotas of a plan's split.
 func (m MemorySplit) ApplySplit(ctx context.Context, p api.Plan) error {
 	for _, name := range slices.Sorted(maps.Keys(p.Split)) {
+		if d, ok := m.n.cat.Dataset(name); ok && d.Derived() {
+			continue // takes no quota (400): its items are evicted first, whatever the split
+		}
 		if _, _, err := m.PutQuota(ctx, name, "", api.QuotaOf(int64(p.Split[name]))); err != nil {
 			return fmt.Errorf("quota of %s: %w", name, err)
 		}

@@ -84,5 +84,6 @@ func (n *Node) registerMetrics() *prometheus.Registry {
 		Help: "The raft index this node's catalog has applied (every catalog write moves it)."},
 		func() float64 { return float64(n.cat.AppliedIndex()) }))
 	gauge("capacity_bytes", "The store's memory budget.", func(s api.Stats) float64 { return float64(s.CapacityBytes) })
+	reg.MustRegister(newRankCollector(n.Split()), newOpsCollector(n))
 	return reg
 }

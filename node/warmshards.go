@@ -8,7 +8,6 @@ import (
 	"io"
 	"sync"
 
-	"github.com/cespare/xxhash/v2"
 	"golang.org/x/sync/errgroup"
 
 	"stallfree/bufpool"
@@ -228,7 +227,7 @@ func (n *Node) keepSample(r io.Reader, d *catalog.Dataset, i int, w *warmup, ful
 	if _, err := io.ReadFull(r, data); err != nil {
 		return err
 	}
-	err := n.store.Put(store.MakeKey(d.ID, uint32(i)), data, xxhash.Sum64(data))
+	_, err := n.store.PutSummed(store.MakeKey(d.ID, uint32(i)), data)
 	switch {
 	case errors.Is(err, store.ErrNotAdmitted):
 		full.add(n.cfg.Name)

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"stallfree/catalog"
+	"stallfree/source"
 	"stallfree/store"
 )
 
@@ -168,8 +169,34 @@ func (n *Node) warmOne(ctx context.Context, d *catalog.Dataset, i int, w *warmup
 		}
 		w.bytes.Add(d.Manifest.Size(i))
 	} else {
+		// Held already: ask the source, cheaply, whether the item is still
+		// the registered one (a directory answers with one fstatat; S3 and
+		// tar members cannot tell without a request, and are checked when
+		// read). A changed item's old bytes are dropped, so they are not
+		// served as the item any more, and the warm-up stops naming it.
+		if err := n.checkHeld(ctx, d, i, k); err != nil {
+			return err
+		}
 		w.bytes.Add(d.Manifest.Size(i))
 	}
 	w.done.Add(1)
+	return nil
+}
+
+// checkHeld drops the held copy of d's item i (key k) when its source item
+// changed since registration, and says so (409 source changed).
+func (n *Node) checkHeld(ctx context.Context, d *catalog.Dataset, i int, k store.Key) error {
+	src, err := n.source(d)
+	if err != nil {
+		return err
+	}
+	err = src.Check(ctx, d.Manifest.Entry(i))
+	if errors.Is(err, source.ErrChanged) {
+		n.store.Delete(k)
+		return sourceChanged(d, i, err)
+	}
+	if err != nil {
+		n.log.Debug("warm-up: checking a held item", "dataset", d.Name, "index", i, "err", err)
+	}
 	return nil
 }

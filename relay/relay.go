@@ -26,18 +26,30 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"stallfree/api"
+	"stallfree/clusterauth"
 )
 
 // Client is safe for concurrent use.
 type Client struct {
 	self, token string
+	memberKey   []byte
 	http        *http.Client
-	dial        func(ctx context.Context, network, addr string) (net.Conn, error)
+	// waits carries requests that wait at the other end (ForwardWaiting):
+	// small buffers, since many may be open at once.
+	waits *http.Client
+	dial  func(ctx context.Context, network, addr string) (net.Conn, error)
 }
+
+// An Option configures a Client.
+type Option func(*Client)
+
+// MemberKey signs the node's own requests with key (clusterauth.SignRequest),
+// which a receiver requires on its internal routes. Empty: none.
+func MemberKey(key []byte) Option { return func(c *Client) { c.memberKey = key } }
 
 // New returns the client of node self, which presents token (empty: none)
 // on its own requests.
-func New(self, token string) *Client {
+func New(self, token string, opts ...Option) *Client {
 	d := &net.Dialer{Timeout: 2 * time.Second, KeepAlive: 30 * time.Second}
 	tr := &http.Transport{
 		DialContext:         d.DialContext,
@@ -53,20 +65,33 @@ func New(self, token string) *Client {
 	// part's copy may take minutes and a catalog read must not.
 	// A node's API never redirects; a redirect is passed back, not followed.
 	noRedirects := func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-	return &Client{self: self, token: token, http: &http.Client{Transport: tr, CheckRedirect: noRedirects}, dial: d.DialContext}
+	small := &http.Transport{DialContext: d.DialContext, MaxIdleConnsPerHost: 64, IdleConnTimeout: time.Minute,
+		DisableCompression: true, WriteBufferSize: 4 << 10, ReadBufferSize: 4 << 10}
+	c := &Client{self: self, token: token, http: &http.Client{Transport: tr, CheckRedirect: noRedirects},
+		waits: &http.Client{Transport: small, CheckRedirect: noRedirects}, dial: d.DialContext}
+	for _, o := range opts {
+		o(c)
+	}
+	return c
 }
 
 // Self is the node the client's requests come from.
 func (c *Client) Self() string { return c.self }
 
 // Close closes the idle connections.
-func (c *Client) Close() { c.http.CloseIdleConnections() }
+func (c *Client) Close() {
+	c.http.CloseIdleConnections()
+	c.waits.CloseIdleConnections()
+}
 
-// own marks a request as this node's own.
-func (c *Client) own(h http.Header) {
+// own marks a request (method, path with its query) as this node's own.
+func (c *Client) own(h http.Header, method, path string) {
 	h.Set(api.HeaderForwarded, c.self)
 	if c.token != "" {
 		h.Set("Authorization", "Bearer "+c.token)
+	}
+	if len(c.memberKey) > 0 {
+		h.Set(clusterauth.HeaderMember, clusterauth.SignRequest(c.memberKey, method, path, c.self, time.Now()))
 	}
 }
 
@@ -88,7 +113,7 @@ func (c *Client) Do(ctx context.Context, method, addr, path string, body io.Read
 	for k, v := range header {
 		req.Header[k] = v
 	}
-	c.own(req.Header)
+	c.own(req.Header, method, path)
 	return c.http.Do(req)
 }
 
@@ -157,6 +182,17 @@ func (c *Client) JSON(ctx context.Context, method, addr, path string, in, out an
 // answer (a body of at most limit bytes) into out. An error means no whole
 // answer came, and out is untouched.
 func (c *Client) Forward(ctx context.Context, addr, uri string, in *fasthttp.Request, out *fasthttp.Response, header http.Header, limit int64) error {
+	return c.forward(ctx, c.http, addr, uri, in, out, header, limit)
+}
+
+// ForwardWaiting is Forward for a request that may wait at addr for its
+// answer (a group read with ?wait=): its connection has small buffers, so
+// that the many a node may relay at once cost little memory each.
+func (c *Client) ForwardWaiting(ctx context.Context, addr, uri string, in *fasthttp.Request, out *fasthttp.Response, header http.Header, limit int64) error {
+	return c.forward(ctx, c.waits, addr, uri, in, out, header, limit)
+}
+
+func (c *Client) forward(ctx context.Context, via *http.Client, addr, uri string, in *fasthttp.Request, out *fasthttp.Response, header http.Header, limit int64) error {
 	req, err := http.NewRequestWithContext(ctx, string(in.Header.Method()), "http://"+addr+uri, bytes.NewReader(in.Body()))
 	if err != nil {
 		return err
@@ -170,7 +206,7 @@ func (c *Client) Forward(ctx context.Context, addr, uri string, in *fasthttp.Req
 		req.Header[k] = v
 	}
 	req.Header.Set(api.HeaderForwarded, c.self)
-	resp, err := c.http.Do(req)
+	resp, err := via.Do(req)
 	if err != nil {
 		return err
 	}
@@ -217,21 +253,25 @@ func hopByHop(k string) bool {
 type Upload struct {
 	conn net.Conn
 	addr string
+	idle time.Duration
 }
 
-// Upload opens a PUT of size bytes to path at addr, with header; the
-// connection is given up after timeout.
-func (c *Client) Upload(ctx context.Context, addr, path string, size int64, header http.Header, timeout time.Duration) (*Upload, error) {
+// Upload opens a PUT of size bytes to path at addr, with header. The
+// connection is given up when a write, or the wait for the answer, makes
+// no progress for idle: a large part on a slow link takes as long as it
+// takes, a stalled one is cut off (the receiver keeps the same rule,
+// --idle-timeout).
+func (c *Client) Upload(ctx context.Context, addr, path string, size int64, header http.Header, idle time.Duration) (*Upload, error) {
 	conn, err := c.dial(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err
 	}
-	conn.SetDeadline(time.Now().Add(timeout))
+	conn.SetDeadline(time.Now().Add(idle))
 	h := header.Clone()
 	if h == nil {
 		h = http.Header{}
 	}
-	c.own(h)
+	c.own(h, http.MethodPut, path)
 	var head bytes.Buffer
 	fmt.Fprintf(&head, "PUT %s HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\nConnection: close\r\n", path, addr, size)
 	h.Write(&head)
@@ -240,19 +280,23 @@ func (c *Client) Upload(ctx context.Context, addr, path string, size int64, head
 		conn.Close()
 		return nil, err
 	}
-	return &Upload{conn: conn, addr: addr}, nil
+	return &Upload{conn: conn, addr: addr, idle: idle}, nil
 }
 
 // Write sends the next bytes of the body.
-func (u *Upload) Write(p []byte) (int, error) { return u.conn.Write(p) }
+func (u *Upload) Write(p []byte) (int, error) {
+	u.conn.SetWriteDeadline(time.Now().Add(u.idle))
+	return u.conn.Write(p)
+}
 
-// Answer reads the receiver's answer, waiting at most within (0: until the
-// upload's timeout): nil when its status is want, else an *api.Error
+// Answer reads the receiver's answer, waiting at most within (0: the
+// upload's idle time): nil when its status is want, else an *api.Error
 // (AnswerError), or the transport's error when none came.
 func (u *Upload) Answer(want int, within time.Duration) error {
-	if within > 0 {
-		u.conn.SetReadDeadline(time.Now().Add(within))
+	if within <= 0 {
+		within = u.idle
 	}
+	u.conn.SetReadDeadline(time.Now().Add(within))
 	resp, err := http.ReadResponse(bufio.NewReader(u.conn), nil)
 	if err != nil {
 		return err

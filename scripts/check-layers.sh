@@ -8,10 +8,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 declare -A layer=(
-  [miniotest]=-1 [internal/testutil]=-1 [api]=0 [bufpool]=0 [catchup]=0 [clusterauth]=0 [datadir]=0 [discovery]=0 [listen]=0 [logbridge]=0 [partition]=0 [source]=0 [store]=0
+  [miniotest]=-1 [internal/testutil]=-1 [api]=0 [shmdir]=0 [handoff]=0 [bufpool]=0 [catchup]=0 [clusterauth]=0 [datadir]=0 [discovery]=0 [listen]=0 [logbridge]=0 [partition]=0 [source]=0 [store]=0
   [planner]=0 [split]=1
   [catalog]=1 [relay]=1 [transport]=1 [membership]=1
-  [locality]=2
+  [locality]=2 [internal/testcatalog]=2
   [cluster]=3 [clairvoyant]=3 [control]=3 [derived]=3
   [node]=4 [checkpoint]=4 [groups]=4
   [httpapi]=5 [client]=5

@@ -17,7 +17,11 @@ for pkg in "$@"; do
   esac
 done
 ((${#missing[@]})) || exit 0
-cmd="apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ${missing[*]}"
+# Another apt or dpkg run (unattended-upgrades on a fresh VM, a second
+# terminal) holds the dpkg lock for minutes: wait for it, up to 10 minutes,
+# instead of failing after apt's default few seconds.
+lock="-o DPkg::Lock::Timeout=${STALLFREE_APT_LOCK_TIMEOUT:-600}"
+cmd="apt-get $lock update -qq && DEBIAN_FRONTEND=noninteractive apt-get $lock install -y -qq --no-install-recommends ${missing[*]}"
 if [ "$(id -u)" != 0 ]; then
   echo "make test needs: ${missing[*]}. Install them with:" >&2
   echo "  sudo sh -c '$cmd'" >&2

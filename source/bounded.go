@@ -137,3 +137,25 @@ func timeoutErr(ctx context.Context) error {
 	}
 	return ctx.Err()
 }
+
+// Checker is a source that can tell, without reading an object, whether it
+// is still the version the manifest holds (ErrChanged when not). Directories
+// can (one fstatat); S3 would need a HEAD per object, so it checks on read.
+type Checker interface {
+	Check(ctx context.Context, e Entry) error
+}
+
+// Check asks the wrapped source whether e is unchanged, within the timeout.
+// A source that cannot tell cheaply answers nil: its reads still check.
+func (b *Bounded) Check(ctx context.Context, e Entry) error {
+	c, ok := b.Source.(Checker)
+	if !ok {
+		return nil
+	}
+	if b.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, b.timeout)
+		defer cancel()
+	}
+	return c.Check(ctx, e)
+}

@@ -124,7 +124,7 @@ func (w *dirWalk) dir(ctx context.Context, rel string) error {
 		if ValidKey(key) != nil {
 			continue
 		}
-		mode, size, err := lstatAt(f, r, name)
+		mode, size, mtime, err := lstatAt(f, r, name)
 		if err != nil {
 			continue // gone meanwhile
 		}
@@ -145,14 +145,14 @@ func (w *dirWalk) dir(ctx context.Context, rel string) error {
 			if err != nil || !fi.Mode().IsRegular() {
 				continue
 			}
-			size = fi.Size()
+			size, mtime = fi.Size(), fi.ModTime().UnixNano()
 		} else if !mode.IsRegular() {
 			continue
 		}
 		if size > w.maxSize {
 			return fmt.Errorf("source %s: %s is %d bytes, over the %d-byte item limit", w.d.path, key, size, w.maxSize)
 		}
-		found = append(found, Entry{Key: key, Size: size})
+		found = append(found, Entry{Key: key, Size: size, Tag: mtimeTag(mtime)})
 	}
 	w.d.listed.Add(int64(len(found)))
 	w.mu.Lock()
@@ -161,8 +161,47 @@ func (w *dirWalk) dir(ctx context.Context, rel string) error {
 	return nil
 }
 
-// Read returns the file's bytes and fails with ErrChanged when its size no
-// longer matches the manifest.
+// mtimeTag is a directory entry's version fingerprint: its modification
+// time in ns, folded to 32 bits (never 0, which means "no fingerprint":
+// manifests registered before files carried one are checked by size alone).
+// A file rewritten in place gets a new mtime, whatever its new size; the
+// fold misses a rewrite only when the two mtimes fold alike (2^-32), and
+// keeps the manifest at 4 bytes an item (catalog.Manifest.Stamps).
+func mtimeTag(ns int64) uint64 {
+	u := uint64(ns)
+	return uint64(max(uint32(u^u>>32), 1))
+}
+
+// changed checks an open file against its manifest entry: the size and,
+// where the manifest has one, the mtime it was registered with. One fstat,
+// already paid for by openRegular.
+func changed(key string, fi os.FileInfo, e Entry) error {
+	if fi.Size() != e.Size {
+		return fmt.Errorf("read %s: %w (%d bytes, registered at %d)", key, ErrChanged, fi.Size(), e.Size)
+	}
+	if e.Tag != 0 && mtimeTag(fi.ModTime().UnixNano()) != e.Tag {
+		return fmt.Errorf("read %s: %w (modified at %s, after its registration)", key, ErrChanged, fi.ModTime().UTC().Format(time.RFC3339Nano))
+	}
+	return nil
+}
+
+// Check tells whether the file behind e is still the one registered (size
+// and mtime; ErrChanged when not) without reading it: one fstatat, cheap
+// enough for a warm-up to ask of the items it already holds.
+func (d *Dir) Check(_ context.Context, e Entry) error {
+	if err := ValidKey(e.Key); err != nil {
+		return err
+	}
+	f, fi, err := d.openRegular(e.Key)
+	if err != nil {
+		return err
+	}
+	f.Close()
+	return changed(e.Key, fi, e)
+}
+
+// Read returns the file's bytes and fails with ErrChanged when its size or
+// mtime no longer matches the manifest.
 func (d *Dir) Read(ctx context.Context, e Entry, buf []byte) ([]byte, error) {
 	key, size := e.Key, e.Size
 	if err := ValidKey(key); err != nil {
@@ -174,11 +213,14 @@ func (d *Dir) Read(ctx context.Context, e Entry, buf []byte) ([]byte, error) {
 	if err := d.throttle(ctx, key, size); err != nil {
 		return nil, err
 	}
-	f, _, err := d.openRegular(key)
+	f, fi, err := d.openRegular(key)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
+	if err := changed(key, fi, e); err != nil {
+		return nil, err
+	}
 	if int64(cap(buf)) < size {
 		buf = make([]byte, size)
 	}
@@ -211,36 +253,36 @@ func (d *Dir) throttle(ctx context.Context, key string, size int64) error {
 }
 
 // openRegular opens key for reading, refusing anything but a regular file.
-func (d *Dir) openRegular(key string) (*os.File, int64, error) {
+func (d *Dir) openRegular(key string) (*os.File, os.FileInfo, error) {
 	// O_NONBLOCK: opening a FIFO (or a device) put where a file was must
 	// not block; it is refused below. The root keeps the open inside the
 	// dataset, symlinks included.
 	f, err := d.root.OpenFile(filepath.FromSlash(key), os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
-		return nil, 0, fmt.Errorf("read %s: %w", key, err)
+		return nil, nil, fmt.Errorf("read %s: %w", key, err)
 	}
 	fi, err := f.Stat()
 	if err != nil {
 		f.Close()
-		return nil, 0, fmt.Errorf("read %s: %w", key, err)
+		return nil, nil, fmt.Errorf("read %s: %w", key, err)
 	}
 	if !fi.Mode().IsRegular() {
 		f.Close()
-		return nil, 0, fmt.Errorf("read %s: %w: no longer a regular file (%v)", key, ErrChanged, fi.Mode().Type())
+		return nil, nil, fmt.Errorf("read %s: %w: no longer a regular file (%v)", key, ErrChanged, fi.Mode().Type())
 	}
-	return f, fi.Size(), nil
+	return f, fi, nil
 }
 
 // openShard opens a shard file that must still be the size it was indexed
 // at: a rewritten shard moves its members.
 func (d *Dir) openShard(shard Entry) (*os.File, error) {
-	f, size, err := d.openRegular(shard.Key)
+	f, fi, err := d.openRegular(shard.Key)
 	if err != nil {
 		return nil, err
 	}
-	if size != shard.Size {
+	if err := changed(shard.Key, fi, shard); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("read %s: %w (%d bytes, indexed at %d)", shard.Key, ErrChanged, size, shard.Size)
+		return nil, err
 	}
 	return f, nil
 }

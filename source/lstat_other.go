@@ -7,12 +7,12 @@ import (
 	"os"
 )
 
-// lstatAt is the type and size of name in the directory r is rooted at,
+// lstatAt is the type, size and modification time (ns) of name in the directory r is rooted at,
 // without following a symlink.
-func lstatAt(_ *os.File, r *os.Root, name string) (fs.FileMode, int64, error) {
+func lstatAt(_ *os.File, r *os.Root, name string) (fs.FileMode, int64, int64, error) {
 	fi, err := r.Lstat(name)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
-	return fi.Mode().Type(), fi.Size(), nil
+	return fi.Mode().Type(), fi.Size(), fi.ModTime().UnixNano(), nil
 }

@@ -52,11 +52,12 @@ func Upload(ctx context.Context, dir, dest string, cfg S3Config, uploaded *atomi
 	g.SetLimit(uploaders)
 	for _, e := range entries {
 		g.Go(func() error {
-			f, size, err := d.openRegular(e.Key)
+			f, fi, err := d.openRegular(e.Key)
 			if err != nil {
 				return err
 			}
 			defer f.Close()
+			size := fi.Size()
 			if _, err := s.core.Client.PutObject(gctx, s.bucket, s.prefix+e.Key, f, size, minio.PutObjectOptions{}); err != nil {
 				return s.storageErr("put", s.prefix+e.Key, err)
 			}

@@ -46,6 +46,7 @@ type rank struct {
 	last   *Epoch
 	epochs uint64
 	seen   time.Time
+	recent []recentReport // the last StallWindow's reports (recent.go)
 }
 
 type job struct {
@@ -61,8 +62,18 @@ type Book struct {
 	// MaxAge forgets a job none of whose ranks reported for that long
 	// (finished or moved); 0: ten minutes.
 	MaxAge time.Duration
-	now    func() time.Time
+	// MaxJobs bounds the jobs kept (0: DefaultMaxJobs); a new job past it
+	// takes the place of the one idle longest. Ranks per job are bounded by
+	// MaxRanks alike, so reports cannot grow the book without bound.
+	MaxJobs, MaxRanks int
+	now               func() time.Time
 }
+
+// The book's default bounds.
+const (
+	DefaultMaxJobs  = 1024
+	DefaultMaxRanks = 4096
+)
 
 // NewBook returns an empty book on the wall clock.
 func NewBook() *Book { return &Book{jobs: map[string]*job{}, now: time.Now} }
@@ -80,15 +91,22 @@ func (b *Book) Add(r Report, srcBytes uint64) {
 	defer b.mu.Unlock()
 	j := b.jobs[r.Job]
 	if j == nil || (r.Dataset != "" && j.dataset != r.Dataset) {
+		if j == nil && len(b.jobs) >= bound(b.MaxJobs, DefaultMaxJobs) {
+			delete(b.jobs, b.idlest())
+		}
 		j = &job{dataset: r.Dataset, ranks: map[int]*rank{}}
 		b.jobs[r.Job] = j
 	}
 	rk := j.ranks[r.Rank]
 	if rk == nil {
+		if len(j.ranks) >= bound(b.MaxRanks, DefaultMaxRanks) {
+			delete(j.ranks, idlestRank(j))
+		}
 		rk = &rank{}
 		j.ranks[r.Rank] = rk
 	}
 	rk.seen = b.now()
+	rk.remember(r, rk.seen)
 	if !rk.cur.open {
 		rk.cur = window{open: true, srcBytes0: srcBytes}
 	}
@@ -103,6 +121,48 @@ func (b *Book) Add(r Report, srcBytes uint64) {
 		rk.epochs++
 		rk.cur = window{open: true, srcBytes0: srcBytes}
 	}
+}
+
+func bound(v, def int) int {
+	if v > 0 {
+		return v
+	}
+	return def
+}
+
+// idlest is the job whose last report is the oldest. Caller holds b.mu.
+func (b *Book) idlest() string {
+	var (
+		name string
+		when time.Time
+	)
+	for n, j := range b.jobs {
+		if seen := j.lastSeen(); name == "" || seen.Before(when) {
+			name, when = n, seen
+		}
+	}
+	return name
+}
+
+func (j *job) lastSeen() time.Time {
+	var t time.Time
+	for _, rk := range j.ranks {
+		if rk.seen.After(t) {
+			t = rk.seen
+		}
+	}
+	return t
+}
+
+// idlestRank is the rank of j that reported longest ago.
+func idlestRank(j *job) int {
+	first, r, when := true, 0, time.Time{}
+	for k, rk := range j.ranks {
+		if first || rk.seen.Before(when) {
+			first, r, when = false, k, rk.seen
+		}
+	}
+	return r
 }
 
 // JobStats is what the book knows of one job.

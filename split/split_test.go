@@ -2,6 +2,7 @@ package split
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -156,5 +157,81 @@ func TestAutoAppliesOnlyWorthwhilePlans(t *testing.T) {
 	p = <-tg.applied
 	if p.Split["d"] != 3 || len(tg.applied) != 0 {
 		t.Fatalf("applied %+v (%d more queued); want the third plan only", p, len(tg.applied))
+	}
+}
+
+// Reports cannot grow the book without bound: past MaxJobs a new job takes
+// the place of the one idle longest, past MaxRanks a new rank that of the
+// rank idle longest.
+func TestBookBoundsJobsAndRanks(t *testing.T) {
+	c := newClock()
+	b := bookOn(c)
+	b.MaxJobs, b.MaxRanks = 3, 2
+	for _, name := range []string{"a", "b", "c"} {
+		b.Add(Report{Job: name, Batches: 1}, 0)
+		c.advance(time.Second)
+	}
+	b.Add(Report{Job: "a", Batches: 1}, 0) // a is busy again; b is now the idlest
+	c.advance(time.Second)
+	b.Add(Report{Job: "d", Batches: 1}, 0)
+	var names []string
+	for _, j := range b.Jobs() {
+		names = append(names, j.Job)
+	}
+	if strings.Join(names, ",") != "a,c,d" {
+		t.Fatalf("jobs kept: %v; want a,c,d (b idle longest)", names)
+	}
+	for r := range 5 {
+		b.Add(Report{Job: "d", Rank: r, Batches: 1}, 0)
+		c.advance(time.Second)
+	}
+	for _, j := range b.Jobs() {
+		if j.Job == "d" && j.Ranks != 2 {
+			t.Fatalf("job d keeps %d ranks; want 2", j.Ranks)
+		}
+	}
+}
+
+// A job's stall: each rank's reports over the last 60 s, merged across the
+// nodes that heard them (the latest report wins), with the rank whose step
+// time is over 1.2× the median marked.
+func TestStallWindowsAndStragglers(t *testing.T) {
+	c := newClock()
+	b := bookOn(c)
+	b.Add(Report{Job: "j", Rank: 0, WaitS: 100, StepS: 100, Batches: 100, Items: 100}, 0) // falls out of the window
+	c.advance(2 * StallWindow)
+	for r, step := range []float64{0.1, 0.1, 0.25} {
+		// 10 batches of 32: step and wait as the rank measured them.
+		b.Add(Report{Job: "j", Rank: r, WaitS: 0.5, StepS: 10 * step, Batches: 10, Items: 320}, 0)
+	}
+	c.advance(3 * time.Second)
+	here := b.Recent("j", "n1")
+	if len(here) != 3 || here[0].WaitS != 0.5 || here[0].Batches != 10 || here[0].Node != "n1" {
+		t.Fatalf("recent: %+v", here)
+	}
+	// Another node heard rank 1 earlier, with other figures: the later wins.
+	old := RankWindow{Rank: 1, Node: "n2", WaitS: 9, StepS: 1, Batches: 1, Items: 1, LastUnixMs: here[1].LastUnixMs - 5000}
+	got := MergeStall(append(here, old), c.now())
+	if len(got) != 3 {
+		t.Fatalf("merged: %+v", got)
+	}
+	for r, want := range []struct {
+		share, step float64
+		straggler   bool
+	}{{0.5 / 1.5, 0.1, false}, {0.5 / 1.5, 0.1, false}, {0.5 / 3, 0.25, true}} {
+		g := got[r]
+		if g.Rank != r || g.Node != "n1" || !approx(g.WaitShare, want.share) || !approx(g.StepS, want.step) || g.Straggler != want.straggler ||
+			!approx(g.LastReportS, 3) {
+			t.Errorf("rank %d: %+v; want share %.3f, step %.2f, straggler %v, last 3 s", r, g, want.share, want.step, want.straggler)
+		}
+	}
+	if !approx(got[2].SamplesPerS, 320/3.0) {
+		t.Errorf("samples/s %v", got[2].SamplesPerS)
+	}
+	if m := b.ActiveJobs("n1", 2); len(m) != 0 {
+		t.Errorf("3 ranks exported under a bound of 2 series: %v", m)
+	}
+	if m := b.ActiveJobs("n1", 3); len(m["j"]) != 3 {
+		t.Errorf("active jobs: %v", m)
 	}
 }

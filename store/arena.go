@@ -1,6 +1,7 @@
 package store
 
 import (
+	"errors"
 	"fmt"
 	"syscall"
 
@@ -15,15 +16,42 @@ const align = 64
 
 func alignUp(n uint64) uint64 { return (n + align - 1) &^ (align - 1) }
 
+// pageSize is the unit prefault maps (the kernel's base page on the
+// platforms the node runs on).
+const pageSize = 4096
+
+func alignPage(n uint64) uint64 { return (n + pageSize - 1) &^ (pageSize - 1) }
+
 // arena is an off-heap region carved into variable-size extents. It lives in an
 // anonymous mapping, so its bytes are invisible to the garbage collector and RSS
 // grows only with the pages actually written.
 type arena struct {
-	mem       []byte
+	mem []byte
+	// shared, when set, holds the memfds behind mem and its pages'
+	// generations (shared.go); nil for an anonymous arena.
+	shared    *sharedFiles
 	bySize    *btree.BTreeG[extent]
 	byOff     map[uint64]uint64 // free extent start -> length
 	byEnd     map[uint64]uint64 // free extent end -> start
 	freeBytes uint64
+	// noPopulate is set once the kernel has refused MADV_POPULATE_WRITE
+	// (before Linux 5.14): prefault is not asked again.
+	noPopulate bool
+}
+
+// prefault maps the pages of [off, off+n) in one call before they are
+// written (MADV_POPULATE_WRITE): on pages never touched, or given back,
+// that costs less than a fault per page, and on pages already mapped
+// little. It is only a hint: the write that follows faults in whatever it
+// did not map.
+func (a *arena) prefault(off, n uint64) {
+	if a.noPopulate || n == 0 {
+		return
+	}
+	lo, hi := off&^(pageSize-1), min(alignPage(off+n), uint64(len(a.mem)))
+	if err := unix.Madvise(a.mem[lo:hi], unix.MADV_POPULATE_WRITE); errors.Is(err, unix.EINVAL) {
+		a.noPopulate = true
+	}
 }
 
 type extent struct{ off, n uint64 }
@@ -35,20 +63,35 @@ func lessBySize(a, b extent) bool {
 	return a.off < b.off
 }
 
-func newArena(size uint64) (*arena, error) {
+func newArena(size uint64) (*arena, error) { return newArenaIn(size, false) }
+
+// newArenaIn maps an arena of size bytes: anonymous, or with shared in a
+// memfd that loaders on this host may map (shared.go).
+func newArenaIn(size uint64, shared bool) (*arena, error) {
 	size = alignUp(size)
 	if size == 0 {
 		size = align
 	}
-	mem, err := syscall.Mmap(-1, 0, int(size), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE|syscall.MAP_NORESERVE)
+	var (
+		mem []byte
+		sf  *sharedFiles
+		err error
+	)
+	if shared {
+		mem, sf, err = mapShared(size)
+	} else {
+		mem, err = syscall.Mmap(-1, 0, int(size), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE|syscall.MAP_NORESERVE)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("store: reserve %d bytes: %w", size, err)
 	}
 	// Items are read at random across the whole arena: huge pages cut the TLB
-	// misses of serving them (advice only; ignored where THP is off).
+	// misses of serving them (advice only; ignored where THP is off, and for
+	// a memfd unless shmem_enabled allows it).
 	_ = unix.Madvise(mem, unix.MADV_HUGEPAGE)
 	a := &arena{
 		mem:    mem,
+		shared: sf,
 		bySize: btree.NewG(16, lessBySize),
 		byOff:  make(map[uint64]uint64),
 		byEnd:  make(map[uint64]uint64),
@@ -63,6 +106,10 @@ func (a *arena) close() error {
 	}
 	err := syscall.Munmap(a.mem)
 	a.mem = nil
+	if a.shared != nil {
+		a.shared.close()
+		a.shared = nil
+	}
 	return err
 }
 
@@ -88,6 +135,9 @@ func (a *arena) alloc(n uint64) (uint64, bool) {
 // free returns an extent and merges it with free neighbours so that churn does
 // not fragment the arena into pieces too small for the next item.
 func (a *arena) free(off, n uint64) {
+	if a.shared != nil {
+		a.shared.freed(off, n) // before the extent can be handed out again
+	}
 	if start, ok := a.byEnd[off]; ok {
 		prev := extent{start, a.byOff[start]}
 		a.removeFree(prev)

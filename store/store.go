@@ -122,10 +122,16 @@ type Stats struct {
 }
 
 // New reserves capacity bytes and returns an empty store governed by p.
-func New(capacity uint64, p Policy) (*Store, error) {
+func New(capacity uint64, p Policy) (*Store, error) { return newStore(capacity, p, false) }
+
+// NewShared is New with the arena in a memfd that loaders on this host may
+// map read-only (shared.go: Locate, SharedFiles).
+func NewShared(capacity uint64, p Policy) (*Store, error) { return newStore(capacity, p, true) }
+
+func newStore(capacity uint64, p Policy, shared bool) (*Store, error) {
 	// The slack covers extents of evicted items that are still being sent
 	// (pinned); it is address space, not memory, until used.
-	a, err := newArena(capacity + max(capacity/8, 64<<20))
+	a, err := newArenaIn(capacity+max(capacity/8, 64<<20), shared)
 	if err != nil {
 		return nil, err
 	}
@@ -200,6 +206,18 @@ func (s *Store) Put(k Key, data []byte, sum uint64) error {
 	if xxhash.Sum64(data) != sum {
 		return ErrChecksum
 	}
+	return s.put(k, data, sum)
+}
+
+// PutSummed is Put for bytes the caller holds whole and has not summed:
+// the store sums them, once, where Put would check a sum the caller had
+// just computed from the same bytes. It returns the sum.
+func (s *Store) PutSummed(k Key, data []byte) (uint64, error) {
+	sum := xxhash.Sum64(data)
+	return sum, s.put(k, data, sum)
+}
+
+func (s *Store) put(k Key, data []byte, sum uint64) error {
 	need := alignUp(uint64(len(data)))
 	if need == 0 {
 		need = align
@@ -238,6 +256,7 @@ func (s *Store) Put(k Key, data []byte, sum uint64) error {
 		s.evict(victim)
 		s.evicted++
 	}
+	s.arena.prefault(off, uint64(len(data)))
 	copy(s.arena.mem[off:off+uint64(len(data))], data)
 	i := s.newSlot()
 	s.slots[i] = slot{key: k, off: off, size: uint64(len(data)), alloc: need, sum: sum, live: true, inUse: true}

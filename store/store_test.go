@@ -24,6 +24,12 @@ func item(i, size int) []byte {
 func mustNew(t *testing.T, capacity uint64, p Policy) *Store {
 	t.Helper()
 	s, err := New(capacity, p)
+	return opened(t, s, err)
+}
+
+// opened fails the test on err, and closes s when the test ends.
+func opened(t *testing.T, s *Store, err error) *Store {
+	t.Helper()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"strings"
 
 	"github.com/dustin/go-humanize"
 
@@ -44,8 +43,9 @@ func (a *app) checkpoints(ctx context.Context, args []string) error {
 					if ck.Latest != nil && *ck.Latest == st.Step {
 						latest = "*"
 					}
-					fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\t%d\t%v\n", ck.Name, st.Step, latest, humanize.IBytes(uint64(st.Bytes)),
-						strings.Join(st.Parts, ","), st.Replicas, st.Persisted)
+					// PARTS counts the step's parts (their names are in --json).
+					fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%d\t%d\t%v\n", esc(ck.Name), st.Step, latest, humanize.IBytes(uint64(st.Bytes)),
+						len(st.Parts), st.Replicas, st.Persisted)
 				}
 			}
 		})

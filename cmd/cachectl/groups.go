@@ -41,8 +41,8 @@ func (a *app) groups(ctx context.Context, args []string) error {
 						att++
 					}
 				}
-				fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d (%d B)\t%s\n", g.Name, g.Dataset, g.Seed, g.BatchSize, g.Window,
-					len(g.Jobs), att, det, g.StagedBatches, g.StagedBytes, g.Owner)
+				fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d (%d B)\t%s\n", esc(g.Name), esc(g.Dataset), g.Seed, g.BatchSize, g.Window,
+					len(g.Jobs), att, det, g.StagedBatches, g.StagedBytes, esc(g.Owner))
 			}
 		})
 		return nil
@@ -55,7 +55,7 @@ func (a *app) groups(ctx context.Context, args []string) error {
 			return a.printJSON(g)
 		}
 		fmt.Fprintf(a.out, "group %s: dataset %s, seed %d, batch %d, window %d, %d batches of %d samples an epoch; owner %s holds %d batches (%d B)\n",
-			g.Name, g.Dataset, g.Seed, g.BatchSize, g.Window, g.Batches, g.Samples, g.Owner, g.StagedBatches, g.StagedBytes)
+			esc(g.Name), esc(g.Dataset), g.Seed, g.BatchSize, g.Window, g.Batches, g.Samples, esc(g.Owner), g.StagedBatches, g.StagedBytes)
 		a.table("JOB\tEPOCH\tBATCH\tSTATE\tPREPARED\tSERVED\tWHY", func(w io.Writer) {
 			for _, j := range g.Jobs {
 				state := "attached"
@@ -65,7 +65,7 @@ func (a *app) groups(ctx context.Context, args []string) error {
 				case !j.Seen:
 					state = "not seen"
 				}
-				fmt.Fprintf(w, "%d\t%d\t%d\t%s\t%d\t%d\t%s\n", j.Job, j.Epoch, j.Batch, state, j.Prepared, j.Served, j.Why)
+				fmt.Fprintf(w, "%d\t%d\t%d\t%s\t%d\t%d\t%s\n", j.Job, j.Epoch, j.Batch, state, j.Prepared, j.Served, esc(j.Why))
 			}
 		})
 		return nil

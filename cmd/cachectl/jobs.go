@@ -39,7 +39,7 @@ func (a *app) jobs(ctx context.Context, args []string) error {
 		if a.json {
 			return a.printJSON(got)
 		}
-		fmt.Fprintf(a.out, "job %s: dataset %s, seed %d, %d ranks of batch %d\n", got.Name, got.Dataset, got.Seed, got.WorldSize, got.BatchSize)
+		fmt.Fprintf(a.out, "job %s: dataset %s, seed %d, %d ranks of batch %d\n", esc(got.Name), esc(got.Dataset), got.Seed, got.WorldSize, got.BatchSize)
 		return nil
 	case "resize":
 		fs := flag.NewFlagSet("jobs resize", flag.ContinueOnError)
@@ -70,11 +70,11 @@ func (a *app) jobs(ctx context.Context, args []string) error {
 			return a.printJSON(got)
 		}
 		if got.Previous == nil || got.Previous.Generation != from {
-			fmt.Fprintf(a.out, "job %s unchanged (generation %d)\n", got.Name, got.Version)
+			fmt.Fprintf(a.out, "job %s unchanged (generation %d)\n", esc(got.Name), got.Version)
 			return nil
 		}
 		fmt.Fprintf(a.out, "job %s: generation %d, %d ranks (was generation %d, %d ranks); samplers saved under %d resume under it\n",
-			got.Name, got.Version, got.WorldSize, from, got.Previous.WorldSize, from)
+			esc(got.Name), got.Version, got.WorldSize, from, got.Previous.WorldSize, from)
 		return nil
 	case "ls":
 		js, err := a.c.Jobs(ctx)
@@ -89,8 +89,8 @@ func (a *app) jobs(ctx context.Context, args []string) error {
 		// names; POSITIONS are the ranks' last reported checkpoints.
 		a.table("NAME\tDATASET\tSEED\tWORLD\tBATCH\tGENERATION\tRANKS\tPOSITIONS", func(w io.Writer) {
 			for _, j := range js {
-				fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n", j.Name, j.Dataset, j.Seed, j.WorldSize, j.BatchSize, j.Version,
-					strings.Join(j.Ranks, ","), positions[j.Name])
+				fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n", esc(j.Name), esc(j.Dataset), j.Seed, j.WorldSize, j.BatchSize, j.Version,
+					esc(strings.Join(j.Ranks, ",")), esc(positions[j.Name]))
 			}
 		})
 		return nil

@@ -16,17 +16,20 @@ import (
 	"stallfree/stall"
 )
 
-// gendata writes a synthetic image-like dataset: N files in class folders,
-// sizes spread around the mean like JPEGs are.
+// gendata writes a synthetic image-like dataset: N items in class folders,
+// sizes spread uniformly over [0.5, 1.5) × --size. --format files writes
+// noise (img_N.bin), --format jpeg real photo-like JPEGs (img_N.jpg, which
+// Pillow and torchvision decode), --format tar WebDataset shards whose .jpg
+// members are such JPEGs. A JPEG's size follows --size roughly (photoJPEGs).
 func (a *app) gendata(args []string) error {
 	fs := flag.NewFlagSet("gendata", flag.ContinueOnError)
-	items := fs.Int("items", 2000, "number of files")
-	size := fs.String("size", "110KiB", "mean file size")
-	classes := fs.Int("classes", 10, "number of class folders")
+	items := fs.Int("items", 2000, "number of items")
+	size := fs.String("size", "110KiB", "mean item size (a JPEG's is approximate: its pixel count is chosen for it)")
+	classes := fs.Int("classes", 10, "number of classes (class folders classNNN)")
 	seed := fs.Uint64("seed", 1, "random seed")
-	format := fs.String("format", "files", "files (one file per item) or tar (WebDataset shards of .jpg/.cls/.json samples)")
+	format := fs.String("format", "files", "files (noise, img_N.bin), jpeg (real JPEGs, img_N.jpg) or tar (WebDataset shards of .jpg/.cls/.json samples, the .jpg real JPEGs)")
 	perShard := fs.Int("shard-samples", 100, "samples per tar shard (--format tar)")
-	pos, err := parseCommand(fs, args, 1, "gendata DIR [--items N --size 110KiB --classes C --format files|tar --shard-samples N]")
+	pos, err := parseCommand(fs, args, 1, "gendata DIR [--items N --size 110KiB --classes C --format files|jpeg|tar --shard-samples N]")
 	if err != nil {
 		return err
 	}
@@ -39,8 +42,9 @@ func (a *app) gendata(args []string) error {
 		return fmt.Errorf("--items and --shard-samples: want --items >= 0 and --shard-samples >= 1")
 	}
 	r := rand.New(rand.NewPCG(*seed, 42))
-	payload := func() []byte {
-		n := int(float64(mean) * (0.5 + r.Float64())) // uniform in [0.5, 1.5) x mean
+	sizeOf := func() int { return int(float64(mean) * (0.5 + r.Float64())) } // uniform in [0.5, 1.5) x mean
+	noise := func() ([]byte, error) {
+		n := sizeOf()
 		b := make([]byte, n)
 		for j := 0; j < n; j += 8 {
 			v := r.Uint64()
@@ -48,38 +52,53 @@ func (a *app) gendata(args []string) error {
 				b[j+k] = byte(v >> (8 * k))
 			}
 		}
-		return b
+		return b, nil
+	}
+	var photo func() ([]byte, error) // --format jpeg and tar
+	if *format == "jpeg" || *format == "tar" {
+		jp, err := newPhotoJPEGs(r)
+		if err != nil {
+			return err
+		}
+		photo = func() ([]byte, error) { return jp.next(sizeOf()) }
 	}
 	var total uint64
 	switch *format {
-	case "files":
+	case "files", "jpeg":
+		payload, ext := noise, "bin"
+		if *format == "jpeg" {
+			payload, ext = photo, "jpg"
+		}
 		for i := range *items {
 			dir := filepath.Join(dirName, fmt.Sprintf("class%03d", i%max(*classes, 1)))
 			if err := os.MkdirAll(dir, 0o755); err != nil {
 				return err
 			}
-			b := payload()
-			if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("img_%07d.bin", i)), b, 0o644); err != nil {
+			b, err := payload()
+			if err != nil {
+				return err
+			}
+			if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("img_%07d.%s", i, ext)), b, 0o644); err != nil {
 				return err
 			}
 			total += uint64(len(b))
 		}
 	case "tar":
-		if total, err = writeShards(dirName, *items, *perShard, max(*classes, 1), payload); err != nil {
+		if total, err = writeShards(dirName, *items, *perShard, max(*classes, 1), photo); err != nil {
 			return err
 		}
 		fmt.Fprintf(a.out, "wrote %d samples in %d shards (%s) to %s\n", *items, (*items+*perShard-1) / *perShard, humanize.IBytes(total), dirName)
 		return nil
 	default:
-		return fmt.Errorf("--format %q: want files or tar", *format)
+		return usageError{fmt.Sprintf("--format %q: want files, jpeg or tar", *format)}
 	}
 	fmt.Fprintf(a.out, "wrote %d items (%s) to %s\n", *items, humanize.IBytes(total), dirName)
 	return nil
 }
 
 // writeShards writes WebDataset shards train-NNNNNN.tar of perShard samples,
-// each sample a .jpg (payload bytes), a .cls (its class) and a .json.
-func writeShards(dir string, samples, perShard, classes int, payload func() []byte) (uint64, error) {
+// each sample a .jpg (from jpg), a .cls (its class) and a .json.
+func writeShards(dir string, samples, perShard, classes int, jpg func() ([]byte, error)) (uint64, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return 0, err
 	}
@@ -92,11 +111,16 @@ func writeShards(dir string, samples, perShard, classes int, payload func() []by
 		tw := tar.NewWriter(f)
 		for i := first; i < min(first+perShard, samples); i++ {
 			key := fmt.Sprintf("s%07d", i)
+			img, err := jpg()
+			if err != nil {
+				f.Close()
+				return 0, err
+			}
 			members := []struct {
 				ext  string
 				data []byte
 			}{
-				{"jpg", payload()},
+				{"jpg", img},
 				{"cls", fmt.Appendf(nil, "%d", i%classes)},
 				{"json", fmt.Appendf(nil, `{"class":%d,"index":%d}`, i%classes, i)},
 			}

@@ -23,9 +23,11 @@ const usage = `usage: cachectl [--node URL] [--token-file F] [--json] <command>
 
 commands:
   members                      the cluster's members and their state
-  health                       exit 0 when the node answers /healthz (for container health checks)
+  health                       exit 0 when the node answers /readyz: joined, caught up, its --dataset flags
+                               registered (for container health checks; /healthz only says the process serves)
   datasets add NAME SOURCE     register a dataset (a path, dir:///abs/path or s3://BUCKET/PREFIX)
   datasets ls                  list datasets
+  datasets refresh NAME        list a dataset's source again as a new version (after its files changed)
   datasets rm NAME             remove a dataset
   datasets quota NAME SIZE     cap the bytes of a dataset the cluster caches (e.g. 2GiB; none lifts it)
   warmup NAME                  load a dataset into the cluster's memory, with progress
@@ -37,13 +39,17 @@ commands:
                                read a dataset in random order like a loader; report throughput and hit mix
   bench JOB [--epochs N --workers W --gpu-time 20ms]
                                simulate the job's loaders: throughput, hit mix, remote fraction, stall per epoch
-  analyze DATASET [--gpu-rate ITEMS/S]
+  analyze DATASET [--gpu-rate ITEMS/S --svg FILE]
                                DS-Analyzer: ingestion rates (memory, cluster, cold), fetch stall, what-if by cache size
+                               (a table and a chart; --svg writes the chart as a picture)
+  top                          live screen: members, datasets, jobs' wait share per rank (stragglers), checkpoints;
+                               refreshed every second, q quits; off a terminal one snapshot as text
   plan [apply]                 the memory split by sensitivity: per job, measured vs predicted epoch
                                time, knee, split; apply sets the quotas
-  gendata DIR [--items N --size 110KiB --format files|tar --shard-samples N]
-                               write a synthetic dataset (for demos and benchmarks);
-                               tar: WebDataset shards of .jpg/.cls/.json samples
+  gendata DIR [--items N --size 110KiB --format files|jpeg|tar --shard-samples N]
+                               write a synthetic dataset (for demos and benchmarks): files: noise in
+                               class folders; jpeg: real JPEGs in class folders; tar: WebDataset
+                               shards of .jpg (real JPEGs)/.cls/.json samples
   checkpoints ls [NAME] | rm NAME
                                checkpoints in peer memory: committed steps, copies, persisted
   s3-upload DIR s3://BUCKET[/PREFIX] [--s3-endpoint URL --s3-credentials-file F --wait 60s]
@@ -64,7 +70,8 @@ func main() {
 		if errors.Is(err, flag.ErrHelp) {
 			return // the flag package has printed the usage
 		}
-		fmt.Fprintln(os.Stderr, "cachectl:", err)
+		// An error may carry a node's message: escaped like any string from it.
+		fmt.Fprintln(os.Stderr, "cachectl:", esc(err.Error()))
 		var ue usageError
 		if errors.As(err, &ue) {
 			fmt.Fprint(os.Stderr, usage)
@@ -95,7 +102,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		}
 		token = strings.TrimSpace(string(b))
 	}
-	a := &app{c: client.New(*nodeURL, token), json: *asJSON, out: out, tty: out == io.Writer(os.Stdout) && interactive()}
+	a := &app{c: client.New(*nodeURL, token), json: *asJSON, out: safeWriter{out}, tty: out == io.Writer(os.Stdout) && interactive()}
 	rest := fs.Args()
 	if len(rest) == 0 {
 		return usageError{"no command"}
@@ -130,6 +137,8 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return a.checkpoints(ctx, rest[1:])
 	case "bench":
 		return a.bench(ctx, rest[1:])
+	case "top":
+		return a.top(ctx, rest[1:])
 	case "analyze":
 		return a.analyze(ctx, rest[1:])
 	case "plan":
@@ -175,8 +184,8 @@ func (a *app) members(ctx context.Context) error {
 			if m.Name == cl.Self {
 				role = strings.TrimPrefix(role+",self", ",")
 			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%.1f%%\t%d\t%s\t%s\t%s\t%s\n", m.Name, m.State, m.HTTP, m.Peer, 100*m.Share,
-				m.Items, humanize.IBytes(m.Bytes), humanize.IBytes(m.Capacity), m.Raft, role)
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%.1f%%\t%d\t%s\t%s\t%s\t%s\n", esc(m.Name), esc(m.State), esc(m.HTTP), esc(m.Peer), 100*m.Share,
+				m.Items, humanize.IBytes(m.Bytes), humanize.IBytes(m.Capacity), esc(m.Raft), role)
 		}
 	})
 	return nil
@@ -202,7 +211,7 @@ func (a *app) datasets(ctx context.Context, args []string) error {
 		if a.json {
 			return a.printJSON(d)
 		}
-		fmt.Fprintf(a.out, "dataset %s: %d items, %s from %s (version %d)\n", d.Name, d.Items, humanize.IBytes(uint64(d.Bytes)), d.Source, d.Version)
+		fmt.Fprintf(a.out, "dataset %s: %d items, %s from %s (version %d)\n", esc(d.Name), d.Items, humanize.IBytes(uint64(d.Bytes)), esc(d.Source), d.Version)
 		return nil
 	case args[0] == "ls" && len(args) == 1:
 		ds, err := a.c.Datasets(ctx)
@@ -212,30 +221,66 @@ func (a *app) datasets(ctx context.Context, args []string) error {
 		if a.json {
 			return a.printJSON(ds)
 		}
-		a.table("NAME\tITEMS\tBYTES\tVERSION\tSOURCE", func(w io.Writer) {
+		a.table("NAME\tITEMS\tBYTES\tQUOTA\tVERSION\tSOURCE", func(w io.Writer) {
 			for _, d := range ds {
-				fmt.Fprintf(w, "%s\t%d\t%s\t%d\t%s\n", d.Name, d.Items, humanize.IBytes(uint64(d.Bytes)), d.Version, datasetOrigin(d))
+				quota := "-" // none: the dataset may fill the memory MinIO gives it
+				if d.Quota != nil {
+					quota = humanize.IBytes(*d.Quota)
+				}
+				fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%d\t%s\n", esc(d.Name), d.Items, humanize.IBytes(uint64(d.Bytes)), quota, d.Version, datasetOrigin(d))
 			}
 		})
 		return nil
+	case args[0] == "refresh" && len(args) == 2:
+		return a.refresh(ctx, args[1])
 	case args[0] == "rm" && len(args) == 2:
 		return a.c.DeleteDataset(ctx, args[1])
 	case args[0] == "quota" && len(args) == 3:
 		return a.quota(ctx, args[1], args[2])
 	}
-	return usageError{"datasets add NAME SOURCE | ls | rm NAME | quota NAME SIZE|none"}
+	return usageError{"datasets add NAME SOURCE | ls | refresh NAME | rm NAME | quota NAME SIZE|none"}
+}
+
+// refresh lists a dataset's source again as a new version (items whose
+// files changed answer 409 "source changed" until then).
+func (a *app) refresh(ctx context.Context, name string) error {
+	changed := false
+	d, err := a.listing(ctx, name, func() (client.Dataset, error) {
+		d, c, err := a.c.RefreshDataset(ctx, name)
+		changed = c
+		return d, err
+	})
+	if err != nil {
+		return err
+	}
+	if a.json {
+		return a.printJSON(d)
+	}
+	if !changed {
+		fmt.Fprintf(a.out, "dataset %s: unchanged, still version %d (%d items, %s)\n", esc(d.Name), d.Version, d.Items, humanize.IBytes(uint64(d.Bytes)))
+		return nil
+	}
+	fmt.Fprintf(a.out, "dataset %s: refreshed as version %d: %d items, %s from %s\n", esc(d.Name), d.Version, d.Items,
+		humanize.IBytes(uint64(d.Bytes)), esc(d.Source))
+	return nil
 }
 
 // register registers a dataset and, while the leader lists (or, for tar
 // shards, indexes) its source, shows how far it has got.
 func (a *app) register(ctx context.Context, name, src string) (client.Dataset, error) {
+	return a.listing(ctx, name, func() (client.Dataset, error) { return a.c.PutDataset(ctx, name, src) })
+}
+
+// listing runs put, a request that has the leader list name's source, and
+// shows how far the listing has got meanwhile.
+func (a *app) listing(ctx context.Context, name string, put func() (client.Dataset, error)) (client.Dataset, error) {
 	type result struct {
 		d   client.Dataset
 		err error
 	}
 	done := make(chan result, 1)
 	go func() {
-		d, err := a.c.PutDataset(ctx, name, src)
+		d, err := put()
 		done <- result{d, err}
 	}()
 	tick := time.NewTicker(250 * time.Millisecond)
@@ -248,7 +293,7 @@ func (a *app) register(ctx context.Context, name, src string) (client.Dataset, e
 			if bar != nil {
 				bar.Finish()
 				if r.err == nil { // the last line: count, bytes, time
-					fmt.Fprintf(os.Stderr, "registered %s: %d items, %s in %.1fs\n", name, r.d.Items,
+					fmt.Fprintf(os.Stderr, "registered %s: %d items, %s in %.1fs\n", esc(name), r.d.Items,
 						humanize.IBytes(uint64(r.d.Bytes)), time.Since(start).Seconds())
 				}
 			}
@@ -325,10 +370,14 @@ func (a *app) warmup(ctx context.Context, name string) error {
 		for i, c := range cs {
 			p, err := c.Warmup(ctx, name)
 			if err != nil {
-				return fmt.Errorf("%s: %w", names[i], err)
+				return fmt.Errorf("%s: %w", esc(names[i]), err)
 			}
 			if p.Error != "" {
-				return fmt.Errorf("warm-up on %s: %s", names[i], p.Error)
+				if strings.Contains(p.Error, "source changed: ") {
+					return fmt.Errorf("warm-up on %s: %s; `cachectl datasets refresh %s` lists the source again as a new version",
+						esc(names[i]), esc(p.Error), esc(name))
+				}
+				return fmt.Errorf("warm-up on %s: %s", esc(names[i]), esc(p.Error))
 			}
 			sum.Done += p.Done
 			sum.Total += p.Total
@@ -375,7 +424,7 @@ func (a *app) stats(ctx context.Context) error {
 	for i, c := range cs {
 		s, err := c.Stats(ctx)
 		if err != nil {
-			return fmt.Errorf("%s: %w", names[i], err)
+			return fmt.Errorf("%s: %w", esc(names[i]), err)
 		}
 		all = append(all, s)
 		tot.ItemsCached += s.ItemsCached
@@ -402,7 +451,7 @@ func (a *app) stats(ctx context.Context) error {
 			if req > 0 {
 				pct = 100 * float64(s.HitsLocal+s.HitsPeer) / float64(req)
 			}
-			fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%d\t%d\t%d\t%.1f\t%d\t%s\t%s\t%s\t%.2fs/%d batches\n", s.Name, s.Policy, s.ItemsCached,
+			fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%d\t%d\t%d\t%.1f\t%d\t%s\t%s\t%s\t%.2fs/%d batches\n", esc(s.Name), esc(s.Policy), s.ItemsCached,
 				humanize.IBytes(s.BytesCached), humanize.IBytes(s.CapacityBytes), s.HitsLocal, s.HitsPeer, s.Misses, pct,
 				s.SourceReads, humanize.IBytes(s.SourceBytes), humanize.IBytes(s.PeerBytesIn), humanize.IBytes(s.PeerBytesOut),
 				s.LoaderWaitSeconds, s.LoaderBatches)

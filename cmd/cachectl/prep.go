@@ -18,13 +18,14 @@ import (
 // names its parent, its stage and how many of its items are written.
 func datasetOrigin(d client.Dataset) string {
 	if d.DerivedFrom == "" {
-		return d.Source
+		return esc(d.Source)
 	}
 	written := 0
 	if d.Written != nil {
 		written = *d.Written
 	}
-	return fmt.Sprintf("derived from %s, stage %s, %d written", d.DerivedFrom, d.Stage, written)
+	// The stage is free text from whoever derived the dataset.
+	return fmt.Sprintf("derived from %s, stage %s, %d written", esc(d.DerivedFrom), esc(d.Stage), written)
 }
 
 // datasetUsage prints, under the per-node table of `stats`, the items and
@@ -42,7 +43,7 @@ func (a *app) datasetUsage(all []client.Stats) {
 			if !ok {
 				r = &row{kind: "parent"}
 				if u.DerivedFrom != "" {
-					r.kind = "derived from " + u.DerivedFrom
+					r.kind = "derived from " + esc(u.DerivedFrom)
 				}
 				rows[u.Name] = r
 			}
@@ -62,7 +63,7 @@ func (a *app) datasetUsage(all []client.Stats) {
 	a.table("DATASET\tKIND\tITEMS CACHED\tBYTES CACHED", func(w io.Writer) {
 		for _, n := range names {
 			r := rows[n]
-			fmt.Fprintf(w, "%s\t%s\t%d\t%s\n", n, r.kind, r.items, humanize.IBytes(r.bytes))
+			fmt.Fprintf(w, "%s\t%s\t%d\t%s\n", esc(n), r.kind, r.items, humanize.IBytes(r.bytes))
 		}
 	})
 }

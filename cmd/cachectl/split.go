@@ -21,7 +21,7 @@ func (a *app) quota(ctx context.Context, name, size string) error {
 		if a.json {
 			return a.printJSON(d)
 		}
-		fmt.Fprintf(a.out, "dataset %s: no quota\n", d.Name)
+		fmt.Fprintf(a.out, "dataset %s: no quota\n", esc(d.Name))
 		return nil
 	}
 	n, err := humanize.ParseBytes(size)
@@ -35,7 +35,7 @@ func (a *app) quota(ctx context.Context, name, size string) error {
 	if a.json {
 		return a.printJSON(d)
 	}
-	fmt.Fprintf(a.out, "dataset %s: quota %s of %s\n", d.Name, humanize.IBytes(n), humanize.IBytes(uint64(d.Bytes)))
+	fmt.Fprintf(a.out, "dataset %s: quota %s of %s\n", esc(d.Name), humanize.IBytes(n), humanize.IBytes(uint64(d.Bytes)))
 	return nil
 }
 
@@ -62,7 +62,7 @@ func (a *app) plan(ctx context.Context, args []string) error {
 	}
 	a.table("JOB\tDATASET\tEPOCH MEASURED\tEPOCH NOW (MODEL)\tEPOCH PLANNED\tCACHED\tKNEE\tSPLIT\tSAVED/GiB", func(w io.Writer) {
 		for _, j := range p.Jobs {
-			fmt.Fprintf(w, "%s\t%s\t%.2fs\t%.2fs\t%.2fs\t%s\t%s\t%s\t%.1fs\n", j.Job, j.Dataset, j.EpochS, j.EpochSNow, j.EpochSPredicted,
+			fmt.Fprintf(w, "%s\t%s\t%.2fs\t%.2fs\t%.2fs\t%s\t%s\t%s\t%.1fs\n", esc(j.Job), esc(j.Dataset), j.EpochS, j.EpochSNow, j.EpochSPredicted,
 				humanize.IBytes(j.CachedBytes), humanize.IBytes(j.KneeBytes), humanize.IBytes(p.Split[j.Dataset]), j.SecondsSavedPerGiB)
 		}
 	})

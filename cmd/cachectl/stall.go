@@ -59,7 +59,8 @@ func (a *app) analyze(ctx context.Context, args []string) error {
 	sample := fs.Int("sample", 200, "items sampled per measurement")
 	workers := fs.Int("workers", 8, "concurrent requests, as the loader's workers")
 	gpuRate := fs.Float64("gpu-rate", 0, "items/s the GPU consumes (0: infinitely fast, every fetch second is stall)")
-	pos, err := parseCommand(fs, args, 1, "analyze DATASET [--gpu-rate ITEMS/S --sample N --workers W]")
+	svg := fs.String("svg", "", "also write the what-if chart to this file as an SVG picture")
+	pos, err := parseCommand(fs, args, 1, "analyze DATASET [--gpu-rate ITEMS/S --sample N --workers W --svg FILE]")
 	if err != nil {
 		return err
 	}
@@ -71,12 +72,17 @@ func (a *app) analyze(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	if *svg != "" {
+		if err := writeWhatIfSVG(*svg, an.Model, an.Dataset); err != nil {
+			return err
+		}
+	}
 	if a.json {
 		return a.printJSON(an)
 	}
 	m := an.Model
 	r := m.Rates
-	fmt.Fprintf(a.out, "dataset %s: %d items, %s; %d-item samples, %d workers\n", an.Dataset, m.Items, humanize.IBytes(uint64(m.Bytes)), an.Sample, an.Workers)
+	fmt.Fprintf(a.out, "dataset %s: %d items, %s; %d-item samples, %d workers\n", esc(an.Dataset), m.Items, humanize.IBytes(uint64(m.Bytes)), an.Sample, an.Workers)
 	fmt.Fprintf(a.out, "ingestion: this node's memory %.0f items/s, cluster cache %.0f items/s, cold storage %.0f items/s (%s/s)\n",
 		r.Memory, r.Cached, r.Cold, humanize.IBytes(uint64(r.Cold*r.ItemBytes)))
 	gpu := "infinitely fast GPU"
@@ -93,6 +99,10 @@ func (a *app) analyze(ctx context.Context, args []string) error {
 				s.EpochSeconds, s.StallSeconds, pct(s))
 		}
 	})
+	drawWhatIf(a.out, m)
+	if *svg != "" {
+		fmt.Fprintf(a.out, "chart written to %s\n", *svg)
+	}
 	switch {
 	case m.GPURate <= 0:
 		fmt.Fprintln(a.out, "give --gpu-rate to see the memory that removes the stall")

@@ -5,6 +5,8 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -15,6 +17,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
@@ -24,6 +27,8 @@ import (
 
 	"github.com/dustin/go-humanize"
 
+	"stallfree/catalog"
+	"stallfree/control"
 	"stallfree/datadir"
 	"stallfree/discovery"
 	"stallfree/groups"
@@ -63,7 +68,7 @@ func run(args []string) error {
 		advertise = fs.String("advertise", "", "IP or host name other nodes use to reach this one (default: the gossip listen host, or this host's name when that is 0.0.0.0)")
 		join      = fs.String("join", "", "comma-separated gossip addresses of existing members")
 		bootstrap = fs.Bool("bootstrap", false, "form a new raft cluster (first node only)")
-		dataDir   = fs.String("data-dir", "", "directory for raft logs and state (default stallfree-data/NAME)")
+		dataDir   = fs.String("data-dir", "", "directory for raft logs and state (default $XDG_STATE_HOME/stallfree/NAME, else ~/.local/state/stallfree/NAME)")
 		memory    = fs.String("memory", "4GiB", "cache memory budget (payload plus per-item overhead)")
 		policy    = fs.String("policy", "minio", "cache policy: minio, lru or clairvoyant")
 		tokenFile = fs.String("token-file", "", "file holding the HTTP bearer token; when set, every /v1 call needs it")
@@ -97,6 +102,10 @@ func run(args []string) error {
 	)
 	// Coordinated prep (groups, docs/api.md).
 	groupTimeout := fs.Duration("group-timeout", 30*time.Second, "detach a group's job after this long without a request from it")
+	groupLinger := fs.Duration("group-linger", groups.DefaultLinger, "how long a dropped staged batch's file stays in --shm-dir, for a job on this host that was told its path and has not opened it yet")
+	shmDir := fs.String("shm-dir", defaultShmDir(), `keep staged batches (coordinated prep) and checkpoint parts as files here (a tmpfs), which jobs on this host map instead of reading them over a socket ("" = in the node's own memory)`)
+	shareItems := fs.Bool("share-items", true, "keep the item cache in a memfd that loaders on this host map read-only (DeviceLoader copies a batch's items from it: POST …/batch?map=1 over --socket); false: anonymous memory, items only through the socket")
+	idleTimeout := fs.Duration("idle-timeout", httpapi.DefaultIdleTimeout, "cut off a request whose headers or body make no progress for this long (a body's total time is not bounded)")
 	maxItem := fs.String("max-item-bytes", "64MiB", "largest PUT body: a staged group batch, or an item a loader writes to a derived dataset (at most 64MiB there)")
 	// Kubernetes (docs/kubernetes.md): a StatefulSet's pods share one spec, so
 	// which of them bootstraps is decided from the pod name.
@@ -142,6 +151,9 @@ func run(args []string) error {
 	}
 	if *groupTimeout <= 0 {
 		return fmt.Errorf("--group-timeout %v: want a positive duration", *groupTimeout)
+	}
+	if *idleTimeout <= 0 {
+		return fmt.Errorf("--idle-timeout %v: want a positive duration", *idleTimeout)
 	}
 	sndbuf, err := parseSize("send-buffer", *sendBuf, 0, 1<<30, "a size up to 1GiB, such as 512KiB (0: autotuning)")
 	if err != nil {
@@ -235,7 +247,15 @@ func run(args []string) error {
 		return err
 	}
 	if *dataDir == "" {
-		*dataDir = "stallfree-data/" + *name
+		*dataDir = defaultDataDir(*name)
+	}
+	if left, ok := catalog.LeftSeeds(*dataDir); ok && len(seeds) == 0 && len(left) > 0 {
+		// This node left its cluster cleanly (SIGTERM) and is no longer in
+		// its raft configuration: started again as it was first (the
+		// bootstrapping node has no --join), it joins the members it left
+		// rather than refuse to start.
+		log.Info("this node left its cluster cleanly; joining it again through the members it left", "seeds", left)
+		seeds = left
 	}
 	if !*bootstrap && len(seeds) == 0 {
 		// Neither flag: a node on its own. On an empty data dir it forms a
@@ -256,6 +276,20 @@ func run(args []string) error {
 	raftAdv, err := advertised(*raftAddr, advIP)
 	if err != nil {
 		return fmt.Errorf("--raft: %w", err)
+	}
+
+	// A --dataset whose source cannot be listed is a bad flag like any
+	// other: stop now with the reason, rather than run and never be ready
+	// (the registration would fail on the leader, with one line in a log).
+	s3cfg := source.S3Config{Endpoint: *s3Endpt, Region: *s3Region, CredentialsFile: *s3Creds, Profile: *s3Profile, Env: os.Getenv}
+	for _, spec := range datasets {
+		_, src, _ := strings.Cut(spec, "=")
+		pctx, cancel := context.WithTimeout(context.Background(), *storeWait)
+		err := source.Probe(pctx, src, source.Options{S3: s3cfg})
+		cancel()
+		if err != nil {
+			return fmt.Errorf("--dataset %s: the source cannot be listed: %w", spec, err)
+		}
 	}
 
 	// One process per data directory: a second node on it would write the
@@ -280,7 +314,7 @@ func run(args []string) error {
 	files := raiseFileLimit(log)
 	n, err := node.New(node.Config{
 		Name: *name, HTTPAdvert: httpAdv, PeerAdvert: peerAdv, RaftBind: *raftAddr, RaftAdvert: raftAdv,
-		DataDir: *dataDir, Bootstrap: *bootstrap, Memory: mem, Policy: *policy, AllowSources: allow,
+		DataDir: *dataDir, Bootstrap: *bootstrap, Memory: mem, ShareItems: *shareItems, Policy: *policy, AllowSources: allow,
 		SourceRate: int64(rate), Timing: timings, Logger: log, Token: token, Datasets: datasets,
 		StorageTimeout: *storeWait, MaxInflightBytes: maxInflight, MaxPeerConns: max(64, files/5),
 		S3:         source.S3Config{Endpoint: *s3Endpt, Region: *s3Region, CredentialsFile: *s3Creds, Profile: *s3Profile, Env: os.Getenv},
@@ -304,15 +338,21 @@ func run(args []string) error {
 	}
 	srv := httpapi.New(n, token, log)
 	srv.SendBuffer = int(sndbuf)
+	srv.IdleTimeout = *idleTimeout
 	ckpt, err := startCheckpoints(n, *ckptMemory, *ckptKeep, *ckptPersist, *deadGrace, *timing == "local", log,
-		source.S3Config{Endpoint: *s3Endpt, Region: *s3Region, CredentialsFile: *s3Creds, Profile: *s3Profile, Env: os.Getenv})
+		source.S3Config{Endpoint: *s3Endpt, Region: *s3Region, CredentialsFile: *s3Creds, Profile: *s3Profile, Env: os.Getenv},
+		*shmDir, shmTag(*dataDir))
 	if err != nil {
 		return err
 	}
 	defer ckpt.Close()
 	srv.SetCheckpoints(ckpt)
-	grp := groups.New(n.GroupHost(), groups.Config{Timeout: *groupTimeout, MaxBatchBytes: int(maxItemBytes), Relay: n.Control().Relay(), Logger: log})
+	grp := groups.New(n.GroupHost(), groups.Config{Timeout: *groupTimeout, MaxBatchBytes: int(maxItemBytes), Relay: n.Control().Relay(), Logger: log,
+		ShmDir: *shmDir, ShmTag: shmTag(*dataDir), Linger: *groupLinger})
 	defer grp.Close()
+	if err := n.Registry().Register(grp); err != nil { // its host-copy hits on /metrics
+		return err
+	}
 	srv.EnableGroups(grp)
 	// Half the descriptors for clients, a fifth for peers: a flood on one
 	// port leaves the rest (storage reads, raft, gossip) room to work.
@@ -330,6 +370,9 @@ func run(args []string) error {
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 		err := n.Control().RegisterAtStart(rctx, datasets)
 		cancel()
+		if errors.Is(err, control.ErrDatasetFlag) {
+			return err // the listing failed after the probe passed, say: the reason, exit status 1
+		}
 		if err != nil {
 			log.Error("registering --dataset", "err", err)
 		}
@@ -343,9 +386,21 @@ func run(args []string) error {
 		return err
 	}
 	log.Info("shutting down")
+	// A clean stop leaves the cluster first (gossip, then raft's voters), so
+	// the nodes that stay keep their quorum: a two-node cluster keeps its
+	// leader. A crash skips this, and the others wait out --dead-grace.
+	lctx, lcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	if err := n.Leave(lctx); err != nil {
+		log.Warn("leaving the cluster; the others see a failure instead", "err", err)
+	}
+	lcancel()
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	return srv.Shutdown(sctx)
+	open, err := srv.Shutdown(sctx)
+	if open > 0 {
+		log.Info("requests still open after 10s of draining; their connections close as the node exits", "connections", open)
+	}
+	return err
 }
 
 // setGC tunes the collector for a cache whose items live off-heap (the store's
@@ -381,8 +436,11 @@ func afterEachGC(f func()) {
 	var arm func()
 	arm = func() {
 		runtime.AddCleanup(new(sentinel), func(struct{}) {
-			f()
+			// Re-armed before f runs: a collection that f's effects let
+			// start (or that runs while f does) finds the next sentinel
+			// already there, instead of going by without the hook.
 			arm()
+			f()
 		}, struct{}{})
 	}
 	arm()
@@ -546,4 +604,39 @@ func advertised(listen, advertise string) (string, error) {
 		return "", fmt.Errorf("listening on %q needs --advertise", listen)
 	}
 	return net.JoinHostPort(host, port), nil
+}
+
+// defaultDataDir keeps state out of the working directory: a node started
+// from a checkout must not write its raft store into it (nor resume one that
+// was committed there by mistake).
+func defaultDataDir(name string) string {
+	if d := os.Getenv("XDG_STATE_HOME"); d != "" {
+		return filepath.Join(d, "stallfree", name)
+	}
+	if home, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(home, ".local", "state", "stallfree", name)
+	}
+	return filepath.Join(os.TempDir(), "stallfree", name)
+}
+
+// defaultShmDir is /dev/shm where this host has a writable one (Linux): a
+// staged batch kept there is mapped by the jobs on this host.
+func defaultShmDir() string {
+	const dir = "/dev/shm"
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() || syscall.Access(dir, 2 /* W_OK */) != nil {
+		return ""
+	}
+	return dir
+}
+
+// shmTag tells this node's shared-memory files from those of another node
+// with the same name on this host (tests start many "n1"s): a digest of its
+// data directory, which one live node holds at a time.
+func shmTag(dataDir string) string {
+	abs, err := filepath.Abs(dataDir)
+	if err != nil {
+		abs = dataDir
+	}
+	sum := sha256.Sum256([]byte(abs))
+	return hex.EncodeToString(sum[:4])
 }

@@ -16,7 +16,17 @@ func TestBadFlagsFailBeforeStarting(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "state")
 	base := []string{"--bootstrap", "--data-dir", dir, "--http", "127.0.0.1:0", "--peer", "127.0.0.1:0",
 		"--gossip", "127.0.0.1:0", "--raft", "127.0.0.1:0"}
+	// A --dataset whose source cannot be listed (issue 47): missing, a file,
+	// a bad S3 endpoint.
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	missing := filepath.Join(t.TempDir(), "missing")
 	for _, c := range []struct{ args, want string }{
+		{"--dataset imgs=" + missing, "--dataset imgs=" + missing + ": the source cannot be listed: source " + missing + ": "},
+		{"--dataset imgs=dir://" + file, "--dataset imgs=dir://" + file + ": the source cannot be listed: source " + file + ": "},
+		{"--dataset a=s3://bucket/p --s3-endpoint ftp://x", "--dataset a=s3://bucket/p: the source cannot be listed: --s3-endpoint"},
 		{"--memory foo", `--memory "foo": want a size of at least 1MiB`},
 		{"--memory 0", `--memory "0": want a size of at least 1MiB`},
 		{"--memory 10", `--memory "10": want a size of at least 1MiB, such as 512MiB or 4GiB`},

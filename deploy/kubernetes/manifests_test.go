@@ -47,6 +47,13 @@ type objects struct {
 // secrets/ (a developer's real ones are never read).
 func render(t *testing.T, dir string) []byte {
 	t.Helper()
+	return renderAt(t, "/k", "/k/"+dir, nil)
+}
+
+// renderAt is render with this directory copied to root in the in-memory
+// file system, extra files (path → contents) added, and dir rendered.
+func renderAt(t *testing.T, root, dir string, extra map[string]string) []byte {
+	t.Helper()
 	mem := filesys.MakeFsInMemory()
 	err := filepath.WalkDir(".", func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -65,17 +72,22 @@ func render(t *testing.T, dir string) []byte {
 		if err != nil {
 			return err
 		}
-		return mem.WriteFile(path.Join("/k", filepath.ToSlash(p)), b)
+		return mem.WriteFile(path.Join(root, filepath.ToSlash(p)), b)
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for name, v := range map[string]string{"token": "test-token", "cluster.key": "0123456789abcdef0123456789abcdef"} {
-		if err := mem.WriteFile("/k/base/secrets/"+name, []byte(v)); err != nil {
+		if err := mem.WriteFile(root+"/base/secrets/"+name, []byte(v)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	m, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(mem, "/k/"+dir)
+	for p, v := range extra {
+		if err := mem.WriteFile(p, []byte(v)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(mem, dir)
 	if err != nil {
 		t.Fatalf("kustomize %s: %v", dir, err)
 	}
@@ -139,7 +151,7 @@ func TestBase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, err := range append(o.rules(), o.names()...) {
+	for _, err := range append(append(o.rules(), o.names()...), o.partOf()...) {
 		t.Error(err)
 	}
 	if len(o.services) != 2 || len(o.sts) != 1 || len(o.pdbs) != 1 || len(o.policies) != 1 || len(o.secrets) != 1 {
@@ -153,12 +165,47 @@ func TestNodeLocalOverlay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The base's labels reach only the base's objects: the overlay's
+	// Service must carry part-of itself (issue 47), or
+	// `kubectl get all -l app.kubernetes.io/part-of=stallfree` misses it.
+	for _, err := range o.partOf() {
+		t.Error(err)
+	}
 	// The base's rules hold in the overlay too.
 	for _, err := range append(o.rules(), o.names()...) {
 		t.Error(err)
 	}
 	for _, err := range o.nodeLocalRules() {
 		t.Error(err)
+	}
+}
+
+// docs/kubernetes.md names the image with kubectl alone (issue 47: not
+// `kustomize edit`): an overlay of the user's own, written by the heredoc
+// the docs show, at the repository root. The overlay is taken from the docs
+// as written and rendered the way `kubectl apply -k` would.
+func TestImageOverlayAsDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/kubernetes.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(doc), "cat > my-stallfree/kustomization.yaml <<'EOF'\n")
+	body, _, ok2 := strings.Cut(rest, "   EOF\n")
+	if !ok || !ok2 {
+		t.Fatal("docs/kubernetes.md: no `cat > my-stallfree/kustomization.yaml <<'EOF'` block")
+	}
+	var yaml strings.Builder
+	for line := range strings.Lines(body) {
+		yaml.WriteString(strings.TrimPrefix(line, "   ")) // the block's indent in the numbered list
+	}
+	out := renderAt(t, "/repo/deploy/kubernetes", "/repo/my-stallfree",
+		map[string]string{"/repo/my-stallfree/kustomization.yaml": yaml.String()})
+	o, err := decode(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := o.container(); c == nil || c.Image != "registry.example.com/stallfree:v1" {
+		t.Fatalf("the documented overlay renders image %v; want registry.example.com/stallfree:v1", c)
 	}
 }
 
@@ -379,6 +426,33 @@ func selects(sel map[string]string, podLabels map[string]string) bool {
 
 // rules are what the cluster needs, checked on one rendering; each broken
 // rule is one error naming what it is about.
+// partOf lists the objects without the app.kubernetes.io/part-of=stallfree
+// label every object of the deployment carries.
+func (o *objects) partOf() []error {
+	var errs []error
+	check := func(kind string, m metav1.ObjectMeta) {
+		if m.Labels["app.kubernetes.io/part-of"] != "stallfree" {
+			errs = append(errs, fmt.Errorf("%s %s: no label app.kubernetes.io/part-of=stallfree", kind, m.Name))
+		}
+	}
+	for _, x := range o.sts {
+		check("StatefulSet", x.ObjectMeta)
+	}
+	for _, x := range o.services {
+		check("Service", x.ObjectMeta)
+	}
+	for _, x := range o.pdbs {
+		check("PodDisruptionBudget", x.ObjectMeta)
+	}
+	for _, x := range o.policies {
+		check("NetworkPolicy", x.ObjectMeta)
+	}
+	for _, x := range o.secrets {
+		check("Secret", x.ObjectMeta)
+	}
+	return errs
+}
+
 func (o *objects) rules() []error {
 	var errs []error
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }

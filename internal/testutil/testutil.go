@@ -1,5 +1,5 @@
 // Package testutil holds what the tests of every package need, once: a free
-// loopback address, an await with a deadline, a logger that discards, a
+// loopback address, an await with a deadline, a logger that discards, a memfd, a
 // dataset's files on disk, and the rule for tests too long for -short.
 // It imports nothing of the product, so any package's tests may use it.
 package testutil
@@ -12,9 +12,12 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Patience is how long Await waits: far past what any condition needs on a
@@ -24,9 +27,23 @@ const Patience = 30 * time.Second
 // FreeAddr is a loopback host:port nothing listens on now.
 func FreeAddr(t testing.TB) string { t.Helper(); return FreeAddrOn(t, "127.0.0.1") }
 
-// FreeAddrOn is a host:port on host nothing listens on now.
+// FreeAddrOn is a host:port on host nothing listens on now. The port is
+// drawn below Linux's ephemeral range (32768 and up), not asked of the
+// kernel: a port the kernel hands out for :0 is one it also hands out as
+// the source port of outgoing connections, and between this call and the
+// moment a test's process binds it, one of the many connections the other
+// test packages make could take it ("address already in use": CI saw it).
 func FreeAddrOn(t testing.TB, host string) string {
 	t.Helper()
+	for range 200 {
+		addr := net.JoinHostPort(host, strconv.Itoa(lowPortMin+rand.IntN(lowPortMax-lowPortMin)))
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			continue // taken: draw again
+		}
+		l.Close()
+		return addr
+	}
 	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		t.Fatal(err)
@@ -34,6 +51,10 @@ func FreeAddrOn(t testing.TB, host string) string {
 	defer l.Close()
 	return l.Addr().String()
 }
+
+// The range FreeAddrOn draws from: above the well-known and registered
+// ports most services sit on, below the ephemeral ones.
+const lowPortMin, lowPortMax = 20000, 32768
 
 // Await waits until cond holds, failing the test after Patience. what names
 // the condition in the failure.
@@ -118,4 +139,26 @@ func Long(t testing.TB) {
 	if testing.Short() {
 		t.Skip("long test: skipped under -short (make test runs it)")
 	}
+}
+
+// Memfd is a file a process on this host filled, as a job hands one over to
+// its node: a memfd (memfd_create with flags, e.g. unix.MFD_ALLOW_SEALING)
+// holding data, closed when the test ends, and its inode. It skips the
+// test where the kernel has no memfd_create.
+func Memfd(t testing.TB, data []byte, flags int) (*os.File, uint64) {
+	t.Helper()
+	fd, err := unix.MemfdCreate("stallfree-test", unix.MFD_CLOEXEC|flags)
+	if err != nil {
+		t.Skipf("memfd_create: %v", err)
+	}
+	f := os.NewFile(uintptr(fd), "stallfree-test")
+	t.Cleanup(func() { f.Close() })
+	if _, err := f.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		t.Fatal(err)
+	}
+	return f, st.Ino
 }

@@ -5,16 +5,26 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 )
 
+// A free address can be listened on, and its port is below the kernel's
+// ephemeral range, where no outgoing connection can take it meanwhile.
 func TestFreeAddrIsFree(t *testing.T) {
-	l, err := net.Listen("tcp", FreeAddr(t))
-	if err != nil {
-		t.Fatal(err)
+	for range 20 {
+		addr := FreeAddr(t)
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Close()
+		_, port, _ := net.SplitHostPort(addr)
+		if p, err := strconv.Atoi(port); err != nil || p < lowPortMin || p >= lowPortMax {
+			t.Fatalf("%s: port outside [%d, %d)", addr, lowPortMin, lowPortMax)
+		}
 	}
-	l.Close()
 }
 
 func TestWithin(t *testing.T) {

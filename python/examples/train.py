@@ -2,14 +2,19 @@
 and loss, fed through CachedDataset + LocalitySampler + StallMeter, resumable
 from its own checkpoint, printing loss and data stall per epoch.
 
-    bin/cachectl gendata /tmp/imgs --items 2000 --size 4KiB
-    bin/cachectl datasets add imgs /tmp/imgs
-    python3 python/examples/train.py --url http://127.0.0.1:7070 --dataset imgs --epochs 5
+    bin/cachectl gendata /tmp/small --items 2000 --size 4KiB
+    bin/cachectl datasets add small /tmp/small
+    /usr/bin/python3 python/examples/train.py --url http://127.0.0.1:7070 --dataset small --epochs 5
+
+(Debian's /usr/bin/python3, which has python3-torch and python3-numpy; see
+README.md, "Python loader".)
 
 Items are read as 32x32 grayscale images (the first 1024 bytes, zero-padded);
 the label is the item's class folder (class003/... -> 3), or a WebDataset
 sample's .cls. Run it again after an interruption and it continues from
---checkpoint, at the exact sample it had reached.
+--checkpoint (by default ~/.cache/stallfree/train-example.pt, under
+$XDG_CACHE_HOME when set: never in the checkout), at the exact sample it had
+reached. Delete it to start over with other arguments.
 """
 
 import argparse
@@ -66,6 +71,13 @@ def ensure_job(url, job, dataset, batch_size, seed):
     return 0
 
 
+def default_checkpoint():
+    """~/.cache/stallfree/train-example.pt ($XDG_CACHE_HOME when set): a
+    path outside the checkout, the same from any directory."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "stallfree", "train-example.pt")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--url", default="http://127.0.0.1:7070", help="this machine's node")
@@ -76,10 +88,12 @@ def main(argv=None):
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--checkpoint", default="train-example.pt")
+    p.add_argument("--checkpoint", default=default_checkpoint(),
+                   help="where the checkpoint is kept (default: %(default)s)")
     p.add_argument("--checkpoint-every", type=int, default=50, help="steps between checkpoints")
     p.add_argument("--max-steps", type=int, default=0, help="stop (checkpointed) after this many steps of this run")
     args = p.parse_args(argv)
+    os.makedirs(os.path.dirname(os.path.abspath(args.checkpoint)), exist_ok=True)
     torch.manual_seed(0)
 
     url, bs = args.url, args.batch_size
@@ -102,7 +116,10 @@ def main(argv=None):
         ckpt = torch.load(args.checkpoint)
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
-        sampler.load_state_dict(ckpt["sampler"])
+        try:
+            sampler.load_state_dict(ckpt["sampler"])
+        except ValueError as e:  # another job, generation or rank than this run's
+            sys.exit(f"{args.checkpoint} is another run's checkpoint ({e}): delete it or give --checkpoint PATH")
         start_epoch = ckpt["sampler"]["epoch"]
         print(f"resumed from {args.checkpoint}: epoch {start_epoch}, position {ckpt['sampler']['position']}", flush=True)
     # [/readme:resume]

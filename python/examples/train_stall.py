@@ -4,7 +4,10 @@ prints the share of the loop's time spent waiting for data, against the same
 loop reading the files directly (a plain Dataset in a 2-worker DataLoader).
 
     make build
-    cd python && python3 examples/train_stall.py [--items 4096] [--minio PATH]
+    /usr/bin/python3 python/examples/train_stall.py [--items 4096] [--minio PATH]
+
+from the checkout's root, on Debian's /usr/bin/python3 (python3-torch,
+python3-numpy, python3-msgpack; a pyenv python3 earlier on PATH lacks them).
 
 Self-contained: it writes a dataset of 32x32 RGB images with labels, starts
 one ``bin/cachenode`` (and MinIO, from ``--minio`` or ``$STALLFREE_MINIO`` or

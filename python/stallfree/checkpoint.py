@@ -11,6 +11,7 @@ CheckFreq's (Mohan et al., FAST '21); keeping the copies in peer memory is
 Gemini's (Wang et al., SOSP '23).
 """
 
+import bisect
 import concurrent.futures
 import hashlib
 import http.client
@@ -20,8 +21,10 @@ import re
 import threading
 import time
 import urllib.parse
+import warnings
 
-from .client import Client, StallfreeError
+from ._mapped import map_readonly
+from .client import Client, StallfreeError, _socket_path, _UnixHTTPConnection
 
 #: A rank's state is cut into parts of at most this many bytes.
 PART_BYTES = 64 << 20
@@ -57,6 +60,139 @@ def _parse_part(name):
     return rank, int(m.group(2)), int(m.group(3))
 
 
+def _crc32c():
+    """Debian's python3-crc32c (``crc32c.crc32c(data, value)``), or None."""
+    try:
+        import crc32c
+    except ImportError:
+        return None
+    return crc32c
+
+
+class _Summer:
+    """An incremental checksum of one algorithm; ``header()`` is its
+    X-Checksum value (``crc32c:<8 hex>`` or a bare 64-hex sha256, the form
+    the node keeps)."""
+
+    def __init__(self, algo):
+        self.algo = algo
+        if algo == "crc32c":
+            self._crc, self._value = _crc32c(), 0
+        else:
+            self._h = hashlib.sha256()
+
+    @classmethod
+    def for_header(cls, header):
+        """The summer a node's X-Checksum answer was made with."""
+        algo = "crc32c" if (header or "").startswith("crc32c:") else "sha256"
+        if algo == "crc32c" and _crc32c() is None:
+            return None  # cannot check here; the node checked it
+        return cls(algo)
+
+    def update(self, data):
+        if self.algo == "crc32c":
+            self._value = self._crc.crc32c(data, self._value)
+        else:
+            self._h.update(data)
+
+    def header(self):
+        if self.algo == "crc32c":
+            return f"crc32c:{self._value:08x}"
+        return self._h.hexdigest()
+
+
+def _same_sum(got, want):
+    """Whether a part's X-Checksum (either spelling of a sha256) matches."""
+    strip = lambda v: v[len("sha256:"):] if v and v.startswith("sha256:") else v
+    return strip(got) == strip(want)
+
+
+_warned_no_crc32c = []
+
+
+def _checksum_algo(requested):
+    if requested not in ("crc32c", "sha256"):
+        raise ValueError(f"checksum={requested!r}: want 'crc32c' or 'sha256'")
+    if requested == "crc32c" and _crc32c() is None:
+        if not _warned_no_crc32c:
+            _warned_no_crc32c.append(True)
+            warnings.warn("stallfree.checkpoint: no crc32c module (Debian: python3-crc32c); "
+                          "checkpoint parts are checked with sha256 instead", RuntimeWarning, stacklevel=3)
+        return "sha256"
+    return requested
+
+
+class _ViewFile(io.RawIOBase):
+    """A read-only, seekable file over a buffer, without copying it."""
+
+    def __init__(self, view):
+        super().__init__()
+        self._view, self._pos = view, 0
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def readinto(self, b):
+        n = max(0, min(len(b), len(self._view) - self._pos))
+        b[:n] = self._view[self._pos:self._pos + n]
+        self._pos += n
+        return n
+
+    def seek(self, offset, whence=io.SEEK_SET):
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self):
+        return self._pos
+
+
+class _ChainFile(_ViewFile):
+    """A read-only, seekable file over several buffers one after the other
+    (a rank's parts, each mapped where the node holds it), without joining
+    them."""
+
+    def __init__(self, views):
+        super().__init__(b"")
+        self._views = [v for v in views if len(v)]
+        self._starts, total = [], 0
+        for v in self._views:
+            self._starts.append(total)
+            total += len(v)
+        self._size = total
+
+    def readinto(self, b):
+        want = max(0, min(len(b), self._size - self._pos))
+        done = 0
+        while done < want:
+            i = bisect.bisect_right(self._starts, self._pos) - 1
+            v, off = self._views[i], self._pos - self._starts[i]
+            n = min(want - done, len(v) - off)
+            b[done:done + n] = v[off:off + n]
+            done += n
+            self._pos += n
+        return done
+
+    def seek(self, offset, whence=io.SEEK_SET):
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+
+def _map_readonly(path, size):
+    """A part's file in the node's shared memory, mapped read-only; None when
+    it is gone (dropped since) or not the size the node said."""
+    if size == 0:
+        return None
+    try:
+        return map_readonly(path, size)
+    except (OSError, ValueError):
+        return None
+
+
 class Checkpointer:
     """Saves and loads one job's checkpoints in the cluster's memory.
 
@@ -64,11 +200,13 @@ class Checkpointer:
     this process's rank. ``world_size`` defaults to torch.distributed's when
     it is initialised, else 1: every rank saves its own part, rank 0 commits
     once all ranks' parts have their two copies. ``part_bytes`` is where a
-    rank's state is split (64 MiB).
+    rank's state is split (64 MiB). ``checksum`` is the algorithm parts are
+    checked with end to end: ``"crc32c"`` (the default; sha256 where the
+    crc32c module is missing, said once) or ``"sha256"``.
     """
 
     def __init__(self, url, name, rank=0, world_size=None, token=None, part_bytes=PART_BYTES,
-                 timeout=600.0, parallel=2):
+                 timeout=600.0, parallel=2, checksum="crc32c"):
         if world_size is None:
             world_size = 1
             try:
@@ -83,6 +221,8 @@ class Checkpointer:
         self.token, self.timeout = token, timeout
         self.part_bytes = int(part_bytes)
         self.parallel = max(1, int(parallel))
+        #: The checksum algorithm this checkpointer's parts use.
+        self.checksum = _checksum_algo(checksum)
         self._client = Client(url, token=token, timeout=timeout)
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="stallfree-ckpt")
         self._inflight = None
@@ -148,7 +288,9 @@ class Checkpointer:
             self.upload_seconds = time.perf_counter() - t0
 
     def _put(self, step, part, chunk):
-        sum_ = hashlib.sha256(chunk).hexdigest()
+        summer = _Summer(self.checksum)
+        summer.update(chunk)
+        sum_ = summer.header()
         # http.client sends a memoryview as it is: the part is not copied.
         self._client.request("PUT", self._path(f"/steps/{step}/parts/{part}"), body=chunk,
                              headers={"X-Checksum": sum_, "Content-Type": "application/octet-stream"})
@@ -234,21 +376,73 @@ class Checkpointer:
                       key=lambda p: _parse_part(p)[1])
         if not mine:
             raise KeyError(f"checkpoint {self.name} step {entry['step']} has no part of rank {self.rank}")
-        data = self._fetch(entry["step"], mine)
-        return _torch().load(io.BytesIO(data), map_location=map_location if map_location is not None else "cpu")
-
-    def _fetch(self, step, parts):
-        """This rank's parts of a step, read in parallel straight into one
-        buffer and checked against their sha256 as they arrive."""
         sizes = {p["part"]: p["bytes"] for p in
-                 self._client.json("GET", self._path(f"/steps/{step}/parts"))["parts"]}
+                 self._client.json("GET", self._path(f"/steps/{entry['step']}/parts"))["parts"]}
+        maps = self._map_local(entry["step"], mine, sizes)
+        try:
+            if all(m is not None for m in maps):
+                # Every part is the local node's own checked copy, mapped
+                # where it lies: nothing crossed a socket, nothing to hash.
+                f = _ChainFile([memoryview(m) for m in maps])
+            else:
+                f = _ViewFile(memoryview(self._fetch(entry["step"], mine, sizes, maps)))
+            # torch.load reads the buffers in place: io.BytesIO would copy
+            # the whole state once more first.
+            return _torch().load(f, map_location=map_location if map_location is not None else "cpu")
+        finally:
+            f = None
+            for m in maps:
+                if m is not None:
+                    try:
+                        m.close()
+                    except BufferError:  # a view still held somewhere: unmapped when collected
+                        pass
+
+    def _map_local(self, step, parts, sizes):
+        """Each part's mapping where the node on this host holds it in shared
+        memory (GET ?map=1 over its Unix socket, issue 50), else None."""
+        base = self._client.urls[0]
+        sock = _socket_path(base) or self._client._socket_of(base)
+        if not sock:
+            return [None] * len(parts)
+        headers = {"Authorization": "Bearer " + self.token} if self.token else {}
+        out = [None] * len(parts)
+        conn = _UnixHTTPConnection(sock, self.timeout)
+        try:
+            for i, p in enumerate(parts):
+                conn.request("GET", self._path(f"/steps/{step}/parts/{p}") + "?map=1", headers=headers)
+                r = conn.getresponse()
+                path = r.getheader("X-Checkpoint-Map")
+                r.read()  # empty: a 204 (nothing to map here) or the map's headers
+                if r.status != 200 or not path:
+                    break  # not held here in shared memory: the rest is fetched
+                out[i] = _map_readonly(path, sizes[p])
+        except (OSError, http.client.HTTPException):
+            pass  # the socket is an optimisation: what is not mapped is fetched
+        finally:
+            conn.close()
+        return out
+
+    def _fetch(self, step, parts, sizes=None, have=None):
+        """This rank's parts of a step, read in parallel straight into one
+        buffer and checked against their checksums as they arrive; a part
+        already mapped (``have``) is copied from its mapping."""
+        if sizes is None:
+            sizes = {p["part"]: p["bytes"] for p in
+                     self._client.json("GET", self._path(f"/steps/{step}/parts"))["parts"]}
         offsets, total = [], 0
         for p in parts:
             offsets.append(total)
             total += sizes[p]
         buf = bytearray(total)
         mv = memoryview(buf)
-        jobs = [(p, mv[off:off + sizes[p]]) for p, off in zip(parts, offsets)]
+        jobs = []
+        for i, (p, off) in enumerate(zip(parts, offsets)):
+            out = mv[off:off + sizes[p]]
+            if have is not None and have[i] is not None:
+                out[:] = have[i]
+            else:
+                jobs.append((p, out))
         if len(jobs) > 1 and self.parallel > 1:
             with concurrent.futures.ThreadPoolExecutor(max_workers=self.parallel) as ex:
                 for f in [ex.submit(self._get_into, step, p, out) for p, out in jobs]:
@@ -268,15 +462,20 @@ class Checkpointer:
         try:
             conn.request("GET", path, headers=headers)
             r = conn.getresponse()
+            want = r.getheader("X-Checksum")
+            # None: a crc32c part and no crc32c module here; the node keeps
+            # only checked parts and checks every other copy as it streams.
+            h = _Summer.for_header(want)
             if r.status == 200 and r.length == len(out):
-                h, off = hashlib.sha256(), 0
+                off = 0
                 while off < len(out):
                     n = r.readinto(out[off:off + (8 << 20)])
                     if not n:
                         break
-                    h.update(out[off:off + n])
+                    if h is not None:
+                        h.update(out[off:off + n])
                     off += n
-                if off == len(out) and h.hexdigest() == r.getheader("X-Checksum"):
+                if off == len(out) and (h is None or _same_sum(h.header(), want)):
                     return
         except (OSError, http.client.HTTPException):
             pass
@@ -291,7 +490,10 @@ class Checkpointer:
     def _get(self, step, part):
         r, data = self._client.request("GET", self._path(f"/steps/{step}/parts/{part}"))
         want = r.getheader("X-Checksum")
-        if hashlib.sha256(data).hexdigest() != want:
+        h = _Summer.for_header(want)
+        if h is not None:
+            h.update(data)
+        if h is not None and not _same_sum(h.header(), want):
             raise StallfreeError(502, f"checkpoint {self.name} step {step} part {part}: checksum mismatch")
         return data
 

@@ -219,7 +219,7 @@ class Client:
             if m.get("state") == "alive" and m.get("http") and u not in self.urls:
                 self.urls.append(u)
 
-    def _request_once(self, base, method, path, body=None, headers=None):
+    def _request_once(self, base, method, path, body=None, headers=None, reader=None):
         c = self._conn(base)
         h = {"Connection": "keep-alive"}
         if self.token:
@@ -230,10 +230,15 @@ class Client:
         try:
             c.request(method, path, body=body, headers=h)
             r = c.getresponse()
-            data = r.read()
+            # reader(r) consumes a successful answer's body itself (streamed
+            # into the caller's buffers) and returns what stands for it.
+            data = reader(r) if reader is not None and r.status < 300 else r.read()
         except _RETRYABLE:
             self._drop(base)
             self._sockets.pop(base, None)  # a socket that failed once: TCP from now on
+            raise
+        except BaseException:
+            self._drop(base)  # a reader that gave up mid-body leaves the connection unusable
             raise
         if r.status >= 300:
             try:
@@ -256,9 +261,11 @@ class Client:
     busy_backoff = 0.1
     busy_wait = 30.0
 
-    def request(self, method, path, body=None, headers=None):
+    def request(self, method, path, body=None, headers=None, reader=None):
         """Sends a request; connection failures and 503s are retried on the
-        next known node (the others are learned from /v1/cluster on first use)."""
+        next known node (the others are learned from /v1/cluster on first use).
+        ``reader(response)``, when given, reads a successful answer's body
+        (and may be called again on a retry); its result stands for the body."""
         if isinstance(body, (dict, list)):
             body = json.dumps(body).encode()
         if not self._peers_loaded:
@@ -270,7 +277,7 @@ class Client:
             base = self.urls[turn % len(self.urls)]
             turn += 1
             try:
-                return self._request_once(base, method, path, body, headers)
+                return self._request_once(base, method, path, body, headers, reader)
             except StallfreeError as e:
                 if e.status != 503:
                     raise
@@ -361,11 +368,11 @@ class Client:
             out.append(bases[x] if x is not None and x < len(bases) else None)
         return out
 
-    def _from_owner(self, dataset, base, method, path, body=None):
+    def _from_owner(self, dataset, base, method, path, body=None, reader=None):
         """One attempt at the owner; None (and a fresh table next time) on any
         failure, so the caller falls back to its own node."""
         try:
-            r, data = self._request_once(base, method, path, body)
+            r, data = self._request_once(base, method, path, body, reader=reader)
         except StallfreeError as e:
             if e.status == 404 and e.message == "not written":
                 raise  # the owner's answer (a derived item), not a routing failure
@@ -380,6 +387,19 @@ class Client:
         return data
 
     def _batch_by_owner(self, dataset, path, indices):
+        results = self._by_owner(dataset, path, indices, lambda r, positions: msgpack.unpackb(r.read(), raw=False))
+        if results is None:
+            return None
+        out = [None] * len(indices)
+        for positions, items in results:
+            for p, d in zip(positions, items):
+                out[p] = (d["key"], d["data"])
+        return out
+
+    def _by_owner(self, dataset, path, indices, sink):
+        """[(positions, sink(response, positions))] of one batch request per
+        owner of indices (in parallel), positions being where the part's
+        items sit in indices; None when an owner is unknown."""
         owners = self._owner_of(dataset, indices)
         if any(o is None for o in owners):
             return None
@@ -390,24 +410,36 @@ class Client:
         def fetch(item):
             base, positions = item
             body = json.dumps({"indices": [indices[p] for p in positions]}).encode()
-            data = self._from_owner(dataset, base, "POST", path, body)
+            reader = lambda r: sink(r, positions)  # noqa: E731
+            data = self._from_owner(dataset, base, "POST", path, body, reader)
             if data is None:
-                _, data = self.request("POST", path, body)
-            return positions, msgpack.unpackb(data, raw=False)
+                _, data = self.request("POST", path, body, reader=reader)
+            return positions, data
 
-        out = [None] * len(indices)
         if len(parts) == 1:
-            results = [fetch(next(iter(parts.items())))]
-        else:
-            self._check_fork()
-            with self._pool_lock:
-                if self._pool is None:
-                    self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=8)
-            results = list(self._pool.map(fetch, parts.items()))
-        for positions, items in results:
-            for p, d in zip(positions, items):
-                out[p] = (d["key"], d["data"])
-        return out
+            return [fetch(next(iter(parts.items())))]
+        self._check_fork()
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=8)
+        return list(self._pool.map(fetch, parts.items()))
+
+    def batch_into(self, dataset, indices, sink):
+        """Streams the batch answer for indices to ``sink(response,
+        positions)``, which reads the body itself: the msgpack array of the
+        items at ``positions`` of indices (all of them, or with
+        route="owner" one owner's part per call, from parallel threads).
+        Returns [(positions, what sink returned)]. A sink may be called again
+        for the same positions after a failure mid-body (a retry)."""
+        indices = [int(i) for i in indices]
+        path = f"/v1/datasets/{self._q(dataset)}/batch"
+        if self.route == "owner" and len(indices) > 1:
+            got = self._by_owner(dataset, path, indices, sink)
+            if got is not None:
+                return got
+        everything = list(range(len(indices)))
+        _, data = self.request("POST", path, {"indices": indices}, reader=lambda r: sink(r, everything))
+        return [(everything, data)]
 
     def job_batch(self, job, epoch, rank, b):
         """[(key, bytes)] of minibatch b of a job's rank; on a tar dataset,

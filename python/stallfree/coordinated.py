@@ -20,17 +20,31 @@ preparing process seeds ``random``, numpy's global generator and (when
 loaded) torch's from (group seed, e, b). A job that prepares a batch alone
 after being detached gives the batch it would have read.
 
-Batches travel as msgpack with numpy arrays and torch tensors carried as
-(dtype, shape, raw bytes) — never pickle, so a staged batch cannot run code
-in the jobs that read it. Supported in a collated batch: numpy arrays and
-scalars, torch tensors, lists, tuples, dicts, str, bytes, int, float, bool,
-None.
+A batch travels as one small header and its arrays' raw bytes (see
+"batches on the wire" below), never pickle, so a staged batch cannot run
+code in the jobs that read it; a reader's arrays are views of what it read,
+not copies. On the group owner's host a job maps the node's shared-memory
+copy of the batch instead of reading it over a socket. Supported in a
+collated batch: numpy arrays and scalars, torch tensors, lists, tuples,
+dicts, str, bytes, int, float, bool, None.
+
+Prep-cache route (``cache_stage=(STAGE, F)``, usually with ``augment``):
+the group's deterministic stage F is kept in the prep cache (a derived
+dataset, ``stallfree.prep``). While some item is not written, batches are
+staged as above, each holding F's outputs (stacked), which the producer
+computes for the items not written yet and writes back (write-once). Once
+every item is written (the derived dataset's ``written`` reaches its item
+count, looked at when an epoch starts), the job stops exchanging anything:
+it reads its batch's arrays from the prep cache in one batch request,
+straight into one buffer, and augments them itself. ``augment`` is seeded
+per sample by (group seed, epoch, index), so every job makes the same batch.
 """
 
 import collections
 import concurrent.futures
 import http.client
 import json
+import mmap
 import multiprocessing
 import os
 import random
@@ -41,7 +55,9 @@ import urllib.parse
 
 import msgpack
 
-from .client import Client, StallfreeError
+from .client import _UnixHTTPConnection, Client, StallfreeError
+from .labels import Labels
+from .prep import PrepStage
 
 try:
     import numpy as np
@@ -84,44 +100,146 @@ def batch_seed(seed, epoch, b):
 
 
 # -- batches on the wire ------------------------------------------------------
+#
+# A staged batch is one small header and the arrays' raw bytes:
+#
+#   b"SFB2" | header length (u32, little-endian) | header | padding | arrays
+#
+# The header is the batch's structure in msgpack, each array replaced by an
+# ext naming its dtype, shape and where its bytes start (a multiple of 64
+# from the buffer's start). A reader's arrays are views of the buffer it got
+# (a mapped shared-memory file, or the body it read): no copy, no per-array
+# msgpack. Never pickle: a staged batch cannot run code in the jobs that read it.
 
 _ND, _TENSOR, _TUPLE = 1, 2, 3
+_MAGIC = b"SFB2"
+_ALIGN = 64
 
 
-def _default(obj):
-    if np is not None and isinstance(obj, (np.ndarray, np.generic)):
-        a = np.ascontiguousarray(obj)
-        return msgpack.ExtType(_ND, msgpack.packb([a.dtype.str, list(a.shape), a.tobytes()], use_bin_type=True))
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(obj, torch.Tensor):
-        a = obj.detach().cpu().contiguous().numpy()
-        return msgpack.ExtType(_TENSOR, msgpack.packb([a.dtype.str, list(a.shape), a.tobytes()], use_bin_type=True))
-    if isinstance(obj, tuple):
-        return msgpack.ExtType(_TUPLE, encode_batch(list(obj)))
-    raise TypeError(f"coordinated prep cannot send a {type(obj).__name__} in a batch")
+class _Stacked:
+    """numpy arrays of one dtype and shape, to be stacked straight into the
+    encoded batch (as numpy arrays, or as a tensor when ``tensor``): what
+    default_collate would make, without an array of its own."""
+
+    def __init__(self, rows, tensor=False):
+        self.rows, self.tensor = rows, tensor
+        self.dtype = rows[0].dtype
+        self.shape = (len(rows),) + rows[0].shape
+        self.nbytes = rows[0].nbytes * len(rows)
+
+    @staticmethod
+    def of(rows, tensor=False):
+        """A _Stacked of rows, or None when they are not all numpy arrays of
+        one dtype and shape."""
+        if np is None or not rows or not all(type(r) is np.ndarray for r in rows):
+            return None
+        first = rows[0]
+        if first.dtype.hasobject or any(r.shape != first.shape or r.dtype != first.dtype for r in rows):
+            return None
+        return _Stacked(rows, tensor)
 
 
-def _ext_hook(code, data):
-    if code in (_ND, _TENSOR):
-        dtype, shape, raw = msgpack.unpackb(data, raw=False)
-        a = np.frombuffer(raw, dtype=np.dtype(dtype)).reshape(shape)
-        if code == _TENSOR:
-            import torch  # a tensor was sent, so the job that made it has torch
-            return torch.from_numpy(a.copy())
-        return a
-    if code == _TUPLE:
-        return tuple(decode_batch(data))
-    return msgpack.ExtType(code, data)
+def _arrays_out(batch, arrays):
+    """batch's structure with each array replaced by an ext pointing at its
+    slot; the arrays (contiguous numpy, or _Stacked) appended to arrays."""
+    def default(obj):
+        code = None
+        if isinstance(obj, _Stacked):
+            a, code = obj, (_TENSOR if obj.tensor else _ND)
+        elif np is not None and isinstance(obj, (np.ndarray, np.generic)):
+            a, code = np.ascontiguousarray(obj), _ND
+        else:
+            torch = sys.modules.get("torch")
+            if torch is not None and isinstance(obj, torch.Tensor):
+                a, code = obj.detach().cpu().contiguous().numpy(), _TENSOR
+        if code is not None:
+            arrays.append(a)
+            return msgpack.ExtType(code, msgpack.packb([a.dtype.str, list(a.shape), len(arrays) - 1]))
+        if isinstance(obj, tuple):
+            return msgpack.ExtType(_TUPLE, msgpack.packb(list(obj), default=default, use_bin_type=True, strict_types=True))
+        raise TypeError(f"coordinated prep cannot send a {type(obj).__name__} in a batch")
+    return msgpack.packb(batch, default=default, use_bin_type=True, strict_types=True)
 
 
-def encode_batch(batch):
-    """Bytes of a collated batch (see the module's docstring for the types)."""
-    return msgpack.packb(batch, default=_default, use_bin_type=True, strict_types=True)
+def _pad(n):
+    return -n % _ALIGN
+
+
+def encode_batch(batch, alloc=None):
+    """Bytes of a collated batch (see the module's docstring for the types).
+    With ``alloc(n)`` (a writable buffer of n bytes, e.g. a reused numpy
+    array), the batch is written into that buffer, which is returned: no
+    fresh allocation and no copy into bytes."""
+    arrays = []
+    structure = _arrays_out(batch, arrays)
+    offsets, off = [], 0
+    # Offsets are final once the header's size is: place the arrays after a
+    # header written with them, growing it until it fits (twice at most).
+    for _ in range(3):
+        start = len(_MAGIC) + 4 + len(structure) + 16 * len(arrays) + 64
+        start += _pad(start)
+        offsets, off = [], start
+        for a in arrays:
+            offsets.append(off)
+            off += a.nbytes + _pad(a.nbytes)
+        header = msgpack.packb([structure, offsets])
+        if len(_MAGIC) + 4 + len(header) <= start:
+            break
+    buf = alloc(off) if alloc is not None else bytearray(off)
+    out = memoryview(buf).cast("B")
+    end = 8 + len(header)
+    out[:4] = _MAGIC
+    out[4:8] = len(header).to_bytes(4, "little")
+    out[8:end] = header
+    for a, o in zip(arrays, offsets):
+        if alloc is not None and o > end:  # a reused buffer: the padding is zeroed, as bytearray's is
+            out[end:o] = bytes(o - end)
+        if isinstance(a, _Stacked):
+            if a.nbytes:
+                np.stack(a.rows, out=np.frombuffer(buf, dtype=a.dtype, count=a.nbytes // a.dtype.itemsize,
+                                                   offset=o).reshape(a.shape))
+        else:
+            out[o:o + a.nbytes] = memoryview(a).cast("B") if a.nbytes else b""
+        end = o + a.nbytes
+    if alloc is not None:
+        if off > end:
+            out[end:off] = bytes(off - end)
+        return buf
+    return bytes(out)
 
 
 def decode_batch(data):
-    """The batch encode_batch made (numpy arrays are read-only views)."""
-    return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
+    """The batch encode_batch made. Arrays and tensors are views of data, not
+    copies: writable when data is (a bytearray, a private mapping), read-only
+    numpy arrays (and tensors copied) when it is bytes."""
+    view = memoryview(data)
+    if bytes(view[:4]) != _MAGIC:
+        raise ValueError("not a staged batch (bad magic)")
+    n = int.from_bytes(view[4:8], "little")
+    structure, offsets = msgpack.unpackb(view[8:8 + n], raw=False)
+    writable = not view.readonly
+
+    def ext_hook(code, payload):
+        if code in (_ND, _TENSOR):
+            dtype, shape, k = msgpack.unpackb(payload, raw=False)
+            dt = np.dtype(dtype)
+            count = int(np.prod(shape)) if shape else 1
+            a = np.frombuffer(data, dtype=dt, count=count, offset=offsets[k]).reshape(shape)
+            if code == _TENSOR:
+                import torch  # a tensor was sent, so the job that made it has torch
+                return torch.from_numpy(a if writable else a.copy())
+            return a
+        if code == _TUPLE:
+            return tuple(msgpack.unpackb(payload, ext_hook=ext_hook, raw=False, strict_map_key=False))
+        return msgpack.ExtType(code, payload)
+
+    try:
+        return msgpack.unpackb(structure, ext_hook=ext_hook, raw=False, strict_map_key=False)
+    finally:
+        # ext_hook refers to itself (tuples nest) through its closure, which
+        # holds data: a cycle that would keep the batch's buffer (a mapped
+        # file, a pooled buffer) alive until the cyclic GC runs. Break it.
+        del ext_hook
 
 
 def default_collate(samples):
@@ -146,13 +264,27 @@ def default_collate(samples):
 
 # -- preparing a batch (in the job's process or in a worker process) ----------
 
+def _stack(arrays):
+    """F's outputs (numpy arrays or torch tensors of one shape) as one batch."""
+    torch = sys.modules.get("torch")
+    if torch is not None and arrays and isinstance(arrays[0], torch.Tensor):
+        return torch.stack(arrays)
+    return np.stack(arrays)
+
+
 class _Prep:
     """Fetches a batch's samples, transforms and collates them, under the
-    batch's seed. One per process; workers get theirs by fork."""
+    batch's seed; with a prep stage, gets F's outputs for them (computing
+    and writing back the ones not written) and stacks them. Returns (the
+    encoded batch, how many items F ran on). One per process; workers get
+    theirs by fork."""
 
-    def __init__(self, url, token, dataset, tar, transform, collate_fn, seed):
+    def __init__(self, url, token, dataset, tar, transform, collate_fn, seed, labels=None, stage=None):
         self.url, self.token, self.dataset, self.tar = url, token, dataset, tar
         self.transform, self.collate_fn, self.seed = transform, collate_fn, seed
+        self.labels = labels  # a stallfree.labels.Labels, or None
+        self.stage = stage  # a stallfree.prep.PrepStage, or None
+        self.alloc = None  # in the job's own process: buffers reused once nothing refers to them
         self._client = None
         self._pid = None
         # The generators are the process's own: two threads preparing at
@@ -162,7 +294,7 @@ class _Prep:
 
     def __getstate__(self):
         s = dict(self.__dict__)
-        s["_client"], s["_seeded"] = None, None
+        s["_client"], s["_seeded"], s["alloc"] = None, None, None
         return s
 
     def __setstate__(self, s):
@@ -176,10 +308,14 @@ class _Prep:
         return self._client
 
     def __call__(self, epoch, b, indices):
+        if self.stage is not None:
+            return self.stage_batch(indices)
         if self.tar:
             raw = self.client.samples(self.dataset, indices)
+            keys = [d["__key__"] for d in raw]
         else:
-            raw = [d for _, d in self.client.batch(self.dataset, indices)]
+            pairs = self.client.batch(self.dataset, indices)
+            keys, raw = [k for k, _ in pairs], [d for _, d in pairs]
         s = batch_seed(self.seed, epoch, b)
         with self._seeded:
             random.seed(s)
@@ -189,7 +325,44 @@ class _Prep:
             if torch is not None:
                 torch.manual_seed(s)
             samples = [self.transform(x) for x in raw] if self.transform else raw
-        return encode_batch(self.collate_fn(samples))
+        torch = sys.modules.get("torch")
+        x = None
+        if self.collate_fn is default_collate:
+            # default_collate's result (a stack; a tensor when torch is
+            # loaded), written straight into the encoded batch.
+            x = _Stacked.of(samples, tensor=torch is not None)
+        if x is None:
+            x = self.collate_fn(samples)
+        if self.labels is None:
+            return encode_batch(x, self.alloc), 0
+        y = self.labels.of(indices, keys)
+        return encode_batch((x, torch.from_numpy(y) if torch is not None else y), self.alloc), 0
+
+    def stage_batch(self, indices):
+        """F's outputs for indices, stacked (with labels: and the labels, as
+        numpy), encoded; F runs on the items not written yet."""
+        want_keys = self.labels is not None and self.labels.needs_keys
+        computed = []
+        got = self.stage.get_many(self.client, indices, keys=want_keys, computed=computed)
+        keys = None
+        if want_keys:
+            keys, got = [k for k, _ in got], [a for _, a in got]
+        x = _Stacked.of(got) or _stack(got)
+        if self.labels is None:
+            return encode_batch(x, self.alloc), len(computed)
+        return encode_batch((x, self.labels.of(indices, keys)), self.alloc), len(computed)
+
+    def seeded(self, epoch, b, fn):
+        """fn() under the batch's seed (random, numpy's and torch's generators)."""
+        s = batch_seed(self.seed, epoch, b)
+        with self._seeded:
+            random.seed(s)
+            if np is not None:
+                np.random.seed(s % (2 ** 32))
+            torch = sys.modules.get("torch")
+            if torch is not None:
+                torch.manual_seed(s)
+            return fn()
 
 
 _worker_prep = None
@@ -215,6 +388,31 @@ class _Answer(Exception):
         self.status, self.message, self.producer = status, message, producer_hint
 
 
+def _map_file(path):
+    """A staged batch's shared-memory file, mapped copy-on-write: shared with
+    the node and the other jobs on this host until a job writes to it."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        return mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE) if size else b""
+    finally:
+        os.close(fd)  # the mapping stays
+
+
+def _memfd_of(data):
+    """A new memfd holding data, open to sealing: a staged batch to hand
+    over to the node on this host."""
+    fd = os.memfd_create("stallfree-batch", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        view = memoryview(data).cast("B")
+        while view:
+            view = view[os.write(fd, view):]
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 class CoordinatedLoader:
     """An iterable of minibatches of a coordinated-prep group.
 
@@ -235,10 +433,37 @@ class CoordinatedLoader:
     ``load_state_dict()`` resume an epoch after the last batch yielded.
     ``calls`` counts the samples this job transformed; ``alone`` says
     whether the group detached it.
+
+    ``labels="folder"`` or ``labels=fn(key)`` (``stallfree.labels``) makes
+    each batch ``(x, y)``, y the int64 labels (a tensor when torch is
+    loaded), computed by the batch's producer and staged with it.
+
+    ``augment`` (e.g. ``stallfree.torch.augment.Compose([...])``) is called
+    by every job on every batch it yields, as ``augment(x, indices,
+    epoch=e, seed=<group seed>)``, x the collated batch (a tensor when torch
+    is loaded), indices its sample indices (int64 numpy): it must draw its
+    parameters per sample from (seed, epoch, index), as
+    ``stallfree.torch.augment`` does, so that every job makes the same batch.
+
+    ``cache_stage=(STAGE, F)`` keeps the deterministic stage F (decode,
+    resize: item bytes → one numpy array or tensor, every item one dtype and
+    shape) in the prep cache, the derived dataset ``DATASET.STAGE``. x is
+    then F's outputs stacked, ``(B, *shape)``; ``transform``, if given,
+    runs in every job on each of F's outputs (seeded per batch) and its
+    results are collated instead. While the prep cache is not full, batches
+    are staged (route ``"staging"``: F runs once per item in the cluster,
+    at each batch's producer, which writes its outputs back). Once every
+    item is written, looked at when an epoch starts, each job reads its
+    batches from the prep cache itself and nothing is staged (route
+    ``"prep-cache"``, for good); an item found missing (evicted) is
+    computed and written again by the job that needs it. ``route`` says
+    which the current epoch took, ``stage_calls`` counts the items F ran on
+    in this job.
     """
 
     def __init__(self, url, group, job_index, dataset, transform=None, batch_size=32, num_workers=0, *,
-                 jobs=None, seed=0, window=None, token=None, collate_fn=None, wait=30.0):
+                 jobs=None, seed=0, window=None, token=None, collate_fn=None, wait=30.0, labels=None,
+                 cache_stage=None, augment=None):
         self.url, self.group, self.job = url.rstrip("/"), group, int(job_index)
         self.dataset, self.transform, self.batch_size = dataset, transform, int(batch_size)
         self.num_workers, self.token, self.wait = int(num_workers), token, float(wait)
@@ -264,15 +489,39 @@ class CoordinatedLoader:
         self.samples, self.batches, self.jobs = int(info["samples"]), int(info["batches"]), len(info["jobs"])
         self.window = int(info["window"])
         tar = bool(self.client.dataset(dataset).get("samples"))
-        self._prep = _Prep(self.url, token, dataset, tar, transform, self.collate_fn, self.seed)
+        self.labels = Labels(labels, self.client, dataset, tar) if labels is not None else None
+        self.augment = augment
+        self.stage = None
+        if cache_stage is not None:
+            if not isinstance(cache_stage, (tuple, list)) or len(cache_stage) != 2:
+                raise ValueError("cache_stage: want (stage string, function)")
+            if np is None:  # pragma: no cover
+                raise RuntimeError("cache_stage needs numpy")
+            self.stage = PrepStage(self.client, dataset, cache_stage[0], cache_stage[1], tar)
+        self._prep = _Prep(self.url, token, dataset, tar, None if self.stage else transform, self.collate_fn,
+                           self.seed, self.labels, self.stage)
+        self._cache_route = False  # the prep cache was full when an epoch started: read it, stage nothing
+        self.route = "staging"
+        self._buffers = None
+        self._mapper = False  # the prep-cache route's ItemMapper (None: none), looked for at its first batch
         self.epoch, self._start = 0, 0
         self._next = 0  # the next batch of the current epoch to yield
         self.calls = 0
+        self.stage_calls = 0
         self._pool = None
         self._io = None
         self._local = threading.local()
         u = urllib.parse.urlsplit(self.url)
         self._host, self._port = u.hostname, u.port or 80
+        # A node on this host is reached through its Unix socket, and its
+        # staged batches are mapped from shared memory rather than read.
+        self._sock = self.client._socket_of(self.url) if u.scheme == "http" else None
+        self._map = self._sock is not None
+        # ...and this job's staged batches are handed over in a memfd the
+        # node seals and keeps (?memfd=): written once, into memory the whole
+        # host maps, with no byte through the socket or written by the node.
+        self._handoff = self._map and hasattr(os, "memfd_create")
+        self.handed_over = 0  # batches this job staged by handing them over
 
     # -- group state ---------------------------------------------------------
 
@@ -335,25 +584,40 @@ class CoordinatedLoader:
         self.epoch, self._start, self._next = int(state["epoch"]), int(state["batch"]), int(state["batch"])
         self.alone = self.alone or bool(state.get("alone"))
 
+    def _full(self):
+        """Whether every item of the prep stage is written (in some node's
+        memory now), as the derived dataset counts it cluster-wide."""
+        try:
+            info = self.client.dataset(self.stage.name)
+        except (StallfreeError, OSError):
+            return False
+        return int(info.get("written") or 0) >= int(info.get("items") or self.samples)
+
     def __iter__(self):
         epoch, start = self.epoch, self._start
         self._start = 0
+        if self.stage is not None and not self._cache_route and self._full():
+            self._cache_route = True
+        self.route = "prep-cache" if self._cache_route else "staging"
         self._ensure_pools()
         # Batches in flight (asked for, or being prepared here): half the
         # window. The group prepares about that many batches at once, and
         # the other half is slack for jobs drifting apart, so read-ahead
         # alone does not put a job more than W batches ahead of another.
         depth = max(1, self.window // 2)
+        if self._cache_route:
+            # Nothing to wait for but this job's own reads: two ahead keep it busy.
+            depth = min(depth, 2)
         pending = collections.deque()
         nxt = start
         try:
             for k in range(start, self.batches):
                 while nxt < self.batches and len(pending) < depth:
-                    pending.append(self._io.submit(self._obtain, epoch, nxt))
+                    pending.append(self._io.submit(self._batch, epoch, nxt, self._cache_route))
                     nxt += 1
-                data = pending.popleft().result()
+                batch = pending.popleft().result()
                 self._next = k + 1
-                yield decode_batch(data)
+                yield batch
         finally:
             for f in pending:
                 f.cancel()
@@ -362,6 +626,66 @@ class CoordinatedLoader:
         self.epoch, self._next = epoch + 1, 0
 
     # -- one batch -------------------------------------------------------------
+
+    def _batch(self, epoch, b, cached):
+        """Batch b as the loop gets it (in an I/O thread)."""
+        if cached:
+            x, y = self._read_cached(epoch, b)
+            return self._finish(epoch, b, x, y)
+        batch = decode_batch(self._obtain(epoch, b))
+        if self.stage is None and self.augment is None:
+            return batch
+        x, y = batch if self.labels is not None else (batch, None)
+        return self._finish(epoch, b, x, y)
+
+    def _read_cached(self, epoch, b):
+        """(F's outputs stacked, labels as numpy or None) of batch b, read
+        from the prep cache in one batch request straight into one buffer;
+        items not written (evicted) are computed here and written back."""
+        from ._mapped import ItemMapper, read_batch
+        from ._rows import _Rows
+
+        idx = self.indices(epoch, b)
+        keys = [None] * len(idx) if self.labels is not None and self.labels.needs_keys else None
+        rows = _Rows(self._buffers, len(idx), True)
+        if self._mapper is False:  # not looked for yet
+            self._mapper = ItemMapper.for_client(self.client)
+        try:
+            # Items of the node on this host are copied from its memory.
+            self._mapper = read_batch(self.client, self._mapper, self.stage.name, idx, rows, keys, True)
+            x = rows.array()
+        except StallfreeError as e:
+            if e.status != 404:
+                raise
+            computed = []
+            got = self.stage.get_many(self.client, idx, keys=keys is not None, computed=computed)
+            with self._lock:
+                self.stage_calls += len(computed)
+            if keys is not None:
+                keys[:] = [k for k, _ in got]
+                got = [a for _, a in got]
+            x = _stack(got)
+        y = self.labels.of(idx, keys) if self.labels is not None else None
+        return x, y
+
+    def _finish(self, epoch, b, x, y):
+        """The yielded batch from x (collated, or F's outputs stacked) and y:
+        the per-item transform of a prep-stage group, augment, tensors."""
+        torch = sys.modules.get("torch")
+        if self.stage is not None and self.transform is not None:
+            items = list(x)
+            with self._lock:
+                self.calls += len(items)
+            x = self.collate_fn(self._prep.seeded(epoch, b, lambda: [self.transform(a) for a in items]))
+        if torch is not None and np is not None and isinstance(x, np.ndarray):
+            x = torch.from_numpy(x)
+        if self.augment is not None:
+            x = self.augment(x, np.asarray(self.indices(epoch, b), dtype=np.int64), epoch=epoch, seed=self.seed)
+        if self.labels is None:
+            return x
+        if torch is not None and np is not None and isinstance(y, np.ndarray):
+            y = torch.from_numpy(y)
+        return x, y
 
     def _obtain(self, epoch, b):
         """The bytes of batch b: read from the stage, or prepared here (and
@@ -405,8 +729,28 @@ class CoordinatedLoader:
 
     def _stage(self, epoch, b, data):
         """PUTs this job's batch; returns the bytes every job reads for it."""
+        fd = _memfd_of(data) if self._handoff else None
+        try:
+            return self._stage_from(epoch, b, data, fd)
+        finally:
+            if fd is not None:
+                os.close(fd)  # the node holds its own descriptor once it took the file
+
+    def _stage_from(self, epoch, b, data, fd):
         while True:
             try:
+                if fd is not None:
+                    try:
+                        self._call("PUT", epoch, b, None, self.wait, f"&memfd={fd}&ino={os.fstat(fd).st_ino}")
+                        with self._lock:
+                            self.handed_over += 1
+                        return data
+                    except _Answer as a:
+                        if a.status != 400 or "memfd" not in a.message:
+                            raise
+                        # A node that cannot take the file (not the same
+                        # user, /proc hidden): send the bytes, from now on.
+                        self._handoff, fd = False, None
                 self._call("PUT", epoch, b, data, self.wait)
                 return data
             except _Answer as a:
@@ -428,10 +772,14 @@ class CoordinatedLoader:
     def _prepare(self, epoch, b):
         idx = self.indices(epoch, b)
         with self._lock:
-            self.calls += len(idx) if self.transform else 0
+            self.calls += len(idx) if self.transform and self.stage is None else 0
         if self._pool is not None:
-            return self._pool.apply_async(_worker_run, ((epoch, b, idx),)).get()
-        return self._prep(epoch, b, idx)
+            data, computed = self._pool.apply_async(_worker_run, ((epoch, b, idx),)).get()
+        else:
+            data, computed = self._prep(epoch, b, idx)
+        with self._lock:
+            self.stage_calls += computed
+        return data
 
     # -- plumbing -----------------------------------------------------------------
 
@@ -441,6 +789,16 @@ class CoordinatedLoader:
             # DataLoader does; the transform need not be picklable.
             ctx = multiprocessing.get_context("fork")
             self._pool = ctx.Pool(self.num_workers, initializer=_worker_init, initargs=(self._prep,))
+        if self._buffers is None and np is not None:
+            from ._rows import _Pool
+
+            # Buffers for the batches read from the prep cache, and for the
+            # batches this process encodes to stage: reused once nothing refers
+            # to them (a fresh 10 MB buffer a batch costs more CPU in page
+            # faults than filling it).
+            self._buffers = _Pool(pinned=False, keep=max(1, self.window // 2) + 4)
+            if self._pool is None:
+                self._prep.alloc = self._buffers.get
         if self._io is None:
             self._io = concurrent.futures.ThreadPoolExecutor(
                 max_workers=max(1, self.window // 2) + 1,
@@ -449,22 +807,53 @@ class CoordinatedLoader:
     def _conn(self):
         c = getattr(self._local, "conn", None)
         if c is None:
-            c = self._local.conn = http.client.HTTPConnection(self._host, self._port, timeout=self.wait + 60)
+            if self._sock:
+                c = _UnixHTTPConnection(self._sock, timeout=self.wait + 60)
+            else:
+                c = http.client.HTTPConnection(self._host, self._port, timeout=self.wait + 60)
+            self._local.conn = c
         return c
 
-    def _call(self, method, epoch, b, body, wait):
-        path = f"{self._gpath}/epochs/{int(epoch)}/batches/{int(b)}?job={self.job}&wait={wait}s"
+    def _call(self, method, epoch, b, body, wait, query=""):
+        path = f"{self._gpath}/epochs/{int(epoch)}/batches/{int(b)}?job={self.job}&wait={wait}s{query}"
+        if method == "GET" and self._map:
+            got = self._request(method, path + "&map=1", body, wait)
+            if not isinstance(got, str):
+                return got
+            try:
+                return _map_file(got)
+            except OSError:
+                # Not ours to open (another user's node): read it instead.
+                self._map = False
+        return self._request(method, path, body, wait)
+
+    def _request(self, method, path, body, wait):
+        """The answer's body (a bytearray), or a mapped batch's path (str)."""
         h = {"Connection": "keep-alive"}
         if self.token:
             h["Authorization"] = "Bearer " + self.token
         if body is not None:
             h["Content-Type"] = "application/octet-stream"
+            if not isinstance(body, (bytes, bytearray)):
+                body = memoryview(body).cast("B")  # a reused numpy buffer: http.client tests a body's truth
         for attempt in range(5):
             c = self._conn()
             try:
                 c.request(method, path, body=body, headers=h)
                 r = c.getresponse()
-                data = r.read()
+                if r.status == 200 and r.getheader("X-Group-Map"):
+                    r.read()
+                    return r.getheader("X-Group-Map")
+                if r.status == 200 and r.length is not None:
+                    # Read into a buffer of our own: the arrays decoded from
+                    # it are writable views, not copies.
+                    size = r.length
+                    data = bytearray(size)
+                    got = r.readinto(data) if size else 0
+                    if got != size:
+                        raise http.client.IncompleteRead(bytes(data[:got]), size - got)
+                else:
+                    data = r.read()
                 break
             except (OSError, http.client.HTTPException):
                 c.close()

@@ -4,7 +4,6 @@ cluster of cachenode processes and a temporary dataset on disk."""
 import os
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -14,17 +13,10 @@ import unittest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from stallfree import Client  # noqa: E402
+from stallfree.bench.common import free_port  # noqa: E402,F401 - below the ephemeral range (harness users import it)
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BIN = os.environ.get("STALLFREE_BIN", os.path.join(ROOT, "bin", "cachenode"))
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 class PortTaken(Exception):

@@ -2,6 +2,7 @@
 client's Unix socket, BatchLoader's order, counts and bytes, a node killed
 mid-epoch, and the example's CNN loop over dir, S3 (MinIO) and tar datasets."""
 
+import multiprocessing
 import os
 import shutil
 import signal
@@ -10,6 +11,8 @@ import sys
 import tempfile
 import threading
 import unittest
+
+import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
@@ -25,13 +28,26 @@ def count_batch_requests(client):
     counts, lock = {}, threading.Lock()
     send = client._request_once
 
-    def counting(base, method, path, body=None, headers=None):
+    def counting(base, method, path, *args, **kwargs):
         if path.endswith("/batch"):
             with lock:
                 counts[base] = counts.get(base, 0) + 1
-        return send(base, method, path, body, headers)
+        return send(base, method, path, *args, **kwargs)
     client._request_once = counting
     return counts
+
+
+def tagged_length(b):
+    """(the pid that ran the transform, the item's length)."""
+    return torch.tensor([os.getpid(), len(b)])
+
+
+def worker_collate(samples):
+    """default_collate's batch, whether it was made in shared memory, and
+    what get_worker_info() said where it was collated."""
+    info = torch.utils.data.get_worker_info()
+    x = torch.utils.data.default_collate(samples)
+    return x, torch.tensor([x.is_shared(), info.id if info else -1, info.num_workers if info else 0])
 
 
 class ListSampler:
@@ -133,6 +149,39 @@ class BatchLoaderTest(ClusterCase):
         self.assertEqual(meter.batches, len(loader))
         self.assertTrue(threads and all(t.startswith("stallfree-batch") for t in threads), threads)
         self.assertEqual(Client(self.url).stats()["loader_batches"], len(loader))
+
+    def test_transform_in_worker_processes(self):
+        ds = CachedDataset(self.url, "ds")
+        order = list(range(len(self.keys)))[::-1]
+        loader = BatchLoader(ds, 16, sampler=order, threads=2, workers=2, transform=tagged_length, labels="folder")
+        batches = list(loader)
+        self.assertEqual(len(batches), 13)
+        pids = torch.cat([x[:, 0] for x, _ in batches]).tolist()
+        lengths = torch.cat([x[:, 1] for x, _ in batches]).tolist()
+        self.assertEqual(lengths, [len(self.files[self.keys[i]]) for i in order])
+        self.assertEqual(torch.cat([y for _, y in batches]).tolist(), [int(self.keys[i][1]) for i in order])
+        self.assertNotIn(os.getpid(), pids, "the transform ran in worker processes")
+        self.assertLessEqual(len(set(pids)), 2)
+        self.assertEqual(multiprocessing.active_children(), [], "the workers are gone after the epoch")
+        with self.assertRaises(ValueError):
+            BatchLoader(ds, 16, workers=-1)
+
+    def test_worker_processes_look_like_dataloader_workers(self):
+        """In a worker, get_worker_info() answers as in a DataLoader's, and
+        default_collate stacks the batch into shared memory there (no copy
+        on its way to the training process)."""
+        ds = CachedDataset(self.url, "ds")
+        loader = BatchLoader(ds, 16, threads=2, workers=2, transform=tagged_length, collate_fn=worker_collate)
+        seen = {}
+        for x, probe in loader:
+            shared, wid, n = probe.tolist()
+            self.assertTrue(shared, "collated outside shared memory")
+            self.assertEqual(n, 2)
+            seen.setdefault(int(x[0, 0]), set()).add(wid)
+        self.assertTrue(seen and all(len(ids) == 1 for ids in seen.values()), f"one id per worker: {seen}")
+        self.assertTrue(set().union(*seen.values()) <= {0, 1}, seen)
+        threads = BatchLoader(ds, 16, threads=2, transform=tagged_length, collate_fn=worker_collate)
+        self.assertEqual([p.tolist()[1:] for _, p in threads][:1], [[-1, 0]], "threads are no DataLoader workers")
 
     def test_locality_sampler_and_its_state(self):
         (n1, url1), (n2, _) = self.cluster.nodes

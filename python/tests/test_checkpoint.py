@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from harness import BIN, Cluster, ClusterCase, wait_until  # noqa: E402
 
-from stallfree import Client  # noqa: E402
+from stallfree import Client, StallfreeError  # noqa: E402
 from stallfree.checkpoint import Checkpointer, part_names  # noqa: E402
 
 try:
@@ -130,6 +130,76 @@ class CheckpointTest(ClusterCase):
         for c in cks:
             c.close()
 
+    @unittest.skipUnless(os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK),
+                         "the nodes' default --shm-dir, /dev/shm, is not writable here")
+    def test_load_maps_the_local_copy(self):
+        """On the node's host, load() maps the node's own copies of a rank's
+        parts (shared memory, GET ?map=1 over its socket) and reads nothing
+        over a socket; a dropped step's files go with it."""
+        state = {"w": torch.arange(700_000, dtype=torch.float32)}  # 2.8 MB: three 1 MiB parts
+        ck = Checkpointer(self.url, "mapped", part_bytes=1 << 20)
+        for step in (1, 2):
+            ck.save(step, {"w": state["w"] + step}).result(60)
+
+        def no_fetch(*a, **kw):
+            raise AssertionError("a part was fetched, not mapped")
+        reader = Checkpointer(self.url, "mapped")
+        reader._fetch = no_fetch
+        self.assertTrue(torch.equal(reader.load()["w"], state["w"] + 2))
+        self.assertTrue(torch.equal(reader.load(step=1)["w"], state["w"] + 1))
+        parts = sorted(Client(self.url).json("GET", "/v1/checkpoints/mapped")["steps"][0]["parts"])
+        sizes = {p: 0 for p in parts}
+        sizes.update({p["part"]: p["bytes"] for p in
+                      Client(self.url).json("GET", "/v1/checkpoints/mapped/steps/1/parts")["parts"]})
+        # Over TCP, or for a part not held, there is nothing to map: 204,
+        # nothing sent.
+        tcp = Client(self.url, use_socket=False)
+        for path in (f"/v1/checkpoints/mapped/steps/1/parts/{parts[0]}?map=1",
+                     "/v1/checkpoints/mapped/steps/1/parts/9?map=1"):
+            r, body = tcp.request("GET", path)
+            self.assertEqual((r.status, body, r.getheader("X-Checkpoint-Map")), (204, b"", None), path)
+        maps = reader._map_local(1, parts, sizes)
+        self.assertEqual(len(maps), 3)
+        self.assertTrue(all(m is not None for m in maps), "every part of step 1 mapped")
+        for m in maps:
+            m.close()
+        # The node's files themselves: step 1's are removed once
+        # --checkpoint-keep 2 drops it, and only then.
+        import glob
+        files = set(glob.glob("/dev/shm/stallfree-ckpt-py1-*"))
+        self.assertGreaterEqual(len(files), 6, "steps 1 and 2 in shared memory")
+        ck.save(3, {"w": state["w"] + 3}).result(60)
+        wait_until(lambda: [s["step"] for s in Client(self.url).json("GET", "/v1/checkpoints/mapped")["steps"]] == [2, 3],
+                   10, "step 1 dropped")
+        wait_until(lambda: len(files - set(glob.glob("/dev/shm/stallfree-ckpt-py1-*"))) == 3, 10,
+                   "the three handed-out files of step 1 removed")
+        self.assertTrue(torch.equal(reader.load()["w"], state["w"] + 3))
+        ck.close()
+
+    def test_checksum_algorithms(self):
+        """crc32c by default (sha256 on request), named per part in the
+        listing; a wrong value of each kind stores nothing."""
+        state = {"w": torch.arange(100_000, dtype=torch.float32)}
+        for algo in ("crc32c", "sha256"):
+            ck = Checkpointer(self.url, "sum-" + algo, checksum=algo)
+            self.assertEqual(ck.checksum, algo)
+            ck.save(1, state).result(60)
+            step = Client(self.url).json("GET", f"/v1/checkpoints/sum-{algo}")["steps"][-1]
+            self.assertEqual([c["checksum"] for c in step["checksums"]], [algo])
+            self.assertTrue(torch.equal(ck.load()["w"], state["w"]))
+            ck.close()
+        self.assertEqual(Checkpointer(self.url, "default").checksum, "crc32c")
+        body = b"x" * 1000
+        client = Client(self.url)
+        for wrong in ("crc32c:00000000", "sha256:" + "0" * 64, "0" * 64, "crc32c:XYZ", "md5:" + "0" * 32):
+            with self.assertRaises(StallfreeError) as e:
+                client.request("PUT", "/v1/checkpoints/bad/steps/1/parts/0", body=body,
+                               headers={"X-Checksum": wrong, "Content-Type": "application/octet-stream"})
+            self.assertEqual(e.exception.status, 400, wrong)
+        self.assertEqual(client.json("GET", "/v1/checkpoints/bad/steps/1/parts")["parts"], [])
+        with self.assertRaises(ValueError):
+            Checkpointer(self.url, "x", checksum="md5")
+
     def test_auto_interval_and_cachectl(self):
         ck = Checkpointer(self.url, "auto")
         state = {"w": torch.randn(2_000_000)}
@@ -148,5 +218,62 @@ class CheckpointTest(ClusterCase):
         self.assertEqual(ck.steps(), [])
 
 
+class ChecksumFallbackTest(unittest.TestCase):
+    def test_sha256_without_crc32c_said_once(self):
+        import warnings
+        import stallfree.checkpoint as ckmod
+        saved = ckmod._crc32c, list(ckmod._warned_no_crc32c)
+        ckmod._crc32c, ckmod._warned_no_crc32c[:] = (lambda: None), []
+        try:
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                self.assertEqual(ckmod._checksum_algo("crc32c"), "sha256")
+                self.assertEqual(ckmod._checksum_algo("crc32c"), "sha256")
+            self.assertEqual(len([x for x in w if "crc32c" in str(x.message)]), 1)
+            self.assertIsNone(ckmod._Summer.for_header("crc32c:00000000"))
+        finally:
+            ckmod._crc32c, ckmod._warned_no_crc32c[:] = saved[0], saved[1]
+
+    def test_summer_matches_the_node(self):
+        from stallfree.checkpoint import _Summer, _same_sum
+        if _Summer.for_header("crc32c:") is not None:
+            h = _Summer("crc32c")
+            h.update(b"1234")
+            h.update(b"56789")
+            self.assertEqual(h.header(), "crc32c:e3069283")  # the CRC-32C check value of "123456789"
+        h = _Summer("sha256")
+        h.update(b"abc")
+        self.assertTrue(_same_sum(h.header(), "sha256:" + h.header()))
+
+
 if __name__ == "__main__":
     unittest.main()
+
+
+class ChainFileTest(unittest.TestCase):
+    """load()'s file over a rank's mapped parts in a row: every read and seek
+    answers as one file of the parts joined would (empty parts, reads that
+    cross parts, reads past the end)."""
+
+    def test_reads_and_seeks_as_the_joined_bytes(self):
+        import io
+        import random
+        from stallfree.checkpoint import _ChainFile
+
+        rnd = random.Random(5)
+        parts = [bytes(rnd.getrandbits(8) for _ in range(n)) for n in (7, 0, 1, 4096, 0, 300, 5)]
+        whole = b"".join(parts)
+        f, ref = _ChainFile([memoryview(p) for p in parts]), io.BytesIO(whole)
+        for _ in range(400):
+            if rnd.random() < 0.3:
+                off, whence = rnd.choice([(rnd.randrange(-10, len(whole) + 10), io.SEEK_SET),
+                                          (rnd.randrange(-20, 20), io.SEEK_CUR), (rnd.randrange(-30, 5), io.SEEK_END)])
+                if whence == io.SEEK_SET and off < 0:
+                    off = 0
+                self.assertEqual(f.seek(off, whence), ref.seek(max(0, ref.seek(0, io.SEEK_CUR) + off) if whence == io.SEEK_CUR
+                                                               else max(0, len(whole) + off) if whence == io.SEEK_END else off))
+            n = rnd.randrange(0, 600)
+            self.assertEqual(f.read(n), ref.read(n))
+            self.assertEqual(f.tell(), ref.tell())
+        f.seek(0)
+        self.assertEqual(f.read(), whole)

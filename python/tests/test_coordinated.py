@@ -137,6 +137,10 @@ class ThreeJobsTest(GroupCase):
         self.assertEqual(a, b, "every node shows the group alike")
         self.assertEqual(sum(j["prepared"] for j in a["jobs"]), epochs * N // BATCH)
         self.assertEqual(sum(j["served"] for j in a["jobs"]), 2 * epochs * N // BATCH)
+        # Every job reaches its node through the Unix socket: each staged
+        # batch was handed over as a memfd (relayed by a node not the owner).
+        done = [next(r for r in rs if r.get("done")) for rs in recs]
+        self.assertGreaterEqual(sum(d["handed_over"] for d in done), epochs * N // BATCH, done)
 
         ctl = [os.path.join(os.path.dirname(BIN), "cachectl"), "--node", self.urls[1]]
         ls = subprocess.run(ctl + ["groups", "ls"], capture_output=True, text=True, check=True).stdout
@@ -145,6 +149,110 @@ class ThreeJobsTest(GroupCase):
         self.assertEqual(shown["jobs"], self.group(self.urls[1], "hp")["jobs"])
         subprocess.run(ctl + ["groups", "rm", "hp"], check=True)
         wait_until(lambda: all(raw(u, "GET", "/v1/groups/hp")[0] == 404 for u in self.urls), 30, "the group removed")
+
+
+class SharedMemoryTest(GroupCase):
+    def test_jobs_on_the_owners_host_map_the_batch(self):
+        """A reader on the owner's host gets the path of the node's
+        shared-memory copy, not the bytes; the loader maps it, and its arrays
+        are views of that mapping, equal to what the producer staged."""
+        import mmap
+        import numpy as np
+        from stallfree.client import _UnixHTTPConnection
+        from stallfree.coordinated import decode_batch, encode_batch, _map_file
+        c = Client(self.urls[0])
+        write(self.urls[0], "PUT", "/v1/groups/shm", {"dataset": "ds", "seed": 1, "batch_size": BATCH, "jobs": 2})
+        owner = c.json("GET", "/v1/groups/shm")["owner"]
+        url = next(u for name, u in self.cluster.nodes if name == owner)
+        sock = Client(url)._socket_of(url)
+        self.assertTrue(sock, "the owner's Unix socket")
+        batch = {"x": np.arange(4 * 6, dtype=np.float32).reshape(4, 6), "i": np.arange(4)}
+        body = encode_batch(batch)
+        conn = _UnixHTTPConnection(sock, timeout=30)
+        conn.request("PUT", "/v1/groups/shm/epochs/0/batches/0?job=0", body=body)
+        r = conn.getresponse()
+        r.read()
+        self.assertEqual(r.status, 201)
+        conn.request("GET", "/v1/groups/shm/epochs/0/batches/0?job=1&map=1")
+        r = conn.getresponse()
+        self.assertEqual((r.status, r.read()), (200, b""))
+        path = r.getheader("X-Group-Map")
+        self.assertTrue(path and path.startswith("/dev/shm/stallfree-"), path)
+        self.assertEqual(int(r.getheader("X-Group-Map-Size")), len(body))
+        m = _map_file(path)
+        self.assertIsInstance(m, mmap.mmap)
+        got = decode_batch(m)
+        self.assertTrue(np.array_equal(got["x"], batch["x"]) and np.array_equal(got["i"], batch["i"]))
+        self.assertFalse(got["x"].flags.owndata, "a view of the mapping, not a copy")
+        got["x"][0, 0] = -1  # copy-on-write: the node's copy stays
+        self.assertEqual(bytes(memoryview(_map_file(path))), body)
+        conn.close()
+
+    def test_a_producer_hands_its_batch_over(self):
+        """A producer on the owner's host hands its batch over in a memfd
+        (?memfd=FD&ino=INODE, no body): the node seals it, so the producer
+        can no longer write it, and a reader maps that very file, under the
+        node's /proc/PID/fd."""
+        import numpy as np
+        from stallfree.client import _UnixHTTPConnection
+        from stallfree.coordinated import decode_batch, encode_batch, _map_file, _memfd_of
+        c = Client(self.urls[0])
+        write(self.urls[0], "PUT", "/v1/groups/handed", {"dataset": "ds", "seed": 1, "batch_size": BATCH, "jobs": 2})
+        owner = c.json("GET", "/v1/groups/handed")["owner"]
+        url = next(u for name, u in self.cluster.nodes if name == owner)
+        conn = _UnixHTTPConnection(Client(url)._socket_of(url), timeout=30)
+        batch = {"x": np.arange(4 * 6, dtype=np.float32).reshape(4, 6), "i": np.arange(4)}
+        body = encode_batch(batch)
+        fd = _memfd_of(body)
+        try:
+            conn.request("PUT", f"/v1/groups/handed/epochs/0/batches/0?job=0&memfd={fd}&ino={os.fstat(fd).st_ino}")
+            r = conn.getresponse()
+            self.assertEqual((r.status, r.read()[:0]), (201, b""))
+            with self.assertRaises(PermissionError, msg="the producer wrote after handing over"):
+                os.pwrite(fd, b"X", 0)
+        finally:
+            os.close(fd)
+        conn.request("GET", "/v1/groups/handed/epochs/0/batches/0?job=1&map=1")
+        r = conn.getresponse()
+        self.assertEqual((r.status, r.read()), (200, b""))
+        path = r.getheader("X-Group-Map")
+        self.assertRegex(path, r"^/proc/\d+/fd/\d+$")
+        got = decode_batch(_map_file(path))
+        self.assertTrue(np.array_equal(got["x"], batch["x"]) and np.array_equal(got["i"], batch["i"]))
+        self.assertEqual(bytes(memoryview(_map_file(path))), body)
+        conn.close()
+
+
+class HandOverRefusedTest(GroupCase):
+    def test_a_refused_hand_over_sends_the_bytes(self):
+        """A node that will not take the job's file (here: a memfd that
+        cannot be sealed, as a node of another user cannot open it) answers
+        400; the loader then sends the bytes, from then on, and the batches
+        are the same."""
+        import stallfree.coordinated as co
+
+        def unsealable(data):
+            fd = os.memfd_create("stallfree-batch", os.MFD_CLOEXEC)  # no MFD_ALLOW_SEALING
+            os.write(fd, bytes(memoryview(data).cast("B")))
+            return fd
+
+        def load(name):
+            loader = co.CoordinatedLoader(self.urls[0], name, 0, "ds", transform=lambda b: bytes(b[:6]),
+                                          batch_size=BATCH, jobs=1, collate_fn=list)
+            self.addCleanup(loader.close)
+            return loader, [x for x in loader]
+
+        handed, want = load("handed")
+        self.assertEqual((handed.handed_over, handed._handoff), (N // BATCH, True))
+        real, co._memfd_of = co._memfd_of, unsealable
+        try:
+            sent, got = load("sent")
+        finally:
+            co._memfd_of = real
+        self.assertEqual(got, want, "the same batches either way")
+        self.assertEqual((sent.handed_over, sent._handoff), (0, False))
+        info = Client(self.urls[0]).json("GET", "/v1/groups/sent")
+        self.assertEqual(sum(j["prepared"] for j in info["jobs"]), N // BATCH, "every batch staged, as bytes")
 
 
 class BadInputTest(GroupCase):

@@ -92,6 +92,98 @@ class EncodingTest(unittest.TestCase):
         self.assertNotEqual(odd, derived_name("imgs", "resize 256/crop"))
 
 
+class DecodeResizeTest(unittest.TestCase):
+    """The image prep stage the package offers: the shorter side resized to
+    `side`, the centre square kept, HWC uint8; a big JPEG decoded at a
+    reduced DCT scale first."""
+
+    def setUp(self):
+        try:
+            from PIL import Image  # noqa: F401
+        except ImportError:
+            self.skipTest("Pillow is not installed")
+
+    @staticmethod
+    def encoded(arr, fmt="JPEG"):
+        import io
+
+        from PIL import Image
+
+        out = io.BytesIO()
+        Image.fromarray(arr).save(out, fmt, **({"quality": 95} if fmt == "JPEG" else {}))
+        return out.getvalue()
+
+    @staticmethod
+    def reference(raw, side):
+        """The same steps at full scale, resizing the kept square only."""
+        import io
+
+        from PIL import Image
+
+        im = Image.open(io.BytesIO(raw)).convert("RGB")
+        w, h = im.size
+        m = min(w, h)
+        box = ((w - m) / 2, (h - m) / 2, (w + m) / 2, (h + m) / 2)
+        return np.asarray(im.resize((side, side), Image.BILINEAR, box=box))
+
+    def gradient(self, w, h):
+        x, y = np.meshgrid(np.arange(w), np.arange(h))
+        return np.stack([x * 255 // w, y * 255 // h, (x + y) * 255 // (w + h)], axis=-1).astype(np.uint8)
+
+    def test_shape_and_pixels(self):
+        import pickle
+
+        from stallfree.prep import DecodeResize
+
+        f = pickle.loads(pickle.dumps(DecodeResize(32)))  # as DataLoader workers get it
+        # A wide PNG (no DCT scaling): exactly the reference. The left and
+        # right thirds of the image are cut: the centre's colour survives.
+        img = self.gradient(120, 40)
+        img[:, :40], img[:, 80:] = 0, 255
+        raw = self.encoded(img, "PNG")
+        got = f(raw)
+        self.assertEqual((got.shape, got.dtype), ((32, 32, 3), np.uint8))
+        self.assertTrue(np.array_equal(got, self.reference(raw, 32)))
+        self.assertTrue(np.array_equal(got, f(raw)), "deterministic")
+        # A tall greyscale JPEG comes out RGB.
+        grey = self.encoded(self.gradient(40, 100)[:, :, 0])
+        self.assertEqual(f(grey).shape, (32, 32, 3))
+
+    def test_big_jpeg_decoded_at_a_reduced_scale(self):
+        import io
+
+        from PIL import Image
+
+        from stallfree.prep import DecodeResize
+
+        raw = self.encoded(self.gradient(640, 480))
+        im = Image.open(io.BytesIO(raw))
+        im.draft("RGB", (43, 32))
+        self.assertLess(im.size[0], 640, "this Pillow decodes a JPEG at a reduced scale")
+        from PIL import JpegImagePlugin
+
+        drafted, draft = [], JpegImagePlugin.JpegImageFile.draft
+
+        def recording(im, mode, size, *rest):
+            out = draft(im, mode, size, *rest)
+            drafted.append((size, im.size))
+            return out
+
+        JpegImagePlugin.JpegImageFile.draft = recording
+        try:
+            got = DecodeResize(32)(raw).astype(int)
+        finally:
+            JpegImagePlugin.JpegImageFile.draft = draft
+        self.assertEqual(len(drafted), 1)
+        (asked, decoded), = drafted
+        self.assertEqual(asked, (43, 32), "both sides at least 32, the aspect kept")
+        self.assertEqual(decoded, (80, 60), "decoded at 1/8: the smallest scale that keeps 43x32")
+        ref = self.reference(raw, 32).astype(int)
+        self.assertLess(np.abs(got - ref).mean(), 4, "the reduced-scale decode resized as the full one")
+        with self.assertRaises(ValueError):
+            DecodeResize(0)
+
+
 class PrepTest(ClusterCase):
     def setUp(self):
         self.make_tmp("stallfree-prep")
@@ -152,11 +244,28 @@ class PrepTest(ClusterCase):
             self.assertTrue(same_array(x, self.want[i]), f"stage 2 item {i}")
 
     def test_batch_loader(self):
-        """BatchLoader's threads fetch whole minibatches through the same hook."""
+        """BatchLoader's threads fetch whole minibatches through the same hook;
+        in the first epoch a minibatch costs one request to learn what is
+        written (batch?partial=1) and one for the parent's bytes of the rest,
+        no request per item."""
         ds = CachedDataset(self.url2, "ds", transform=Transform(self.tlog), cache_stage=("bl-v1", Stage(self.flog)))
         n = len(self.keys)
+        calls = []
+        request = type(ds.client).request
+
+        def counting(client, method, path, *a, **kw):
+            calls.append((method, path.split("?")[0]))
+            return request(client, method, path, *a, **kw)
+        type(ds.client).request = counting
+        self.addCleanup(setattr, type(ds.client), "request", request)
         for epoch in range(2):
+            calls.clear()
             got = [x for batch in BatchLoader(ds, 8, threads=3, collate_fn=list) for x in batch]
+            if epoch == 0:
+                gets = [c for c in calls if c[0] == "GET" and "/index/" in c[1]]
+                self.assertEqual(gets, [], "no item read one by one in the first epoch")
+                self.assertEqual(sum(c[1].endswith("/batch") for c in calls), 2 * -(-n // 8),
+                                 "two batch requests a minibatch: what is written, the parent's bytes")
             self.assertEqual(len(got), n)
             for i, x in enumerate(got):
                 self.assertTrue(same_array(x, self.want[i]), f"epoch {epoch} item {i}")
@@ -205,8 +314,24 @@ class PrepTest(ClusterCase):
 
         with self.assertRaises(TypeError):
             CachedDataset(self.url1, "ds", cache_stage=("list", lambda raw: [1, 2]))[0]
-        with self.assertRaises(ValueError):
-            CachedDataset(self.url1, "ds", with_key=True, cache_stage=("keyed", pure_f))
+
+    def test_keys_and_labels(self):
+        """with_key and labels with a prep stage: keys and labels right
+        whether an item was written before (read back) or is computed now."""
+        CachedDataset(self.url1, "ds", cache_stage=("keyed", pure_f)).__getitems__(list(range(0, 48, 2)))
+        order = [5, 4, 31, 30, 47]
+        keyed = CachedDataset(self.url2, "ds", with_key=True, cache_stage=("keyed", pure_f),
+                              transform=lambda k, x: (k, x))
+        got = keyed.__getitems__(order)
+        self.assertEqual([k for k, _ in got], [self.keys[i] for i in order])
+        self.assertTrue(all(same_array(x, self.want[i]) for (_, x), i in zip(got, order)))
+        self.assertEqual(keyed[9][0], self.keys[9])
+        folder = lambda k: int(k[1])  # noqa: E731 - c0/, c1/, c2/
+        for labels in ("folder", folder):
+            ds = CachedDataset(self.url1, "ds", cache_stage=("labelled", pure_f), labels=labels)
+            got = ds.__getitems__(order) + [ds[6]]
+            self.assertEqual([y for _, y in got], [folder(self.keys[i]) for i in order + [6]])
+            self.assertTrue(all(same_array(x, self.want[i]) for (x, _), i in zip(got, order + [6])))
 
 
 if __name__ == "__main__":

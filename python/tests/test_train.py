@@ -67,6 +67,13 @@ class TrainExampleTest(ClusterCase):
         self.assertIn('stallfree_loader_wait_seconds_total', metrics)
         # Run again when done: nothing left to train.
         self.assertEqual(self.train(), ["resumed from " + os.path.join(self.tmp, "ckpt.pt") + ": epoch 3, position 0"])
+        # Another job's run on this checkpoint says what to do, not a traceback.
+        out = subprocess.run([sys.executable, TRAIN, "--url", self.url, "--dataset", "imgs", "--job", "another",
+                              "--checkpoint", os.path.join(self.tmp, "ckpt.pt")], capture_output=True, text=True, timeout=300)
+        self.assertNotEqual(out.returncode, 0)
+        self.assertIn("is another run's checkpoint", out.stderr)
+        self.assertIn("delete it or give --checkpoint PATH", out.stderr)
+        self.assertNotIn("Traceback", out.stderr)
 
     def test_dataloader_fetches_each_minibatch_in_one_request(self):
         # README: on the torch installed here (Debian 12: 1.13) a plain

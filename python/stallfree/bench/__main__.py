@@ -10,6 +10,8 @@ MODES = {
     "--group": "group",
     "--checkpoint": "checkpoint",
     "--split": "split",
+    "--train": "train",
+    "--micro": "micro",
 }
 
 

@@ -1,174 +1,214 @@
-"""``python -m stallfree.bench --group J[,J...]``: coordinated prep versus
-independent jobs (docs/api.md).
+"""``python -m stallfree.bench --group J[,J...]``: where the CPU of a
+hyper-parameter search's J jobs goes, with and without coordinated prep
+(docs/api.md "Coordinated prep", issue 49).
 
-A hyper-parameter search runs J jobs on one dataset. Each job here is its
-own process with a CPU-heavy real transform (JPEG decode + random resized
-crop to 224x224 + flip, with Pillow). In one run, on one node:
+J jobs read one dataset of JPEGs (500x375 by default). The prep is split
+as a real pipeline splits it: F, the deterministic stage, decodes a JPEG
+into a uint8 HxWx3 array (what such a pipeline hands over: ~550 KiB an
+image); A, the augmentation, is a random 224x224 crop and a random flip,
+seeded per sample by (seed, epoch, index) and batched (numpy slicing: it
+stands in for ``stallfree.torch.augment`` on an accelerator, which costs
+the CPU next to nothing). Each job is its own process, without worker
+processes, timed from a common start signal. Rows:
 
-  independent  J processes, each a torch DataLoader over CachedDataset:
-               every job transforms every sample (J·N calls an epoch);
-  coordinated  J processes, each a CoordinatedLoader of one group: each
-               batch is prepared once and read by the others (goal: calls
-               <= 1.1·N an epoch).
+  independent  each job reads its own shuffled batches from the node (one
+               batch request each) and runs F and A itself: J·N F calls
+               an epoch;
+  staging      ``CoordinatedLoader(transform=F, augment=A)``: each batch's
+               producer runs F and stages the decoded batch; the other
+               jobs map it (the node's shared-memory copy) and every job
+               runs A itself;
+  hand-off     staging's exchange alone: the producer stages a pre-made
+               batch of decoded images (encoded each time, no read, no F)
+               and the others map it; nobody augments;
+  prep-fill    ``CoordinatedLoader(cache_stage=(S, F), augment=A)`` on an
+               empty prep cache: its first epoch stages F's outputs and
+               writes them to the cache (F once per item);
+  prep-cache   the same on the full cache (a new group, the same stage):
+               every job reads its batches from the cache and runs A;
+               nothing is staged.
 
-Jobs start, load torch, fetch nothing, then wait for a common start signal;
-the epoch is timed from it. Printed per mode: transform calls per epoch,
-aggregate samples/s (J·N·epochs over the slowest job's time) and CPU per
-delivered sample (the jobs' user+system time, their worker processes
-included, plus the node's). Goal: coordinated aggregate >= 0.8·J x the
-independent one when prep-bound (the machine's cores busy with the
-transform).
+Per row: transform (F) calls per epoch, aggregate samples/s (J·N·epochs
+over the slowest job's time), CPU ms per consumed sample: every job's
+user+system time plus the node's (its idle CPU, measured for a second
+before each row, taken off), over J·N·epochs; and its ratio to the
+independent row. Goals (issue 49): staging and prep-cache at most 0.35x an
+independent job's CPU per consumed sample at J=4, 0.25x at J=8.
 
-Options: --items N (256) --batch B (16) --epochs E (1) --workers W (1 per
-job) --side PX (500, the JPEG's side) --window W (16) --url URL (an existing
-node; default: start bin/cachenode in a temporary directory).
+Options: --items N (256) --batch B (16) --epochs E (2) --width W (500)
+--height H (375) --crop C (224) --window W (16) --url URL (an existing
+node; default: start bin/cachenode in a temporary directory) --json (the
+results as one JSON object on stdout; the table goes to stderr).
 """
 
 import argparse
 import io
 import json
 import os
-import random
-import resource
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
+import numpy as np
+
+from .common import cpu_model, free_port, log, own_cpu, proc_cpu
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+ROWS = ("independent", "staging", "hand-off", "prep-fill", "prep-cache")
+SEED = 3
 
 
-# -- the transform ---------------------------------------------------------------
+# -- the prep: F (deterministic) and A (seeded per sample) --------------------------
 
-class JpegCrop:
-    """JPEG decode + RandomResizedCrop(224, scale=(0.08, 1), ratio=(3/4, 4/3))
-    + random horizontal flip, as torchvision does it, with Pillow; returns
-    an HxWx3 uint8 array. Each call appends a byte to ``counter``."""
+class Decode:
+    """F: JPEG bytes -> HxWx3 uint8 array (Pillow). Each call appends a byte
+    to ``counter``, so that calls are counted across processes."""
 
-    def __init__(self, counter, size=224):
-        self.counter, self.size = counter, size
+    def __init__(self, counter):
+        self.counter = counter
 
     def __call__(self, data):
-        import math
-
-        import numpy as np
         from PIL import Image
 
         fd = os.open(self.counter, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         os.write(fd, b"x")
         os.close(fd)
-        img = Image.open(io.BytesIO(data)).convert("RGB")
-        w, h = img.size
-        area = w * h
-        box = (0, 0, w, h)
-        for _ in range(10):
-            target = area * random.uniform(0.08, 1.0)
-            ratio = math.exp(random.uniform(math.log(3 / 4), math.log(4 / 3)))
-            cw, ch = int(round(math.sqrt(target * ratio))), int(round(math.sqrt(target / ratio)))
-            if 0 < cw <= w and 0 < ch <= h:
-                x, y = random.randint(0, w - cw), random.randint(0, h - ch)
-                box = (x, y, x + cw, y + ch)
-                break
-        img = img.resize((self.size, self.size), Image.BILINEAR, box=box)
-        if random.random() < 0.5:
-            img = img.transpose(Image.FLIP_LEFT_RIGHT)
-        return np.array(img)  # writable (torch warns on read-only arrays)
+        return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
 
 
-def make_jpegs(root, n, side, seed=1):
-    """n JPEGs of side x side: smooth colour fields with noise, ~quality 90."""
-    import numpy as np
+class CropFlip:
+    """A: a random ``size`` x ``size`` crop and a random horizontal flip of
+    each sample of a (B, H, W, C) batch, drawn from (seed, epoch, index)
+    (``stallfree.seeded.uniform``, for the batch at once); returns a new
+    (B, size, size, C) array."""
+
+    def __init__(self, size):
+        self.size = size
+
+    def __call__(self, x, indices, epoch=0, seed=0):
+        from ..seeded import uniform
+
+        x = np.asarray(x)
+        b, h, w = x.shape[:3]
+        s = min(self.size, h, w)
+        out = np.empty((b, s, s) + x.shape[3:], dtype=x.dtype)
+        u = uniform(seed, epoch, indices, 0, 3)
+        tops, lefts = (u[:, 0] * (h - s + 1)).astype(int), (u[:, 1] * (w - s + 1)).astype(int)
+        pixel = np.dtype((np.void, x.dtype.itemsize * int(np.prod(x.shape[3:], dtype=np.int64))))
+        for k in range(b):
+            crop = x[k, tops[k]:tops[k] + s, lefts[k]:lefts[k] + s]
+            if u[k, 2] < 0.5:  # mirrored: pixels copied whole, in reverse order
+                np.copyto(out[k].view(pixel).reshape(s, s), crop.view(pixel).reshape(s, s)[:, ::-1])
+            else:
+                out[k] = crop
+        return out
+
+
+class Premade:
+    """Stands in for a CoordinatedLoader's preparation in the hand-off row:
+    the same pre-made batch of decoded images, encoded anew each time."""
+
+    def __init__(self, batch):
+        self.batch = batch
+        self.alloc = None  # set by the loader, as on its own preparation: reused buffers
+
+    def __call__(self, epoch, b, indices):
+        from ..coordinated import encode_batch
+
+        return encode_batch(self.batch[:len(indices)], self.alloc), 0
+
+
+def make_jpegs(root, n, width, height, seed=1):
+    """n photo-like JPEGs of width x height (gradients, texture, noise; ~q90)."""
     from PIL import Image
 
     os.makedirs(root, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    yy, xx = np.mgrid[0:side, 0:side].astype(np.float32) / side
+    yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
     for i in range(n):
-        a, b, c = rng.random(3)
-        base = np.stack([np.sin(6 * (a * xx + b * yy) + c), np.cos(5 * (b * xx - a * yy)), (xx + yy) / 2], -1)
-        img = ((base * 0.5 + 0.5) * 200 + rng.normal(0, 12, (side, side, 3))).clip(0, 255).astype(np.uint8)
-        Image.fromarray(img).save(os.path.join(root, f"img{i:05d}.jpg"), quality=90)
+        rng = np.random.default_rng(seed * 100_003 + i)
+        base = np.stack([xx * 255 / width, yy * 255 / height, (xx + yy) * 255 / (width + height)], -1)
+        base += 60 * np.sin(xx / (7 + i % 13) + yy / (11 + i % 7))[..., None]
+        img = np.clip(base + rng.normal(0, 30, base.shape), 0, 255).astype(np.uint8)
+        Image.fromarray(img).save(os.path.join(root, f"img{i:05d}.jpg"), "JPEG", quality=90)
 
 
-# -- one job (a process of its own) ----------------------------------------------
-
-def cpu_seconds():
-    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
-
+# -- one job (a process of its own) ---------------------------------------------------
 
 def run_job(a):
-    import torch.utils.data  # noqa: F401 - loaded before the start signal, in both modes
+    from ..client import Client
+    from ..coordinated import CoordinatedLoader, epoch_order
 
-    from stallfree.torch import CachedDataset, CoordinatedLoader
-
-    transform = JpegCrop(a.counter)
-    if a.mode == "independent":
-        ds = CachedDataset(a.url, a.dataset, transform=transform)
-        g = torch.Generator()
-        g.manual_seed(a.job)
-        loader = torch.utils.data.DataLoader(ds, batch_size=a.batch, shuffle=True, num_workers=a.workers, generator=g)
-    else:
-        loader = CoordinatedLoader(a.url, a.group_name, a.job, a.dataset, transform, a.batch, a.workers,
-                                   jobs=a.jobs, seed=3, window=a.window)
+    f, aug = Decode(a.counter), CropFlip(a.crop)
+    loader = None
+    client = Client(a.url)
+    n = client.dataset(a.dataset)["items"]
+    if a.mode == "staging":
+        loader = CoordinatedLoader(a.url, a.group_name, a.job, a.dataset, f, a.batch, 0, jobs=a.jobs, seed=SEED,
+                                   window=a.window, augment=aug)
+    elif a.mode == "hand-off":
+        loader = CoordinatedLoader(a.url, a.group_name, a.job, a.dataset, None, a.batch, 0, jobs=a.jobs, seed=SEED,
+                                   window=a.window)
+        # The batch's arrays: decoded images of the dataset's size, made
+        # before the start (item 0 decoded, repeated).
+        one = Decode(os.devnull)(client.batch(a.dataset, [0])[0][1])
+        loader._prep = Premade(np.stack([one] * a.batch))
+    elif a.mode in ("prep-fill", "prep-cache"):
+        loader = CoordinatedLoader(a.url, a.group_name, a.job, a.dataset, None, a.batch, 0, jobs=a.jobs, seed=SEED,
+                                   window=a.window, cache_stage=(a.stage, f), augment=aug)
     print("ready", flush=True)
     sys.stdin.readline()  # the common start
-    t0, c0 = time.monotonic(), cpu_seconds()
-    samples = 0
+    t0, c0 = time.monotonic(), own_cpu()
+    samples, routes = 0, set()
     for epoch in range(a.epochs):
-        if hasattr(loader, "set_epoch"):
-            loader.set_epoch(epoch)
+        if loader is None:  # independent: this job's own order, its own prep
+            order = epoch_order(SEED * 1000 + a.job, epoch, n)
+            for s in range(0, n, a.batch):
+                idx = order[s:s + a.batch]
+                x = np.stack([f(d) for _, d in client.batch(a.dataset, idx)])
+                samples += len(aug(x, idx, epoch=epoch, seed=SEED))
+            continue
+        loader.set_epoch(epoch)
         for batch in loader:
             samples += len(batch)
-    if hasattr(loader, "close"):
-        loader.close()  # reaps the workers, so their CPU is counted
-    del loader
-    print(json.dumps({"job": a.job, "seconds": time.monotonic() - t0, "cpu": cpu_seconds() - c0, "samples": samples,
-                      "alone": False}), flush=True)
+        routes.add(loader.route)
+    seconds, cpu = time.monotonic() - t0, own_cpu() - c0
+    if loader is not None:
+        loader.close()
+    print(json.dumps({"job": a.job, "seconds": seconds, "cpu": cpu, "samples": samples, "routes": sorted(routes),
+                      "alone": bool(loader and loader.alone)}), flush=True)
 
 
-# -- the driver --------------------------------------------------------------------
+# -- the driver ------------------------------------------------------------------------
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def proc_cpu(pid):
-    """User+system seconds of a process, from /proc (0 when unknown)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
-def run_mode(a, mode, jobs, tmp, node_pid):
+def run_row(a, mode, jobs, tmp, node_pid, stage, epochs):
     counter = os.path.join(tmp, f"{mode}-{jobs}.calls")
-    group = f"bench-{jobs}-{os.getpid()}-{int(time.time())}"
+    group = f"bench-{mode}-{jobs}-{os.getpid()}-{int(time.time() * 1000)}"
     procs = []
     for j in range(jobs):
         args = [sys.executable, "-m", "stallfree.bench.group", "--worker", "--mode", mode, "--url", a.url,
-                "--dataset", a.dataset, "--counter", counter, "--job", str(j), "--jobs", str(jobs), "--batch", str(a.batch),
-                "--workers", str(a.workers), "--epochs", str(a.epochs), "--window", str(a.window), "--group-name", group]
+                "--dataset", a.dataset, "--counter", counter, "--job", str(j), "--jobs", str(jobs), "--batch",
+                str(a.batch), "--epochs", str(epochs), "--window", str(a.window), "--group-name", group,
+                "--stage", stage, "--crop", str(a.crop)]
         procs.append(subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                       cwd=os.path.join(ROOT, "python")))
     try:
         for p in procs:
             if p.stdout.readline().strip() != "ready":
                 raise RuntimeError(f"a {mode} job did not start")
-        n0 = proc_cpu(node_pid)
+        # The node's idle CPU (timers), taken off its figure below.
+        i0, t0 = proc_cpu(node_pid), time.monotonic()
+        time.sleep(1.0)
+        idle = (proc_cpu(node_pid) - i0) / (time.monotonic() - t0)
+        load = os.getloadavg()[0]
+        n0, w0 = proc_cpu(node_pid), time.monotonic()
         for p in procs:
             p.stdin.write("go\n")
             p.stdin.flush()
         res = [json.loads(p.stdout.readline()) for p in procs]
-        node_cpu = proc_cpu(node_pid) - n0
+        wall = time.monotonic() - w0
+        node_cpu = max(proc_cpu(node_pid) - n0 - idle * wall, 0.0)
         for p in procs:
             p.wait(timeout=60)
     finally:
@@ -177,23 +217,27 @@ def run_mode(a, mode, jobs, tmp, node_pid):
                 p.kill()
     calls = os.path.getsize(counter) if os.path.exists(counter) else 0
     samples = sum(r["samples"] for r in res)
-    wall = max(r["seconds"] for r in res)
-    cpu = sum(r["cpu"] for r in res) + node_cpu
-    return {"mode": mode, "jobs": jobs, "calls_per_epoch": calls / a.epochs, "samples": samples, "seconds": wall,
-            "samples_per_s": samples / wall, "cpu_ms_per_sample": 1000 * cpu / samples, "node_cpu_s": node_cpu}
+    slowest = max(r["seconds"] for r in res)
+    jobs_cpu = sum(r["cpu"] for r in res)
+    return {"row": mode, "jobs": jobs, "epochs": epochs, "calls_per_epoch": calls / epochs, "samples": samples,
+            "seconds": slowest, "samples_per_s": samples / slowest,
+            "cpu_ms_per_sample": 1000 * (jobs_cpu + node_cpu) / samples,
+            "jobs_cpu_ms_per_sample": 1000 * jobs_cpu / samples, "node_cpu_ms_per_sample": 1000 * node_cpu / samples,
+            "node_idle_cpu_per_s": idle, "load_before": load,
+            "routes": sorted({x for r in res for x in r["routes"]}), "detached": sum(r["alone"] for r in res)}
 
 
-def start_node(tmp, data):
+def start_node(tmp, data, memory):
     binary = os.environ.get("STALLFREE_BIN", os.path.join(ROOT, "bin", "cachenode"))
     if not os.path.exists(binary):
         sys.exit(f"{binary} not found: run `make build` first, or pass --url")
     http = free_port()
     args = [binary, "--name", "bench", "--http", f"127.0.0.1:{http}", "--peer", f"127.0.0.1:{free_port()}",
             "--gossip", f"127.0.0.1:{free_port()}", "--raft", f"127.0.0.1:{free_port()}", "--data-dir",
-            os.path.join(tmp, "node"), "--memory", "1GiB", "--fast-timers", "--log-level", "warn",
+            os.path.join(tmp, "node"), "--memory", memory, "--fast-timers", "--log-level", "warn",
             "--dataset", f"jpegs={data}"]
-    log = open(os.path.join(tmp, "node.log"), "w")
-    proc = subprocess.Popen(args, stdout=log, stderr=log)
+    log_file = open(os.path.join(tmp, "node.log"), "w")
+    proc = subprocess.Popen(args, stdout=log_file, stderr=log_file)
     return proc, f"http://127.0.0.1:{http}"
 
 
@@ -202,12 +246,16 @@ def main(argv):
     ap.add_argument("--group", default="4,8", help="job counts J, comma-separated")
     ap.add_argument("--items", type=int, default=256)
     ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--epochs", type=int, default=1)
-    ap.add_argument("--workers", type=int, default=1)
-    ap.add_argument("--side", type=int, default=500)
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--width", type=int, default=500)
+    ap.add_argument("--height", type=int, default=375)
+    ap.add_argument("--crop", type=int, default=224)
     ap.add_argument("--window", type=int, default=16)
+    ap.add_argument("--memory", default="3GiB", help="the node's --memory")
     ap.add_argument("--url", default="")
     ap.add_argument("--dataset", default="jpegs")
+    ap.add_argument("--rows", default=",".join(ROWS), help="rows to run, comma-separated")
+    ap.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     # a job process
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
@@ -215,23 +263,28 @@ def main(argv):
     ap.add_argument("--job", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--jobs", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--group-name", help=argparse.SUPPRESS)
+    ap.add_argument("--stage", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.worker:
         return run_job(a)
+    rows = [r for r in a.rows.split(",") if r]
+    for r in rows:
+        if r not in ROWS:
+            sys.exit(f"--rows: unknown row {r!r} (rows: {', '.join(ROWS)})")
 
     sys.path.insert(0, os.path.join(ROOT, "python"))
-    from stallfree import Client
+    from ..client import Client
 
     tmp = tempfile.mkdtemp(prefix="stallfree-bench-group")
     node = None
     try:
         data = os.path.join(tmp, "jpegs")
-        make_jpegs(data, a.items, a.side)
+        make_jpegs(data, a.items, a.width, a.height)
         if a.url:
             Client(a.url).json("PUT", f"/v1/datasets/{a.dataset}", {"source": data})
-            node_pid = 0
+            node_pid = None  # not ours: its CPU is not counted
         else:
-            node, a.url = start_node(tmp, data)
+            node, a.url = start_node(tmp, data, a.memory)
             node_pid = node.pid
         c = Client(a.url)
         deadline = time.time() + 60
@@ -243,23 +296,46 @@ def main(argv):
                 if time.time() > deadline:
                     raise
                 time.sleep(0.1)
-        size = sum(os.path.getsize(os.path.join(data, f)) for f in os.listdir(data))
-        print(f"coordinated prep bench: {a.items} JPEGs of {a.side}x{a.side} ({size / a.items / 1024:.0f} KiB avg), "
-              f"batch {a.batch}, {a.epochs} epoch(s), {a.workers} worker(s) per job, window {a.window}; "
-              f"load before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
-        rows = []
+        for s in range(0, a.items, 64):  # every item in the node's memory before any row
+            c.batch(a.dataset, list(range(s, min(s + 64, a.items))))
+        size = sum(os.path.getsize(os.path.join(data, f)) for f in os.listdir(data)) / a.items
+        head = (f"coordinated prep bench: {a.items} JPEGs of {a.width}x{a.height} ({size / 1024:.0f} KiB avg; decoded "
+                f"{a.width * a.height * 3 / 1024:.0f} KiB), batch {a.batch}, {a.epochs} epoch(s) a row (prep-fill: 1), "
+                f"no worker processes, window {a.window}, crop {a.crop}; {cpu_model()}, {os.cpu_count()} CPUs; "
+                f"load before: {os.getloadavg()[0]:.2f}")
+        log(head)
+        out = {"machine": f"{cpu_model()}, {os.cpu_count()} CPUs", "items": a.items, "width": a.width,
+               "height": a.height, "batch": a.batch, "epochs": a.epochs, "window": a.window, "results": []}
         for jobs in [int(x) for x in str(a.group).split(",") if x]:
-            ind = run_mode(a, "independent", jobs, tmp, node_pid)
-            coo = run_mode(a, "coordinated", jobs, tmp, node_pid)
-            rows += [ind, coo]
-            ratio = coo["samples_per_s"] / ind["samples_per_s"]
-            for r in (ind, coo):
-                print(f"J={jobs:<2} {r['mode']:<12} transform calls/epoch {r['calls_per_epoch']:7.0f} "
-                      f"({r['calls_per_epoch'] / a.items:.2f} N)  aggregate {r['samples_per_s']:7.1f} samples/s  "
-                      f"CPU {r['cpu_ms_per_sample']:6.2f} ms/sample  ({r['seconds']:.1f} s)")
-            print(f"J={jobs:<2} coordinated/independent aggregate {ratio:.2f}x (goal >= {0.8 * jobs:.1f}x); "
-                  f"calls {coo['calls_per_epoch'] / a.items:.2f} N (goal <= 1.10 N); load now {os.getloadavg()[0]:.2f}")
-        print(json.dumps({"results": rows}))
+            stage = f"bench-{jobs}-{os.getpid()}"
+            got = {}
+            for row in rows:
+                if row == "prep-cache" and "prep-fill" not in got:
+                    got["prep-fill"] = run_row(a, "prep-fill", jobs, tmp, node_pid, stage, 1)
+                epochs = 1 if row == "prep-fill" else a.epochs
+                if row not in got:
+                    got[row] = run_row(a, row, jobs, tmp, node_pid, stage, epochs)
+            base = got.get("independent")
+            for row in [r for r in ROWS if r in got]:
+                r = got[row]
+                r["cpu_vs_independent"] = r["cpu_ms_per_sample"] / base["cpu_ms_per_sample"] if base else None
+                r["samples_per_s_vs_independent"] = r["samples_per_s"] / base["samples_per_s"] if base else None
+                out["results"].append(r)
+                ratio = f"{r['cpu_vs_independent']:.2f}x" if base else "-"
+                log(f"J={jobs:<2} {row:<12} F calls/epoch {r['calls_per_epoch']:6.0f} ({r['calls_per_epoch'] / a.items:.2f} N)"
+                    f"  aggregate {r['samples_per_s']:8.1f} samples/s  CPU {r['cpu_ms_per_sample']:6.3f} ms/sample "
+                    f"(jobs {r['jobs_cpu_ms_per_sample']:.3f}, node {r['node_cpu_ms_per_sample']:.3f}) = {ratio} "
+                    f"independent  [{r['seconds']:.1f} s, load {r['load_before']:.2f}, routes {','.join(r['routes']) or '-'}]")
+            goal = {4: 0.35, 8: 0.25}.get(jobs)
+            if base and goal:
+                for row in ("staging", "prep-cache"):
+                    if row in got:
+                        v = got[row]["cpu_vs_independent"]
+                        log(f"J={jobs:<2} goal: {row} CPU per consumed sample <= {goal:.2f}x independent: {v:.2f}x, "
+                            f"{'met' if v <= goal else 'NOT met'}")
+        log(f"load after: {os.getloadavg()[0]:.2f}")
+        if a.json:
+            print(json.dumps(out))
     finally:
         if node is not None:
             node.terminate()

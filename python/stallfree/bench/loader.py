@@ -26,7 +26,6 @@ import platform
 import resource
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,19 +37,9 @@ import numpy as np
 
 from stallfree import Client
 
+from .common import cpu_model, free_port, log, own_cpu, proc_cpu  # noqa: F401 (train.py imports them from here)
+
 GOALS = {"b/a": 1.2, "d/a": 2.0, "c/b": 0.9}
-
-
-def log(*a):
-    print(*a, file=sys.stderr, flush=True)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 # The tensors below view read-only bytes, which nothing writes to.
@@ -230,17 +219,6 @@ def start_nodes(binary, tmp, n, memory, prefix, attempts=3):
             log(f"  {prefix}: {e}; trying again with other ports")
 
 
-def proc_cpu(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def own_cpu():
-    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
-
-
 # -- the rows ---------------------------------------------------------------------
 
 def loaders(args, data, url1, url3):
@@ -306,7 +284,10 @@ def measure(make, nodes, expect):
 
 
 def parse(argv):
-    p = argparse.ArgumentParser(prog="python -m stallfree.bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m stallfree.bench", description=__doc__.split("\n\n")[0],
+                                epilog="other modes (each with its own --help): --prep, --group J, --checkpoint, "
+                                       "--split, --train (a training loop over JPEGs: files, cache, prep cache, "
+                                       "DeviceLoader)")
     p.add_argument("--items", type=int, default=20000)
     p.add_argument("--size", type=int, default=110 * 1024, help="bytes per item")
     p.add_argument("--batch", type=int, default=256)
@@ -592,17 +573,6 @@ def summarize(args, results, seconds):
             "load_average": os.getloadavg(), "seconds": seconds,
             "rows": {k: dict(med[k], description=DESCR[k], runs=results[k]) for k in med},
             "ratios": ratios, "goals": GOALS}
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
 
 
 def table(rep):

@@ -31,6 +31,9 @@ import time
 
 import numpy as np
 
+from .common import proc_cpu
+from .common import write_section as common_write_section
+
 STAGE = "decoded-224-v1"
 
 
@@ -120,14 +123,6 @@ class Files:
             return self.transform(f.read())
 
 
-def node_cpu(pid):
-    if pid is None:
-        return 0.0
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def epoch(dataset, workers, batch, node_pid, whole_batches=False):
     """One shuffled epoch; samples are collated into one tensor per batch in
     the worker, as training does. ``whole_batches`` hands each worker the
@@ -143,11 +138,11 @@ def epoch(dataset, workers, batch, node_pid, whole_batches=False):
     else:
         loader = torch.utils.data.DataLoader(dataset, batch_size=batch, shuffle=True, num_workers=workers)
     r0, c0, n0, t0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN), \
-        node_cpu(node_pid), time.perf_counter()
+        proc_cpu(node_pid), time.perf_counter()
     count = sum(b.shape[0] for b in loader)
     del loader  # workers exit and are reaped: their CPU is in RUSAGE_CHILDREN
     el = time.perf_counter() - t0
-    r1, c1, n1 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN), node_cpu(node_pid)
+    r1, c1, n1 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN), proc_cpu(node_pid)
     cpu = (r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime) + (c1.ru_utime - c0.ru_utime + c1.ru_stime - c0.ru_stime)
     return {"samples": count, "seconds": el, "samples_per_s": count / el, "cpu_s_per_sample": cpu / count,
             "node_cpu_s_per_sample": (n1 - n0) / count}
@@ -159,14 +154,9 @@ def start_node(tmp, data, memory):
 
     binary = os.environ.get("STALLFREE_BIN") or shutil.which("cachenode") or \
         os.path.join(os.path.dirname(__file__), "..", "..", "..", "bin", "cachenode")
-    ports = []
-    import socket
+    from .common import free_port
 
-    for _ in range(4):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        ports.append(s.getsockname()[1])
-        s.close()
+    ports = [free_port() for _ in range(4)]
     log = open(os.path.join(tmp, "node.log"), "w")
     proc = subprocess.Popen([binary, "--name", "prep-bench", "--http", f"127.0.0.1:{ports[0]}", "--peer",
                              f"127.0.0.1:{ports[1]}", "--gossip", f"127.0.0.1:{ports[2]}", "--raft",
@@ -220,7 +210,6 @@ def row_text(n, r):
 
 
 BEGIN, END = "<!-- prep-bench: written by python -m stallfree.bench --prep -->", "<!-- /prep-bench -->"
-KEPT_MARKER = "<!-- kept by make bench: sections of other benchmarks below -->"
 
 
 def markdown(out, argv):
@@ -259,20 +248,8 @@ def markdown(out, argv):
 
 
 def write_section(doc, text):
-    """Replaces this bench's section (between its markers) below the marker
-    make bench keeps (bench/report.go), adding either when missing."""
-    with open(doc) as f:
-        old = f.read()
-    section = f"{BEGIN}\n{text.rstrip()}\n{END}\n"
-    if BEGIN in old and END in old:
-        head, rest = old.split(BEGIN, 1)
-        new = head + section + rest.split(END, 1)[1].lstrip("\n")
-    else:
-        if KEPT_MARKER not in old:
-            old = old.rstrip("\n") + "\n\n" + KEPT_MARKER + "\n"
-        new = old.rstrip("\n") + "\n\n" + section
-    with open(doc, "w") as f:
-        f.write(new)
+    """Replaces this bench's section of doc (common.write_section)."""
+    common_write_section(doc, BEGIN, END, text)
 
 
 def main(argv):

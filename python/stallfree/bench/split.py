@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 
+from .common import free_port
 from ..client import Client
 from ..meter import StallMeter
 
@@ -57,15 +58,6 @@ def cachenode_binary():
     if not found:
         raise SystemExit("cachenode not found: run `make build` or set STALLFREE_BIN")
     return found
-
-
-def free_port():
-    import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 class Node:

@@ -1,13 +1,21 @@
-"""PyTorch integration: a map-style dataset, a locality-aware sampler and a
-stall meter."""
+"""PyTorch integration: a map-style dataset, a locality-aware sampler, a
+stall meter, and the device path (``DeviceLoader``, ``augment``:
+docs/device.md)."""
 
 import torch.utils.data
 
-from .client import Client
-from .batchloader import BatchLoader  # noqa: F401  (stallfree.torch.BatchLoader, docs/api.md)
-from .meter import StallMeter  # noqa: F401 - stallfree.torch.StallMeter (docs/api.md)
-from .coordinated import CoordinatedLoader  # noqa: F401  (stallfree.torch.CoordinatedLoader, docs/api.md)
-from .prep import PrepStage
+from ..client import Client
+from ..batchloader import BatchLoader  # noqa: F401  (stallfree.torch.BatchLoader, docs/api.md)
+from ..meter import StallMeter  # noqa: F401 - stallfree.torch.StallMeter (docs/api.md)
+from ..coordinated import CoordinatedLoader  # noqa: F401  (stallfree.torch.CoordinatedLoader, docs/api.md)
+from ..prep import PrepStage
+from ..labels import Labels
+from .device import DeviceLoader  # noqa: F401  (stallfree.torch.DeviceLoader, docs/device.md)
+
+try:  # stallfree.torch.augment needs torchvision (roi_align); the rest does not
+    from . import augment  # noqa: F401
+except ImportError:
+    pass
 
 
 class CachedDataset(torch.utils.data.Dataset):
@@ -20,23 +28,31 @@ class CachedDataset(torch.utils.data.Dataset):
     sample dict) into a training sample (decode, augment); by default they
     are returned as they are. With ``with_key=True`` an item comes with its
     key, ``(key, bytes)``, and ``transform`` is called as
-    ``transform(key, bytes)`` (labels from class folders, for instance).
+    ``transform(key, bytes)``.
+
+    ``labels="folder"`` (the class folder of the key, numbered in sorted
+    order, worked out once here: ``stallfree.labels``) or ``labels=fn(key)``
+    makes every item ``(x, y)``: x what it would be without labels, y an
+    int. Not together with ``with_key``; ``self.labels.classes`` names the
+    folders.
 
     ``cache_stage=(stage, fn)`` caches ``fn``'s output (deterministic prep,
     e.g. decode + resize, returning a numpy array or torch tensor) in the
     cluster, once per item (``stallfree.prep``); ``transform`` then runs on
-    that output. Not with ``with_key`` (yet).
+    that output (``transform(key, output)`` with ``with_key``).
     """
 
-    def __init__(self, url, dataset, transform=None, token=None, route="local", with_key=False, cache_stage=None):
+    def __init__(self, url, dataset, transform=None, token=None, route="local", with_key=False, cache_stage=None,
+                 labels=None):
         self.url, self.name, self.transform, self.token, self.route = url, dataset, transform, token, route
         self.with_key = with_key
         self._client = None
         info = self.client.dataset(dataset)
         self.tar = bool(info.get("samples"))
         self._len = int(info["samples"] if self.tar else info["items"])
-        if cache_stage and with_key:
-            raise ValueError("cache_stage and with_key together are not supported")
+        if labels is not None and with_key:
+            raise ValueError("labels and with_key exclude each other (a labels function is given the key)")
+        self.labels = Labels(labels, self.client, dataset, self.tar) if labels is not None else None
         self.prep = PrepStage(self.client, dataset, *cache_stage, tar=self.tar) if cache_stage else None
 
     @property
@@ -56,23 +72,58 @@ class CachedDataset(torch.utils.data.Dataset):
     # Items of one batch request (the node's limit is 4096).
     max_batch = 4096
 
+    @property
+    def _keyed(self):
+        """Whether items must be read with their keys."""
+        return (self.with_key and not self.tar) or (self.labels is not None and self.labels.needs_keys)
+
     def __getitem__(self, i):
         if isinstance(i, (list, tuple)):
             return self.__getitems__(i)
+        if self._keyed:
+            return self.__getitems__([int(i)])[0]
         if self.prep is not None:
             data = self.prep.get(self.client, int(i))
-        elif self.with_key and not self.tar:
-            return self._out(self.client.batch(self.name, [int(i)])[0])
         elif self.tar:
             data = self.client.sample(self.name, int(i))
         else:
             data = self.client.index(self.name, int(i))
-        return self.transform(data) if self.transform else data
+        x = self.transform(data) if self.transform else data
+        return (x, int(self.labels.of([int(i)])[0])) if self.labels is not None else x
 
-    def _out(self, key_data):
-        if self.transform:
-            return self.transform(*key_data)
-        return key_data
+    def fetch(self, indices, keys=False):
+        """``(keys, items)`` of the indices before ``transform``: keys is
+        None unless asked for (a tar sample dict carries its own
+        ``__key__``), items are bytes, sample dicts or the prep stage's
+        output. One batch request per ``max_batch`` items."""
+        got_keys, out = ([] if keys else None), []
+        for start in range(0, len(indices), self.max_batch):
+            chunk = [int(i) for i in indices[start:start + self.max_batch]]
+            if self.prep is not None:
+                part = self.prep.get_many(self.client, chunk, keys=keys)
+            elif self.tar:
+                part = self.client.samples(self.name, chunk)
+                part = [(d["__key__"], d) for d in part] if keys else part
+            elif keys:
+                part = self.client.batch(self.name, chunk)
+            else:
+                part = [data for _, data in self.client.batch(self.name, chunk)]
+            if keys:
+                got_keys.extend(k for k, _ in part)
+                out.extend(d for _, d in part)
+            else:
+                out.extend(part)
+        return got_keys, out
+
+    def items(self, indices, keys=False):
+        """``(keys, samples)``: the samples after ``transform`` (without
+        labels); keys when asked for or when labels or ``with_key`` need
+        them, else None."""
+        keys, data = self.fetch(indices, keys=keys or self._keyed)
+        if self.with_key and not self.tar:
+            pairs = zip(keys, data)
+            return keys, [self.transform(k, d) for k, d in pairs] if self.transform else list(pairs)
+        return keys, [self.transform(d) for d in data] if self.transform else data
 
     def __getitems__(self, indices):
         """Several samples with one request per ``max_batch`` items instead
@@ -80,20 +131,10 @@ class CachedDataset(torch.utils.data.Dataset):
         single GETs (BENCHMARKS.md). torch >= 2.0 DataLoaders call this with
         each minibatch; on older torch, pass ``sampler=BatchSampler(...)`` and
         ``batch_size=None`` so that ``__getitem__`` receives the list."""
-        out = []
-        for start in range(0, len(indices), self.max_batch):
-            chunk = [int(i) for i in indices[start:start + self.max_batch]]
-            if self.prep is not None:
-                out.extend(self.prep.get_many(self.client, chunk))
-            elif self.tar:
-                out.extend(self.client.samples(self.name, chunk))
-            elif self.with_key:
-                out.extend(self._out(kd) for kd in self.client.batch(self.name, chunk))
-            else:
-                out.extend(data for _, data in self.client.batch(self.name, chunk))
-        if self.with_key and not self.tar:
-            return out
-        return [self.transform(d) for d in out] if self.transform else out
+        keys, xs = self.items(indices)
+        if self.labels is None:
+            return xs
+        return list(zip(xs, self.labels.of(indices, keys).tolist()))
 
 
 class LocalitySampler(torch.utils.data.Sampler):

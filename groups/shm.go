@@ -1,0 +1,102 @@
+package groups
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"stallfree/shmdir"
+)
+
+// Staged batches in shared memory (Config.ShmDir, a tmpfs such as /dev/shm):
+// each batch is one file, written once. The jobs on this host map it
+// read-only (GET …?map=1 over the node's Unix socket answers its path), so
+// a batch is in memory once per host however many jobs read it, and no
+// bytes cross a socket. A reader opens the file as soon as it has the path;
+// a dropped batch's file stays for Linger before it is removed, so that a
+// reader told the path always finds it. Once removed, its pages go back to
+// the system when the last reader unmaps them, or exits: a killed job leaks
+// nothing.
+
+// Staged is a staged batch as a reader gets it: its bytes, or the file in
+// shared memory holding them.
+type Staged struct {
+	Data []byte
+	Path string
+	Size int64
+}
+
+// Bytes are the batch's bytes (read from its file when it has one).
+func (s Staged) Bytes() ([]byte, error) {
+	if s.Path == "" {
+		return s.Data, nil
+	}
+	return os.ReadFile(s.Path)
+}
+
+// DefaultLinger is how long a dropped batch's file stays.
+const DefaultLinger = 30 * time.Second
+
+// shmPrefix names this node's files, so that a restarted node removes what
+// it left behind (and nothing of another node's).
+func (s *Service) shmPrefix() string {
+	return "stallfree-" + s.host.Name() + "-" + s.cfg.ShmTag + "-"
+}
+
+// writeShm writes a batch to a new file of its own, readable by this user
+// only.
+func (s *Service) writeShm(group string, pos uint64, data []byte) (string, error) {
+	f, err := shmdir.Create(s.cfg.ShmDir, fmt.Sprintf("%s%s-%d-", s.shmPrefix(), group, pos))
+	if err != nil {
+		return "", err
+	}
+	_, err = f.Write(data)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(f.Name())
+		return "", err
+	}
+	return f.Name(), nil
+}
+
+type lingering struct {
+	path string
+	held io.Closer // a handed-over file: closed instead of removed
+	at   time.Time
+}
+
+// retire schedules a dropped batch's file for removal. Caller holds s.mu.
+func (s *Service) retire(b *batch) {
+	if b.path != "" {
+		s.linger = append(s.linger, lingering{path: b.path, held: b.held, at: time.Now().Add(s.cfg.Linger)})
+	}
+}
+
+// removeDue removes the files whose time is up (all of them when now is
+// zero). Caller holds s.mu.
+func (s *Service) removeDue(now time.Time) {
+	keep := s.linger[:0]
+	for _, l := range s.linger {
+		if now.IsZero() || !now.Before(l.at) {
+			if l.held != nil {
+				l.held.Close()
+			} else {
+				os.Remove(l.path)
+			}
+			continue
+		}
+		keep = append(keep, l)
+	}
+	s.linger = keep
+}
+
+// removeStaleShm removes the files a previous run of this node left (it
+// died without removing them).
+func (s *Service) removeStaleShm() {
+	if n := shmdir.RemoveStale(s.cfg.ShmDir, s.shmPrefix()); n > 0 {
+		s.cfg.Logger.Info("removed staged batches a previous run left in shared memory", "files", n, "dir", s.cfg.ShmDir)
+	}
+}

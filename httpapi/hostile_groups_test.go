@@ -1,0 +1,63 @@
+package httpapi
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"stallfree/groups"
+	"stallfree/node"
+)
+
+// Waiting group reads are bounded per node: past MaxGroupWaits a read that
+// would wait is answered 503 with Retry-After at once, and the slots come
+// back as the waits end.
+func TestWaitingGroupReadsAreBounded(t *testing.T) {
+	dir, files := writeDataset(t, 8, 10)
+	h := startOn(t, dir, files, 1<<20, "lru", "", func(s *Server, n *node.Node) {
+		s.MaxGroupWaits = 2
+		g := groups.New(n.GroupHost(), groups.Config{Timeout: time.Hour, MaxBatchBytes: 1 << 20, Relay: n.Control().Relay()})
+		t.Cleanup(g.Close)
+		s.EnableGroups(g)
+	})
+	if r := h.do("PUT", "/v1/groups/g", []byte(`{"dataset":"ds","seed":1,"batch_size":1,"jobs":3}`)); r.status != 201 {
+		t.Fatalf("group: %d %s", r.status, r.body)
+	}
+	// Batch 0 is job 0's to make: jobs 1 and 2 wait for it.
+	done := make(chan reply, 2)
+	for _, job := range []string{"1", "2"} {
+		go func() { done <- h.do("GET", "/v1/groups/g/epochs/0/batches/0?wait=20s&job="+job, nil) }()
+	}
+	// Both are waiting once the group has seen them (a read takes its slot
+	// first).
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var info struct {
+			Jobs []struct {
+				Seen bool `json:"seen"`
+			} `json:"jobs"`
+		}
+		json.Unmarshal(h.do("GET", "/v1/groups/g", nil).body, &info)
+		if len(info.Jobs) == 3 && info.Jobs[1].Seen && info.Jobs[2].Seen {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the two reads never waited: %+v", info)
+		}
+	}
+	third := h.do("GET", "/v1/groups/g/epochs/0/batches/1?wait=20s&job=2", nil)
+	if third.status != 503 || third.header.Get("Retry-After") == "" {
+		t.Fatalf("a third waiting read with two waiting: %d %s (Retry-After %q)", third.status, third.body, third.header.Get("Retry-After"))
+	}
+	if r := h.do("PUT", "/v1/groups/g/epochs/0/batches/0?job=0", []byte("batch zero")); r.status != 201 {
+		t.Fatalf("staging batch 0: %d %s", r.status, r.body)
+	}
+	for range 2 {
+		if r := <-done; r.status != 200 || string(r.body) != "batch zero" {
+			t.Fatalf("a waiting read: %d %s", r.status, r.body)
+		}
+	}
+	if r := h.do("GET", "/v1/groups/g/epochs/0/batches/1?wait=1ms&job=2", nil); r.status != 404 {
+		t.Fatalf("a waiting read once the slots are back: %d %s", r.status, r.body)
+	}
+}

@@ -1,0 +1,189 @@
+package httpapi
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"stallfree/api"
+	"stallfree/clusterauth"
+	"stallfree/node"
+	"stallfree/relay"
+)
+
+// Hostile callers of the routes in general (docs/api.md, "Rules every route
+// keeps"). The checkpoint, group and loader routes have their own files.
+
+// A request without the token is answered 401 before its body is read
+// (fasthttp reads the first 8 KiB with the headers): the node answers while
+// the sender still has 64 MiB to send, whatever
+// the route (a group batch, a derived item, a batch request, a part, one no
+// route serves), and closes the connection after a small drain.
+func TestUnauthorizedBodiesAreNotRead(t *testing.T) {
+	h := start(t, 4, 100, 1<<20, "lru", "tok")
+	if r := h.do("PUT", "/v1/datasets/dec", []byte(`{"derived_from":"ds","stage":"s"}`)); r.status != 201 {
+		t.Fatalf("derive: %d %s", r.status, r.body)
+	}
+	for _, c := range []struct{ method, path, auth string }{
+		{"PUT", "/v1/groups/g/epochs/0/batches/0", ""},
+		{"PUT", "/v1/datasets/dec/index/0", "Bearer wrong"},
+		{"POST", "/v1/datasets/ds/batch", ""},
+		{"PUT", "/v1/checkpoints/c/steps/1/parts/0", "Bearer wrong"},
+		{"PUT", "/v1/no/such/route", ""},
+		{"POST", "/not-v1-at-all", ""},
+	} {
+		t.Run(c.method+c.path, func(t *testing.T) {
+			conn, err := net.Dial("tcp", strings.TrimPrefix(h.base, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			auth := ""
+			if c.auth != "" {
+				auth = "Authorization: " + c.auth + "\r\n"
+			}
+			const promised = 64 << 20
+			fmt.Fprintf(conn, "%s %s HTTP/1.1\r\nHost: x\r\n%sContent-Type: multipart/form-data; boundary=b\r\nContent-Length: %d\r\n\r\n",
+				c.method, c.path, auth, promised)
+			conn.Write(bytes.Repeat([]byte("x"), 16<<10)) // and nothing more
+			conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+			br := bufio.NewReader(conn)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("no answer while the body was unsent (so the node waits for it): %v", err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			if resp.StatusCode != 401 || resp.Header.Get("WWW-Authenticate") != "Bearer" {
+				t.Fatalf("status %d, WWW-Authenticate %q; want 401 Bearer", resp.StatusCode, resp.Header.Get("WWW-Authenticate"))
+			}
+			if rest, err := io.ReadAll(br); err != nil || len(rest) > 0 || !resp.Close {
+				t.Fatalf("the connection stayed open after a refusal (%v, then %q): the rest of the body would be read", err, rest)
+			}
+		})
+	}
+}
+
+// Without the token every path answers alike, so statuses do not map the
+// routes; with it, an unknown route is a 404. The probes stay open.
+func TestUnauthorizedPathsAnswerAlike(t *testing.T) {
+	h := start(t, 2, 10, 1<<20, "lru", "tok")
+	for _, path := range []string{"/v1/datasets", "/v1/no/such/route", "/v1/internal/checkpoints/c/steps/1", "/v2/anything", "/favicon.ico"} {
+		for _, method := range []string{"GET", "DELETE"} {
+			if r := h.do(method, path, nil, "Authorization", "Bearer nope"); r.status != 401 || string(r.body) != `{"error":"missing or wrong bearer token"}` {
+				t.Errorf("%s %s without the token: %d %s", method, path, r.status, r.body)
+			}
+		}
+	}
+	if r := h.do("GET", "/v1/no/such/route", nil); r.status != 404 {
+		t.Errorf("an unknown route with the token: %d %s", r.status, r.body)
+	}
+	for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
+		if r := h.do("GET", path, nil, "Authorization", "Bearer nope"); r.status != 200 {
+			t.Errorf("%s without the token: %d", path, r.status)
+		}
+	}
+}
+
+// A streamed body is bounded by progress, not by its total time: one that
+// keeps arriving in small pieces for several idle timeouts is stored whole,
+// and one that stops for longer than the idle timeout is cut off and stores
+// nothing.
+func TestIdleTimeoutIsOnProgress(t *testing.T) {
+	const idle = 300 * time.Millisecond
+	dir, files := writeDataset(t, 4, 100)
+	h := startOn(t, dir, files, 64<<20, "minio", "tok", func(s *Server, _ *node.Node) { s.IdleTimeout = idle })
+	if r := h.do("PUT", "/v1/datasets/dec", []byte(`{"derived_from":"ds","stage":"s"}`)); r.status != 201 {
+		t.Fatalf("derive: %d %s", r.status, r.body)
+	}
+	// fasthttp reads a body's first 8 KiB with the headers, under the
+	// headers' timeout; the rest is what the idle timeout is about.
+	const head = 10 << 10
+	body := bytes.Repeat([]byte("0123456789"), 2000)
+	slowPut := func(index int, pause func(piece int) time.Duration) (int, error) {
+		pr, pw := io.Pipe()
+		written := make(chan struct{})
+		defer func() { pr.Close(); <-written }() // the writer ends before the test does
+		go func() {
+			defer close(written)
+			pw.Write(body[:head])
+			for i := range 10 {
+				time.Sleep(pause(i))
+				if _, err := pw.Write(body[head+i*(len(body)-head)/10 : head+(i+1)*(len(body)-head)/10]); err != nil {
+					return
+				}
+			}
+			pw.Close()
+		}()
+		req, _ := http.NewRequest("PUT", fmt.Sprintf("%s/v1/datasets/dec/index/%d", h.base, index), pr)
+		req.ContentLength = int64(len(body))
+		req.Header.Set("Authorization", "Bearer tok")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+	// 10 pieces 100 ms apart: over 3 idle timeouts in all, never one idle.
+	if code, err := slowPut(0, func(int) time.Duration { return idle / 3 }); err != nil || code != 201 {
+		t.Fatalf("a slow but steady body: %d %v", code, err)
+	}
+	if r := h.do("GET", "/v1/datasets/dec/index/0", nil); r.status != 200 || !bytes.Equal(r.body, body) {
+		t.Fatalf("the slow body read back: %d, %d bytes", r.status, len(r.body))
+	}
+	// One pause of 3 idle timeouts halfway.
+	code, err := slowPut(1, func(i int) time.Duration {
+		if i == 5 {
+			return 3 * idle
+		}
+		return 0
+	})
+	if err == nil && code < 400 {
+		t.Fatalf("a body silent for 3 idle timeouts was accepted: %d", code)
+	}
+	if r := h.do("GET", "/v1/datasets/dec/index/1", nil); r.status != 404 {
+		t.Fatalf("the cut-off body left an item: %d %s", r.status, r.body)
+	}
+}
+
+// The internal routes act on a node's own copies: the token, which clients
+// hold too, is not enough; a member's proof made with the cluster key is.
+func TestInternalRoutesWantAMemberProof(t *testing.T) {
+	h := start(t, 2, 10, 1<<20, "lru", "tok")
+	path := "/v1/internal/checkpoints/c/steps/1/parts/0/copy?to=169.254.169.254:80"
+	if r := h.do("POST", path, nil); r.status != 403 {
+		t.Fatalf("an internal route with the token only: %d %s", r.status, r.body)
+	}
+	key := h.node.MemberKey()
+	if len(key) == 0 {
+		t.Fatal("a node with a cluster key has no member key")
+	}
+	stale := clusterauth.SignRequest(key, "POST", path, "t2", time.Now().Add(-clusterauth.RequestSkew-time.Minute))
+	if r := h.do("POST", path, nil, api.HeaderForwarded, "t2", clusterauth.HeaderMember, stale); r.status != 403 {
+		t.Fatalf("a stale proof: %d %s", r.status, r.body)
+	}
+	other := clusterauth.SignRequest(key, "POST", "/v1/internal/checkpoints/c/steps/1", "t2", time.Now())
+	if r := h.do("POST", path, nil, api.HeaderForwarded, "t2", clusterauth.HeaderMember, other); r.status != 403 {
+		t.Fatalf("a proof for another path: %d %s", r.status, r.body)
+	}
+	// A live member's own client gets past the check (to a node serving no
+	// checkpoints: 404); a right proof from a name gossip does not see alive
+	// (a node that left still has the key) does not.
+	for from, want := range map[string]int{"t1": 404, "t2": 403} {
+		resp, err := relay.New(from, "tok", relay.MemberKey(key)).Do(context.Background(), "POST", strings.TrimPrefix(h.base, "http://"), path, nil, 0, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Fatalf("a request signed by %s: %d, want %d", from, resp.StatusCode, want)
+		}
+	}
+}

@@ -1,0 +1,213 @@
+"""Copying a batch's items from the item cache of the node on this host,
+mapped read-only, instead of receiving them through a socket (docs/device.md,
+"Items from the node's memory").
+
+The node answers ``POST /v1/datasets/{name}/batch?map=1`` over its Unix
+socket with where each item lies in its arena (a memfd) and the sum of the
+generations of the item's pages. The loader copies each item into its row of
+the batch buffer (one copy of each byte, none by the kernel), then sums the
+generations again: the node bumps a page's generation whenever an item on it
+is freed, before its bytes can be reused, so an equal sum means the copied
+bytes are the item's. An item whose sum moved, or that is not resident on this
+node, is read through a plain batch request. The check relies on x86-64's
+memory ordering (loads are not reordered with older loads), so this path is
+taken only there.
+"""
+
+import json
+import mmap
+import os
+import platform
+import threading
+
+import msgpack
+import numpy as np
+
+from .client import StallfreeError, _socket_path, _UnixHTTPConnection
+from .prep import MAGIC, _HEAD
+
+#: Machines whose memory ordering the generation check relies on.
+_ORDERED = {"x86_64", "AMD64", "i686", "i386"}
+
+
+def map_readonly(path, size=None):
+    """A file of the node's (its item arena, a checkpoint part), mapped
+    read-only and shared: ``size`` bytes, or the whole file. OSError when it
+    cannot be opened or mapped, ValueError when it is not ``size`` bytes."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        have = os.fstat(fd).st_size
+        if size is not None and have != size:
+            raise ValueError(f"{path}: {have} bytes, not {size}")
+        return mmap.mmap(fd, have if size is None else size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+    finally:
+        os.close(fd)  # the mapping stays
+
+
+class _Mapping:
+    """The arena and generations of one node process, mapped read-only."""
+
+    def __init__(self, arena, gens, size):
+        self.ident = (_ident(arena), _ident(gens))
+        self.arena = map_readonly(arena)
+        if len(self.arena) < size:
+            raise OSError(f"{arena}: {len(self.arena)} bytes, not {size}")
+        self.gens_map = map_readonly(gens)
+        self.view = memoryview(self.arena)
+        self.gens = np.frombuffer(self.gens_map, dtype="<u4")
+
+    def gen_sum(self, off, size, page):
+        if size == 0:
+            return 0
+        return int(self.gens[off // page:(off + size - 1) // page + 1].sum(dtype=np.uint64))
+
+
+def _ident(path):
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
+class ItemMapper:
+    """Reads batches from the mapped item cache of the node ``client`` talks
+    to first, when it is on this host (its Unix socket). ``read`` returns the
+    positions it could not place; ``None`` from ``for_client`` means there
+    is no such node (or this machine is not one the check holds on)."""
+
+    def __init__(self, client, sock):
+        self.client, self.sock = client, sock
+        self._local, self._pid = threading.local(), os.getpid()
+        self._lock = threading.Lock()
+        self._map = None
+        self.copied = self.fallbacks = 0  # items copied from the mapping; items read otherwise
+
+    @classmethod
+    def for_client(cls, client):
+        if platform.machine() not in _ORDERED or not client.urls:
+            return None
+        base = client.urls[0]
+        sock = _socket_path(base) or client._socket_of(base)
+        return cls(client, sock) if sock else None
+
+    def _conn(self):
+        if self._pid != os.getpid():  # forked: the parent's connections are not ours
+            self._local, self._pid = threading.local(), os.getpid()
+        c = getattr(self._local, "conn", None)
+        if c is None:
+            c = self._local.conn = _UnixHTTPConnection(self.sock, self.client.timeout)
+        return c
+
+    def _locate(self, name, indices):
+        """The node's answer, or None when it has nothing to map (204)."""
+        h = {"Content-Type": "application/json"}
+        if self.client.token:
+            h["Authorization"] = "Bearer " + self.client.token
+        body = json.dumps({"indices": [int(i) for i in indices]})
+        c = self._conn()
+        try:
+            c.request("POST", f"/v1/datasets/{self.client._q(name)}/batch?map=1", body=body, headers=h)
+            r = c.getresponse()
+            data = r.read()
+        except OSError:
+            c.close()
+            raise
+        if r.status == 204:
+            return None
+        if r.status != 200:
+            raise StallfreeError(r.status, data.decode(errors="replace"))
+        return msgpack.unpackb(data, raw=False)
+
+    def _mapping(self, ans):
+        with self._lock:
+            m = self._map
+            try:
+                if m is None or m.ident != (_ident(ans["arena"]), _ident(ans["gens"])):
+                    m = self._map = _Mapping(ans["arena"], ans["gens"], ans["size"])
+            except OSError:
+                return None  # not ours to open (another user's node, another container)
+            return m
+
+    def read(self, name, indices, rows, keys, prep):
+        """Copies the items of ``indices`` resident on the node into their
+        rows of ``rows`` (a ``_Rows``), their keys into ``keys`` when given;
+        returns the positions left to read otherwise, or None when nothing
+        can be mapped."""
+        ans = self._locate(name, indices)
+        if ans is None:
+            return None
+        m = self._mapping(ans)
+        if m is None:
+            return None
+        page, view = ans["page"], m.view
+        left, placed = [], []
+        for p, it in enumerate(ans["items"]):
+            if it is None:
+                left.append(p)
+                continue
+            off, size, gens, key = it
+            try:
+                _place(rows, p, view, off, size, prep, lambda: m.gen_sum(off, size, page) == gens)
+            except ValueError:
+                if m.gen_sum(off, size, page) == gens:
+                    raise  # the item's own bytes: a real error
+                left.append(p)  # reused while read: garbage, read it again
+                continue
+            placed.append((p, off, size, gens, key))
+        for p, off, size, gens, key in placed:
+            if m.gen_sum(off, size, page) != gens:
+                left.append(p)
+            elif keys is not None:
+                keys[p] = key
+        self.copied += len(indices) - len(left)
+        self.fallbacks += len(left)
+        return sorted(left)
+
+
+def _place(rows, p, view, off, size, prep, stable):
+    """Copies the item at view[off:off+size] into row p of rows; a prep
+    header that would set the batch's layout is taken only once ``stable()``
+    says the bytes read so far were the item's."""
+    if not prep:
+        if rows.mem is None:
+            rows.setup(None, np.uint8, (size,))
+        if size != rows.nbytes:
+            raise ValueError(f"DeviceLoader: raw items differ in size ({size} and {rows.nbytes} bytes); "
+                             "use a prep stage (cache_stage) or decode='jpeg'")
+        rows.row(p)[:] = view[off:off + size]
+        return
+    if size < _HEAD.size:
+        raise ValueError("prep cache: not an encoded array (too short)")
+    magic, hlen = _HEAD.unpack(view[off:off + _HEAD.size])
+    if magic != MAGIC or _HEAD.size + hlen > size:
+        raise ValueError("prep cache: not an encoded array (wrong magic or header length)")
+    head = bytes(view[off + _HEAD.size:off + _HEAD.size + hlen])
+    if head != rows.head:
+        if not stable():
+            raise ValueError("prep cache: the item moved while its header was read")
+        rows.layout(head)
+    start = off + _HEAD.size + hlen
+    if off + size - start != rows.nbytes:
+        raise ValueError("prep cache: an item's bytes do not match its header")
+    rows.row(p)[:] = view[start:off + size]
+
+
+def read_batch(client, mapper, name, indices, rows, keys, prep):
+    """Fills ``rows`` with the items of ``indices`` of dataset ``name``: those
+    ``mapper`` (an ItemMapper, or None) copies from the node's memory, the
+    rest through ``client``'s batch request (a StallfreeError such as 404
+    "not written" propagates). Returns the mapper to use for the next batch:
+    None once the node has nothing to map."""
+    todo = None  # positions of indices still to read
+    if mapper is not None:
+        try:
+            todo = mapper.read(name, indices, rows, keys, prep)
+        except OSError:
+            todo = None  # the socket is an optimisation
+        if todo is None:
+            mapper = None
+        elif not todo:
+            return mapper
+    if todo is None:
+        client.batch_into(name, indices, lambda r, pos: rows.read(r, pos, keys))
+    else:
+        client.batch_into(name, [indices[p] for p in todo], lambda r, pos: rows.read(r, [todo[q] for q in pos], keys))
+    return mapper

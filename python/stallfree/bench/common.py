@@ -1,0 +1,107 @@
+"""What every ``python -m stallfree.bench`` mode needs: free ports, waiting
+for a condition, CPU seconds of a process, the machine's description, and
+rewriting one marked section of BENCHMARKS.md. One module, tested
+(``test_bench_common``), instead of a copy in each bench."""
+
+import os
+import platform
+import resource
+import socket
+import sys
+import time
+
+#: make bench (bench/report.go) keeps what is below this marker of
+#: BENCHMARKS.md when it rewrites the file; the Python benches' sections live there.
+KEPT_MARKER = "<!-- kept by make bench: sections of other benchmarks below -->"
+
+
+def log(*a):
+    """A progress line on stderr (stdout is the report's)."""
+    print(*a, file=sys.stderr, flush=True)
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 nobody listens on now, drawn below Linux's
+    ephemeral range (32768 and up). A port the kernel hands out for port 0
+    is one it may also give an outgoing connection as its source port, and
+    a node started a moment later would then find it taken."""
+    import random
+
+    for _ in range(200):
+        port = random.randrange(20000, 32768)
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", port))
+            return port
+        except OSError:
+            continue  # taken: draw again
+        finally:
+            s.close()
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def wait(cond, timeout, what, poll=0.05):
+    """Returns once cond() is true; cond raising counts as not yet. Raises
+    RuntimeError naming what after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if cond():
+                return
+        except Exception:  # noqa: BLE001 - not up yet
+            pass
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(poll)
+
+
+def proc_cpu(pid):
+    """CPU seconds (user + system) process pid has used (0 for None)."""
+    if pid is None:
+        return 0.0
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu():
+    """CPU seconds of this process and its waited-for children."""
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
+def cpu_model():
+    """The CPU's model name (the machine's architecture where unknown)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
+def load_avg():
+    return "load average %.2f, %.2f, %.2f" % os.getloadavg()
+
+
+def write_section(doc, begin, end, text):
+    """Replaces the text between the markers begin and end in doc (below
+    KEPT_MARKER, added when missing), or appends it there the first time:
+    the rest of the file belongs to other benches."""
+    old = open(doc).read() if os.path.exists(doc) else ""
+    section = f"{begin}\n{text.rstrip()}\n{end}\n"
+    if begin in old and end in old:
+        head, rest = old.split(begin, 1)
+        new = head + section + rest.split(end, 1)[1].lstrip("\n")
+    else:
+        if KEPT_MARKER not in old:
+            old = old.rstrip("\n") + "\n\n" + KEPT_MARKER + "\n"
+        new = old.rstrip("\n") + "\n\n" + section
+    with open(doc, "w") as f:
+        f.write(new)

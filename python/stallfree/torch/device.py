@@ -1,0 +1,146 @@
+"""DeviceLoader: batches from the cache to the accelerator without a Python
+object per sample (docs/device.md).
+
+A batch of fixed-shape items (the prep cache's arrays, or raw items of one
+size) goes into one contiguous ``(B, ...)`` host buffer. Items the node on
+this host holds are copied from its item cache, mapped read-only
+(``stallfree._mapped``): one copy of each byte, no per-item work in the
+node. The rest come from the node's msgpack batch answer: the parser reads
+each item's framing (a few bytes) and hands the payload's slot in the buffer
+to the socket's ``readinto``, so the bytes are copied once, by the kernel. On CUDA
+the buffers are pinned and go to the device with one asynchronous copy; the
+augmentation (``stallfree.torch.augment``) then runs there as a few batched
+kernels. Buffers are reused once nothing refers to them any more.
+"""
+
+import numpy as np
+import torch
+
+from .._rows import _LEN, _PEEK, _Buffer, _Pool, _Rows, _Stream, _torch_numpy_dtype  # noqa: F401 - also imported from here
+from .._mapped import ItemMapper, read_batch
+from ..batchloader import BatchLoader
+from ..client import StallfreeError
+
+__all__ = ["DeviceLoader"]
+
+
+class DeviceLoader(BatchLoader):
+    """Minibatches of ``dataset`` (a ``CachedDataset``) as ``(x, y)`` on
+    ``device``: x the batch after ``augment`` (a ``stallfree.torch.augment``
+    transform, called as ``augment(x, indices, epoch=..., seed=seed)``), y
+    the labels (an int64 tensor; None without labels).
+
+    Items: a prep stage's arrays (``CachedDataset(..., cache_stage=...)``)
+    or raw items of one size arrive as one ``(B, ...)`` tensor (the arrays'
+    dtype; uint8 for raw items), read from the node straight into its buffer; with
+    ``decode="jpeg"``, raw JPEG items are decoded by
+    ``torchvision.io.decode_jpeg`` (on the GPU when ``device`` is CUDA) into
+    a list of ``(C, H, W)`` uint8 tensors that ``augment`` crops to one
+    size. Without ``augment``, x is that tensor (or list) on the device; on
+    the CPU it is the host buffer itself, which the loader reuses only once
+    nothing refers to it.
+
+    ``labels="folder"``, ``labels=fn(key)`` or the dataset's own labels
+    give y. The order, ``set_epoch`` (also the augmentation's epoch),
+    ``len``, ``state_dict`` at what the loop received, owner routing
+    (``CachedDataset(route="owner")``: one request per owner) and retries
+    after a node's loss are BatchLoader's. ``threads`` read batches ahead,
+    at most ``prefetch`` of them. The dataset's own ``transform`` is not
+    used (the loader reads items raw): pass ``augment``.
+    """
+
+    def __init__(self, dataset, batch_size, *, device, augment=None, labels=None, decode=None, sampler=None,
+                 shuffle=False, drop_last=False, threads=4, prefetch=2, seed=0, retries=3):
+        if not hasattr(dataset, "fetch") or not hasattr(dataset, "prep"):
+            raise TypeError("DeviceLoader reads a stallfree.torch.CachedDataset")
+        if dataset.tar:
+            raise ValueError(f"DeviceLoader: {dataset.name!r} is a tar dataset; its samples are dicts, not items")
+        if dataset.transform is not None or dataset.with_key:
+            raise ValueError("DeviceLoader reads items raw: give the dataset no transform or with_key; pass augment=")
+        if decode not in (None, "jpeg"):
+            raise ValueError(f"decode={decode!r}: want None or 'jpeg'")
+        if decode and dataset.prep is not None:
+            raise ValueError("decode='jpeg' reads raw JPEG items, not a prep stage's arrays")
+        if int(batch_size) > dataset.max_batch:
+            raise ValueError(f"batch_size={batch_size}: at most {dataset.max_batch} (one batch request)")
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device={device!r}: CUDA is not available")
+        super().__init__(dataset, batch_size, sampler=sampler, shuffle=shuffle, drop_last=drop_last,
+                         threads=threads, prefetch=prefetch, seed=seed, retries=retries, labels=labels)
+        if self.labels is None:
+            self.labels = dataset.labels
+        self.augment, self.decode = augment, decode
+        self._cuda = self.device.type == "cuda"
+        self._buffers = _Pool(pinned=self._cuda, keep=self.threads + self.prefetch + 2)
+        # Raw or prep items of the node on this host are copied from its
+        # mapped memory (stallfree._mapped); the others come through the socket.
+        self._mapper = ItemMapper.for_client(dataset.client) if not decode else None
+        if decode:
+            from torchvision.io import decode_jpeg  # noqa: F401 - fail here, not in a thread, without torchvision
+
+    # -- in a thread: the batch into host memory -------------------------------
+
+    def _fetch(self, indices):
+        keys = [None] * len(indices) if self.labels is not None and self.labels.needs_keys else None
+        if self.decode:
+            got, raw = self._retrying(lambda: self.dataset.fetch(indices, keys=keys is not None))
+            x = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in raw]
+            if not self._cuda:
+                x = self._decode(x)
+        else:
+            rows = self._retrying(lambda: self._read(indices, keys))
+            x = rows.tensor()
+            got = keys
+        y = self.labels.of(indices, got) if self.labels is not None else None
+        idx = np.asarray(indices, dtype=np.int64)
+        if not self._cuda and self.augment is not None:
+            # On the CPU the augmentation runs here, beside the training step
+            # (torch's kernels release the GIL).
+            x = self.augment(x, idx, epoch=self.epoch, seed=self.seed)
+        return x, y, idx
+
+    def _read(self, indices, keys):
+        ds, client = self.dataset, self.dataset.client
+        prep = ds.prep
+        name = prep.name if prep else ds.name
+        rows = _Rows(self._buffers, len(indices), prep is not None)
+        try:
+            self._mapper = read_batch(client, self._mapper, name, indices, rows, keys, prep is not None)
+        except StallfreeError as e:
+            if prep is None or e.status != 404:
+                raise
+            # Not every item is written yet (the first epoch): compute them.
+            rows = _Rows(self._buffers, len(indices), True)
+            got = prep.get_many(client, indices, keys=keys is not None)
+            if keys is not None:
+                keys[:] = [k for k, _ in got]
+                got = [a for _, a in got]
+            rows.fill(got)
+        return rows
+
+    def _decode(self, data):
+        from torchvision.io import decode_jpeg, ImageReadMode
+        device = "cuda" if self._cuda else "cpu"
+        return [decode_jpeg(d, mode=ImageReadMode.RGB, device=device) for d in data]
+
+    # -- in the loop's thread: onto the device ----------------------------------
+
+    def _next(self, pending):
+        x, y, idx = super()._next(pending)
+        if self._cuda:
+            if isinstance(x, list):  # JPEG bytes: decoded on the GPU
+                x = self._decode(x)
+            else:
+                host = x
+                x = host.to(self.device, non_blocking=True)
+                ev = torch.cuda.Event()
+                ev.record()
+                self._buffers.busy_until(host, ev)
+            if self.augment is not None:
+                x = self.augment(x, idx, epoch=self.epoch, seed=self.seed)
+        if y is not None:
+            y = torch.from_numpy(y)
+            if self._cuda:  # pinned, so that the copy waits for nothing queued on the device
+                y = y.pin_memory().to(self.device, non_blocking=True)
+        return x, y

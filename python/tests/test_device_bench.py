@@ -1,0 +1,67 @@
+"""python -m stallfree.bench --train, tiny: every row trains an epoch over
+real JPEGs through a real node and reports its figures."""
+
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+from harness import BIN, ROOT
+
+try:
+    import PIL  # noqa: F401
+    import torch  # noqa: F401
+    import torchvision  # noqa: F401
+except ImportError:  # pragma: no cover
+    torchvision = None
+
+
+@unittest.skipIf(torchvision is None, "the training bench needs Pillow, torch and torchvision")
+class TrainBenchTest(unittest.TestCase):
+    def test_every_row_runs_and_reports(self):
+        env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), STALLFREE_BIN=BIN)
+        with tempfile.TemporaryDirectory(prefix="stallfree-trainbench") as cwd:
+            out = subprocess.run([sys.executable, "-W", "ignore", "-m", "stallfree.bench", "--train", "--items", "24",
+                                  "--width", "64", "--height", "48", "--crop", "32", "--batch", "8", "--epochs", "2",
+                                  "--workers", "1", "--threads", "1", "--sleep-ms", "1", "--delivery-epochs", "1",
+                                  "--json"], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+        self.assertEqual(out.returncode, 0, out.stderr[-3000:])
+        rep = json.loads(out.stdout)
+        self.assertEqual(list(rep["rows"]), ["files", "cached", "batchloader", "prep", "device-prep", "device-jpeg"])
+        for row, epochs in rep["rows"].items():
+            self.assertEqual([e["samples"] for e in epochs], [24, 24], row)
+            for e in epochs:
+                self.assertTrue(0 <= e["stall"] <= 1, (row, e))
+                self.assertGreater(e["cpu_s_per_1k"]["all"], 0, row)
+        self.assertEqual(rep["step"], "sleep 1 ms per batch")
+        self.assertEqual([d["path"] for d in rep["delivery"]], ["mapped", "socket"])
+        for d in rep["delivery"]:
+            self.assertGreater(d["all_ms"], 0)
+            self.assertEqual(d["item_bytes"], 36 * 36 * 3)
+        # The node's host: every item of the mapped rounds copied from its memory.
+        self.assertEqual([d["copied_share"] for d in rep["delivery"]], [1.0, 0.0])
+
+
+if __name__ == "__main__":
+    unittest.main()
+
+
+class MicroBenchTest(unittest.TestCase):
+    def test_every_figure_is_measured(self):
+        env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+        out = subprocess.run([sys.executable, "-W", "ignore", "-m", "stallfree.bench", "--micro", "--copy-mb", "8",
+                              "--write-mib", "1", "--writes", "3", "--images", "2", "--rounds", "1", "--json"],
+                             env=env, capture_output=True, text=True, timeout=300)
+        self.assertEqual(out.returncode, 0, out.stderr[-3000:])
+        rep = json.loads(out.stdout)
+        self.assertEqual(sorted(rep["copy_s_per_gb"]), ["mmap", "mmap+populate", "preadv"])
+        self.assertTrue(all(v > 0 for v in rep["copy_s_per_gb"].values()))
+        self.assertEqual(sorted(rep["write_cpu_ms_per_file"]), ["kept_0", "kept_30"])
+        if torchvision is not None:
+            self.assertEqual(sorted(rep["prep_cpu_ms_per_image"]), ["augment_on_array", "decode_array", "decode_only",
+                                                                   "encode", "plain_transform", "stage_f",
+                                                                   "stage_f_resize_then_crop"])
+        self.assertEqual(glob.glob(os.path.join(rep["shm_dir"], "stallfree-micro-*")), [], "files left behind")

@@ -1,0 +1,80 @@
+package store
+
+import (
+	"bytes"
+	"testing"
+	"unsafe"
+
+	"github.com/cespare/xxhash/v2"
+	"golang.org/x/sys/unix"
+)
+
+// resident lists which of the arena's first n pages are in memory.
+func resident(t *testing.T, a *arena, n int) []bool {
+	t.Helper()
+	vec := make([]byte, n)
+	if _, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&a.mem[0])), uintptr(n*pageSize), uintptr(unsafe.Pointer(&vec[0]))); errno != 0 {
+		t.Skipf("mincore: %v", errno)
+	}
+	out := make([]bool, n)
+	for i, v := range vec {
+		out[i] = v&1 == 1
+	}
+	return out
+}
+
+// prefault maps exactly the pages a range touches, and nothing else, before
+// anything is written there.
+func TestPrefaultMapsTheRangesPages(t *testing.T) {
+	probe, err := unix.Mmap(-1, 0, pageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	perr := unix.Madvise(probe, unix.MADV_POPULATE_WRITE)
+	unix.Munmap(probe)
+	if perr != nil {
+		t.Skipf("this kernel has no MADV_POPULATE_WRITE (before Linux 5.14): %v", perr)
+	}
+	for _, shared := range []bool{false, true} {
+		a, err := newArenaIn(64*pageSize, shared)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer a.close()
+		a.prefault(3*pageSize+100, 2*pageSize) // touches pages 3, 4 and 5
+		a.prefault(8*pageSize, 2*pageSize)     // exactly pages 8 and 9
+		if a.noPopulate {
+			t.Fatalf("shared %v: the kernel refused a range it supports", shared)
+		}
+		got := resident(t, a, 12)
+		want := []bool{false, false, false, true, true, true, false, false, true, true, false, false}
+		for i := range want {
+			if got[i] != want[i] {
+				t.Fatalf("shared %v: resident pages %v, want %v", shared, got, want)
+			}
+		}
+		a.prefault(63*pageSize+1, 10*pageSize) // past the end: clipped, no panic
+		if !resident(t, a, 64)[63] {
+			t.Fatalf("shared %v: the last page was not mapped", shared)
+		}
+	}
+}
+
+// PutSummed stores the bytes under the sum it computes, which is theirs.
+func TestPutSummed(t *testing.T) {
+	s := mustNew(t, 1<<20, NewLRU())
+	data := bytes.Repeat([]byte("summed once "), 100)
+	k := MakeKey(1, 7)
+	sum, err := s.PutSummed(k, data)
+	if err != nil || sum != xxhash.Sum64(data) {
+		t.Fatalf("PutSummed: sum %x, %v; want %x", sum, err, xxhash.Sum64(data))
+	}
+	ref, ok := s.Get(k)
+	if !ok {
+		t.Fatal("not stored")
+	}
+	defer ref.Release()
+	if !bytes.Equal(ref.Data, data) || ref.Sum != sum {
+		t.Fatalf("stored %d bytes, sum %x", len(ref.Data), ref.Sum)
+	}
+}
