@@ -85,6 +85,7 @@ func startOn(t testing.TB, dir string, files map[string][]byte, memory uint64, p
 	}
 	go srv.Serve(ln)
 	t.Cleanup(func() {
+		http.DefaultClient.CloseIdleConnections() // a spare dialed connection would hold Shutdown 5 s (main_test.go)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		srv.Shutdown(ctx)

@@ -42,7 +42,9 @@ func TestHandedOverBatchOverTheSocket(t *testing.T) {
 		}
 		go s.Serve(ln)
 	})
-	local := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+	// No keep-alive: a connection per request, none dialed spare and left
+	// open past the test (main_test.go).
+	local := &http.Client{Transport: &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
 	}}}
 	t.Cleanup(local.CloseIdleConnections)

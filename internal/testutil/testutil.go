@@ -27,29 +27,71 @@ const Patience = 30 * time.Second
 // FreeAddr is a loopback host:port nothing listens on now.
 func FreeAddr(t testing.TB) string { t.Helper(); return FreeAddrOn(t, "127.0.0.1") }
 
-// FreeAddrOn is a host:port on host nothing listens on now. The port is
-// drawn below Linux's ephemeral range (32768 and up), not asked of the
-// kernel: a port the kernel hands out for :0 is one it also hands out as
-// the source port of outgoing connections, and between this call and the
-// moment a test's process binds it, one of the many connections the other
-// test packages make could take it ("address already in use": CI saw it).
+// FreeAddrOn is a host:port on host nothing listens on now, over TCP or
+// UDP (gossip binds both), and one no other test of any package is handed
+// while t runs.
+//
+// The port is drawn below Linux's ephemeral range (32768 and up), not asked
+// of the kernel: a port the kernel hands out for :0 is one it also hands
+// out as the source port of outgoing connections, and between this call and
+// the moment a test's process binds it, one of the many connections the
+// other test packages make could take it ("address already in use": CI saw
+// it). Drawing alone is not enough either: go test runs packages in
+// parallel processes, and two of them drew the same port within a second
+// (CI saw that too). So a drawn port is reserved by an flock on a file named
+// for it under the temporary directory, held until t ends; a port another
+// process (or another call here) holds is drawn again.
 func FreeAddrOn(t testing.TB, host string) string {
 	t.Helper()
-	for range 200 {
-		addr := net.JoinHostPort(host, strconv.Itoa(lowPortMin+rand.IntN(lowPortMax-lowPortMin)))
-		l, err := net.Listen("tcp", addr)
-		if err != nil {
-			continue // taken: draw again
-		}
-		l.Close()
-		return addr
-	}
-	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-	if err != nil {
+	dir := filepath.Join(os.TempDir(), "stallfree-test-ports")
+	if err := os.MkdirAll(dir, 0o777); err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	for range 500 {
+		port := strconv.Itoa(lowPortMin + rand.IntN(lowPortMax-lowPortMin))
+		addr := net.JoinHostPort(host, port)
+		held, ok := reserve(filepath.Join(dir, port))
+		if !ok {
+			continue // another test has it: draw again
+		}
+		if !bindable(addr) {
+			held.Close()
+			continue // something else listens there: draw again
+		}
+		t.Cleanup(func() { held.Close() }) // closing the file drops the lock
+		return addr
+	}
+	t.Fatalf("no free port on %s among 500 drawn in [%d, %d)", host, lowPortMin, lowPortMax)
+	return ""
+}
+
+// reserve takes an exclusive lock on path without waiting. Locks belong to
+// open files, so a second reservation fails in this process as in another.
+func reserve(path string) (*os.File, bool) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o666)
+	if err != nil {
+		return nil, false
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		return nil, false
+	}
+	return f, true
+}
+
+// bindable reports whether addr can be bound over TCP and over UDP now.
+func bindable(addr string) bool {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return false
+	}
+	l.Close()
+	pc, err := net.ListenPacket("udp", addr)
+	if err != nil {
+		return false
+	}
+	pc.Close()
+	return true
 }
 
 // The range FreeAddrOn draws from: above the well-known and registered

@@ -20,28 +20,47 @@ def log(*a):
     print(*a, file=sys.stderr, flush=True)
 
 
-def free_port():
-    """A TCP port on 127.0.0.1 nobody listens on now, drawn below Linux's
-    ephemeral range (32768 and up). A port the kernel hands out for port 0
-    is one it may also give an outgoing connection as its source port, and
-    a node started a moment later would then find it taken."""
-    import random
+#: Locks on the ports free_port handed out, held while this process lives.
+_RESERVED = {}
 
-    for _ in range(200):
+
+def free_port():
+    """A TCP port on 127.0.0.1 nobody listens on now, and one free_port
+    hands out once: neither this process nor a Go test (testutil.FreeAddr
+    locks the same files) is handed it again while this process lives.
+
+    It is drawn below Linux's ephemeral range (32768 and up). A port the
+    kernel hands out for port 0 is one it may also give an outgoing
+    connection as its source port, and a node started a moment later would
+    then find it taken. Drawing alone repeats ports: a harness of three
+    nodes takes twelve."""
+    import fcntl
+    import random
+    import tempfile
+
+    locks = os.path.join(tempfile.gettempdir(), "stallfree-test-ports")
+    os.makedirs(locks, exist_ok=True)
+    for _ in range(500):
         port = random.randrange(20000, 32768)
+        if port in _RESERVED:
+            continue
+        fd = os.open(os.path.join(locks, str(port)), os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue  # another process has it: draw again
         s = socket.socket()
         try:
             s.bind(("127.0.0.1", port))
-            return port
         except OSError:
+            os.close(fd)
             continue  # taken: draw again
         finally:
             s.close()
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+        _RESERVED[port] = fd
+        return port
+    raise RuntimeError("no free port among 500 drawn in [20000, 32768)")
 
 
 def wait(cond, timeout, what, poll=0.05):
