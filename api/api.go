@@ -101,6 +101,26 @@ type BatchRequest struct {
 	Keys    []string `json:"keys"`
 }
 
+// ItemWrite is one element of the msgpack body of PUT
+// /v1/datasets/{name}/batch: an item of a derived dataset, written as by
+// PUT /v1/datasets/{name}/index/{i}.
+type ItemWrite struct {
+	Index int    `msgpack:"index"`
+	Data  []byte `msgpack:"data"`
+}
+
+// WriteResult is what became of one ItemWrite, in the order written:
+// Status is the one PUT /v1/datasets/{name}/index/{i} would have answered
+// (201 created, 200 the same bytes again, 409 other bytes were first, 507
+// no room, 503 the owner unreachable), Error says why when it is no 2xx.
+type WriteResult struct {
+	Index   int    `json:"index"`
+	Status  int    `json:"status"`
+	Bytes   int    `json:"bytes"`
+	Created bool   `json:"created"`
+	Error   string `json:"error,omitempty"`
+}
+
 // BatchItem is one element of a msgpack batch answer (dataset batches and a
 // job's minibatches).
 type BatchItem struct {

@@ -87,7 +87,11 @@ func (r derivedRoutes) put(ctx *fasthttp.RequestCtx, name string, req api.PutDat
 // owner stores it even if its own ring disagrees, so a request is never
 // relayed twice.
 func (r derivedRoutes) putItem(ctx *fasthttp.RequestCtx, p params) {
-	d, ok := findDataset(ctx, r.find, p.get("dataset"), true)
+	// Not relayed to the leader when this node has not learnt the dataset
+	// yet (a follower moments after the derived dataset was made): the
+	// leader would take the write as relayed and keep the item whether it
+	// owns it or not. The catalog catches up instead (control.Dataset).
+	d, ok := findDataset(ctx, r.find, p.get("dataset"), false)
 	if !ok {
 		return
 	}

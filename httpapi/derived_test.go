@@ -3,7 +3,12 @@ package httpapi
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"testing"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"stallfree/api"
 )
 
 // An item write may exceed the 1 MiB every other body is held to (up to
@@ -40,5 +45,78 @@ func TestDerivedItemBodies(t *testing.T) {
 	r := h.do("GET", "/v1/datasets/dec", nil)
 	if err := json.Unmarshal(r.body, &info); err != nil || info.Written == nil || *info.Written != 1 || info.Bytes != int64(len(big)) {
 		t.Fatalf("info: %s %v", r.body, err)
+	}
+}
+
+// PUT …/batch writes several items of a derived dataset in one request and
+// answers what became of each, in order; a body that is no array of
+// {index, data}, or that holds one bad item, is refused whole and writes
+// nothing.
+func TestDerivedBatchWrites(t *testing.T) {
+	h := start(t, 8, 1000, 64<<20, "minio", "sekrit")
+	if r := h.do("PUT", "/v1/datasets/dec", []byte(`{"derived_from":"ds","stage":"batch"}`)); r.status != 201 {
+		t.Fatalf("derive: %d %s", r.status, r.body)
+	}
+	written := func() int {
+		var info struct {
+			Written int `json:"written"`
+		}
+		r := h.do("GET", "/v1/datasets/dec", nil)
+		if err := json.Unmarshal(r.body, &info); err != nil {
+			t.Fatalf("info: %s %v", r.body, err)
+		}
+		return info.Written
+	}
+	pack := func(v any) []byte {
+		b, err := msgpack.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	for name, body := range map[string][]byte{
+		"not msgpack":     []byte("{}"),
+		"a map":           pack(map[string]int{"index": 1}),
+		"an unknown key":  pack([]map[string]any{{"index": 1, "data": []byte("x"), "extra": 1}}),
+		"empty":           pack([]api.ItemWrite{}),
+		"out of range":    pack([]api.ItemWrite{{Index: 1, Data: []byte("x")}, {Index: 8, Data: []byte("y")}}),
+		"a negative one":  pack([]api.ItemWrite{{Index: 1, Data: []byte("x")}, {Index: -1, Data: []byte("y")}}),
+		"trailing data":   append(pack([]api.ItemWrite{{Index: 1, Data: []byte("x")}}), 0xc0),
+		"over the limits": pack([]api.ItemWrite{{Index: 1, Data: []byte("x")}, {Index: 2, Data: make([]byte, 65<<20)}}),
+	} {
+		if r := h.do("PUT", "/v1/datasets/dec/batch", body); r.status < 400 || r.status >= 500 {
+			t.Errorf("%s: %d %s; want a 4xx", name, r.status, r.body)
+		}
+	}
+	if n := written(); n != 0 {
+		t.Fatalf("refused batches wrote %d items", n)
+	}
+	if r := h.do("PUT", "/v1/datasets/dec/batch", pack([]api.ItemWrite{{Index: 1, Data: []byte("x")}}), "Authorization", "Bearer wrong"); r.status != 401 {
+		t.Fatalf("wrong token: %d", r.status)
+	}
+	batch := []api.ItemWrite{{Index: 3, Data: []byte("three")}, {Index: 5, Data: []byte("five")}}
+	var got []api.WriteResult
+	r := h.do("PUT", "/v1/datasets/dec/batch", pack(batch))
+	if err := json.Unmarshal(r.body, &got); r.status != 200 || err != nil || len(got) != 2 ||
+		got[0] != (api.WriteResult{Index: 3, Status: 201, Bytes: 5, Created: true}) || got[1] != (api.WriteResult{Index: 5, Status: 201, Bytes: 4, Created: true}) {
+		t.Fatalf("a batch: %d %s", r.status, r.body)
+	}
+	for _, it := range batch {
+		if r := h.do("GET", fmt.Sprintf("/v1/datasets/dec/index/%d", it.Index), nil); r.status != 200 || !bytes.Equal(r.body, it.Data) {
+			t.Fatalf("item %d reads %d %q", it.Index, r.status, r.body)
+		}
+	}
+	batch = append(batch, api.ItemWrite{Index: 6, Data: []byte("six")})
+	batch[1].Data = []byte("FIVE")
+	r = h.do("PUT", "/v1/datasets/dec/batch", pack(batch))
+	if err := json.Unmarshal(r.body, &got); r.status != 200 || err != nil || len(got) != 3 ||
+		got[0].Status != 200 || got[0].Created || got[1].Status != 409 || got[1].Error == "" || got[2].Status != 201 {
+		t.Fatalf("again, one changed, one new: %d %s", r.status, r.body)
+	}
+	if r := h.do("GET", "/v1/datasets/dec/index/5", nil); string(r.body) != "five" {
+		t.Fatalf("the first bytes of item 5 did not stay: %q", r.body)
+	}
+	if n := written(); n != 3 {
+		t.Fatalf("written %d, want 3", n)
 	}
 }

@@ -153,6 +153,7 @@ func (s *Server) routes(n *node.Node) []route {
 		{method: get, pattern: "/v1/datasets/{dataset}/index/{index}", handle: it.byIndex},
 		{method: put, pattern: "/v1/datasets/{dataset}/index/{index}", handle: dv.putItem, limit: s.itemBodyLimit},
 		{method: post, pattern: "/v1/datasets/{dataset}/batch", handle: it.batch},
+		{method: put, pattern: "/v1/datasets/{dataset}/batch", handle: dv.putBatch, limit: s.writeBatchBodyLimit},
 		{method: post, pattern: "/v1/datasets/{dataset}/samples/batch", handle: it.samples},
 		{method: get, pattern: "/v1/datasets/{dataset}/samples/{sample}", handle: it.sample},
 		{method: get, pattern: "/v1/datasets/{dataset}/owners", handle: it.owners},

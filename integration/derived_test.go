@@ -196,6 +196,72 @@ func TestDerivedDatasetContract(t *testing.T) {
 		}
 	}
 
+	// A batch of writes (PUT …/batch) from one node lands each item at its
+	// owner, as single writes do: the nodes together hold each once, and
+	// every node reads it back byte for byte. Items already there answer
+	// 200, other bytes 409 (the first stay), beside new ones written. A
+	// batch with one bad item writes nothing.
+	if _, err := nodes[1].c.Derive(ctx, "dec2", "raw", "batched-v1"); err != nil {
+		t.Fatal(err)
+	}
+	half := make([]api.ItemWrite, 0, n/2)
+	for i := 0; i < n; i += 2 {
+		half = append(half, api.ItemWrite{Index: i, Data: derivedBytes(i)})
+	}
+	results, err := nodes[2].c.PutItems(ctx, "dec2", half)
+	for x, res := range results {
+		if res.Index != half[x].Index || res.Status != 201 || !res.Created || res.Bytes != len(half[x].Data) {
+			t.Fatalf("batch write %d: %+v", x, res)
+		}
+	}
+	if err != nil || len(results) != len(half) {
+		t.Fatalf("batch write: %d results, %v", len(results), err)
+	}
+	for _, bad := range [][]api.ItemWrite{
+		{{Index: 1, Data: derivedBytes(1)}, {Index: n, Data: []byte("x")}},        // out of range
+		{{Index: 1, Data: derivedBytes(1)}, {Index: 3, Data: make([]byte, 4097)}}, // over --max-item-bytes
+		{}, // empty
+	} {
+		if _, err := nodes[0].c.PutItems(ctx, "dec2", bad); statusOf(err) != 400 && statusOf(err) != 404 && statusOf(err) != 413 {
+			t.Fatalf("a bad batch: %v, want 400, 404 or 413", err)
+		}
+	}
+	if _, err := nodes[0].c.PutItems(ctx, "raw", half[:1]); statusOf(err) != 400 {
+		t.Fatalf("a batch to a parent: %v, want 400", err)
+	}
+	all := make([]api.ItemWrite, n)
+	for i := range n {
+		all[i] = api.ItemWrite{Index: i, Data: derivedBytes(i)}
+	}
+	all[4].Data = []byte("other bytes") // 4 was written above
+	results, err = nodes[0].c.PutItems(ctx, "dec2", all)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, res := range results {
+		want := map[bool]int{true: 200, false: 201}[i%2 == 0]
+		if i == 4 {
+			want = 409
+		}
+		if res.Index != i || res.Status != want || res.Created != (want == 201) || (want == 409) != (res.Error != "") {
+			t.Fatalf("batch write of item %d: %+v, want status %d", i, res, want)
+		}
+	}
+	held = 0
+	for _, nd := range nodes {
+		items, _ := derivedUsage(t, nd, "dec2")
+		held += items
+		for i := range n {
+			it, err := nd.c.ItemByIndex(ctx, "dec2", i)
+			if err != nil || !bytes.Equal(it.Data, derivedBytes(i)) {
+				t.Fatalf("%s reads dec2 item %d: %v, %q", nd.name, i, err, it.Data)
+			}
+		}
+	}
+	if held != n {
+		t.Fatalf("the nodes hold %d items of dec2, want %d (each once)", held, n)
+	}
+
 	// cachectl shows the derived dataset with its parent and stage, and the
 	// cluster's memory per dataset, parent and derived apart.
 	ctl := func(args ...string) string {

@@ -339,6 +339,22 @@ class Client:
         _, data = self.request("POST", path, {"indices": indices})
         return [(d["key"], d["data"]) for d in msgpack.unpackb(data, raw=False)]
 
+    def put_items(self, dataset, items):
+        """Writes several items of a derived dataset in one request (``PUT
+        /v1/datasets/{name}/batch``), each at its owner: ``items`` is
+        [(index, bytes)]. Returns one dict per item, in order: ``{"index",
+        "status", "bytes", "created"}`` and ``"error"`` when the status is no
+        2xx (409: other bytes were written first; 507: no room; 503: the
+        owner unreachable). A bad batch raises StallfreeError, and nothing
+        of it is written."""
+        body = msgpack.packb([{"index": int(i), "data": d} for i, d in items], use_bin_type=True)
+        _, data = self.request("PUT", f"/v1/datasets/{self._q(dataset)}/batch", body,
+                               {"Content-Type": "application/msgpack"})
+        got = json.loads(data)
+        if len(got) != len(items):
+            raise StallfreeError(502, f"{dataset}: {len(got)} write results for {len(items)} items")
+        return got
+
     # -- owner routing -----------------------------------------------------
 
     def owners(self, dataset):

@@ -43,41 +43,54 @@ def derived_name(parent, stage):
 
 
 def encode(value):
-    """A numpy array or torch tensor as header + raw bytes (C order)."""
+    """A numpy array or torch tensor as header + raw bytes (C order), in a
+    bytearray written once: the array's bytes are copied into it, not
+    gathered first (``tobytes``) and joined after."""
     if np is not None and isinstance(value, np.ndarray):
         if value.dtype.hasobject:
             raise TypeError("cache_stage: an array of Python objects cannot be cached; return numbers")
         arr = np.ascontiguousarray(value)
         head = {"kind": "numpy", "dtype": arr.dtype.str, "shape": list(arr.shape)}
-        raw = arr.tobytes()
+        flat = arr.reshape(-1).view(np.uint8)
     elif type(value).__module__.startswith("torch") and hasattr(value, "dtype") and hasattr(value, "shape"):
         import torch
 
         t = value.detach().cpu().contiguous()
         head = {"kind": "torch", "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
         # Through a byte view: every torch dtype (bfloat16 too) has one.
-        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        flat = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b""
     else:
         raise TypeError(f"cache_stage: the function must return a numpy array or a torch tensor, not {type(value).__name__}")
     h = json.dumps(head, separators=(",", ":")).encode()
-    return _HEAD.pack(MAGIC, len(h)) + h + raw
+    start = _HEAD.size + len(h)
+    out = bytearray(start + len(flat))
+    _HEAD.pack_into(out, 0, MAGIC, len(h))
+    out[_HEAD.size:start] = h
+    memoryview(out)[start:] = flat
+    return out
 
 
-def decode(data):
-    """What ``encode`` made, back: same kind, dtype, shape and bytes."""
+def decode(data, copy=True):
+    """What ``encode`` made, back: same kind, dtype, shape and bytes. The
+    result is writable (T may modify it in place): a copy of data's bytes,
+    or with copy=False a view of data itself, which must then be a
+    bytearray the caller hands over."""
     if len(data) < _HEAD.size:
         raise ValueError("prep cache: item too short for its header")
     magic, n = _HEAD.unpack_from(data)
     if magic != MAGIC or _HEAD.size + n > len(data):
         raise ValueError("prep cache: not an encoded array (wrong magic or header length)")
     head = json.loads(bytes(data[_HEAD.size:_HEAD.size + n]))
-    raw = bytearray(memoryview(data)[_HEAD.size + n:])  # writable (T may modify in place), copied once
+    if copy or not isinstance(data, bytearray):
+        raw = bytearray(memoryview(data)[_HEAD.size + n:])  # copied once
+    else:
+        raw = memoryview(data)[_HEAD.size + n:]
     shape = tuple(head["shape"])
     if head["kind"] == "torch":
         import torch
 
         dtype = getattr(torch, head["dtype"])
-        if not raw:
+        if not len(raw):
             return torch.empty(shape, dtype=dtype)
         return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(shape)
     return np.frombuffer(raw, dtype=np.dtype(head["dtype"])).reshape(shape)
@@ -143,6 +156,7 @@ class PrepStage:
             raise TypeError("cache_stage: the second element must be a function")
         self.parent, self.stage, self.fn, self.tar = parent, stage, fn, tar
         self.name = derived_name(parent, stage)
+        self._batch_writes = True  # until a node answers 405 (one without PUT …/batch)
         # Idempotent: the same body from any process answers 200 with the
         # dataset as it is.
         client.json("PUT", f"/v1/datasets/{client._q(self.name)}", {"derived_from": parent, "stage": stage})
@@ -179,8 +193,10 @@ class PrepStage:
     def _compute(self, client, i, raw):
         """Runs F (its exceptions are the caller's) and writes the result
         back; another writer's result, when it was first, is what counts."""
-        out = self.fn(raw)
-        data = encode(out)
+        return self._written(client, i, encode(self.fn(raw)))
+
+    def _written(self, client, i, data):
+        """Writes F's encoded result for item i and returns what readers get."""
         try:
             client.request("PUT", self._path(client, i), data, {"Content-Type": "application/octet-stream"})
         except StallfreeError as e:
@@ -190,7 +206,7 @@ class PrepStage:
                     return got
             elif e.status not in (413, 503, 507):  # not kept: still a valid result
                 raise
-        return decode(data)  # what a later read returns, exactly
+        return decode(data, copy=False)  # what a later read returns, exactly (data is this call's own)
 
     def get(self, client, i):
         """F's output for item i."""
@@ -218,9 +234,38 @@ class PrepStage:
         missing = [j for j, v in enumerate(out) if v is None]
         if missing:
             raws = self._parent(client, [indices[j] for j in missing])
-            for j, (key, raw) in zip(missing, raws):
-                value = self._compute(client, indices[j], raw)
+            values = self._compute_many(client, [indices[j] for j in missing], [raw for _, raw in raws])
+            for j, (key, _), value in zip(missing, raws, values):
                 if computed is not None:
                     computed.append(j)
                 out[j] = (key, value) if keys else value
+        return out
+
+    def _compute_many(self, client, indices, raws):
+        """Runs F on each item and writes the results back in one request;
+        as _compute, another writer's result, when it was first, is what
+        counts. Against a node without batch writes (405), one by one."""
+        if len(indices) == 1 or not self._batch_writes:
+            return [self._compute(client, i, raw) for i, raw in zip(indices, raws)]
+        data = [encode(self.fn(raw)) for raw in raws]
+        try:
+            results = client.put_items(self.name, list(zip(indices, data)))
+        except StallfreeError as e:
+            if e.status not in (405, 413):
+                raise
+            if e.status == 405:
+                self._batch_writes = False  # an older node: write one by one from now on
+            # 413: the batch is over the node's limit; each item on its own may not be.
+            return [self._written(client, i, d) for i, d in zip(indices, data)]
+        out = []
+        for i, d, res in zip(indices, data, results):
+            status = int(res.get("status", 0))
+            if status == 409:  # another process wrote first: read what is there
+                got = self._cached(client, i)
+                if got is not None:
+                    out.append(got)
+                    continue
+            elif status not in (200, 201, 413, 503, 507):  # those leave a valid result uncached
+                raise StallfreeError(status, f"prep cache {self.name} item {i}: {res.get('error', '')}")
+            out.append(decode(d, copy=False))
         return out

@@ -85,6 +85,29 @@ class EncodingTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             decode(b"not an array at all")
 
+    def test_the_format_is_header_then_the_bytes(self):
+        # Items written by any version must read back in every other: the
+        # layout is fixed, whatever encode does to build it.
+        v = np.arange(24, dtype="<u2").reshape(2, 3, 4)
+        h = b'{"kind":"numpy","dtype":"<u2","shape":[2,3,4]}'
+        self.assertEqual(bytes(encode(v)), b"SFPC" + len(h).to_bytes(4, "little") + h + v.tobytes())
+        t = torch.arange(6, dtype=torch.int16).reshape(2, 3)
+        h = b'{"kind":"torch","dtype":"int16","shape":[2,3]}'
+        self.assertEqual(bytes(encode(t)), b"SFPC" + len(h).to_bytes(4, "little") + h + t.numpy().tobytes())
+
+    def test_decode_without_a_copy_is_a_writable_view(self):
+        for v in [np.arange(12, dtype=np.float32).reshape(3, 4), torch.arange(12, dtype=torch.float32).reshape(3, 4)]:
+            data = encode(v)
+            got = decode(data, copy=False)
+            self.assertTrue(same_array(got, v if isinstance(v, torch.Tensor) else np.ascontiguousarray(v)))
+            got[0, 0] = 42  # writable, and data's own bytes: no copy was made
+            self.assertEqual(decode(data)[0, 0], 42)
+            copied = decode(data)
+            copied[0, 1] = 7
+            self.assertNotEqual(decode(data)[0, 1], 7, "decode() copies")
+        with self.assertRaises(ValueError):
+            decode(bytearray(b"short"), copy=False)
+
     def test_names(self):
         self.assertEqual(derived_name("imgs", "decoded-224-v1"), "imgs.decoded-224-v1")
         odd = derived_name("imgs", "resize 224/crop")
@@ -246,8 +269,8 @@ class PrepTest(ClusterCase):
     def test_batch_loader(self):
         """BatchLoader's threads fetch whole minibatches through the same hook;
         in the first epoch a minibatch costs one request to learn what is
-        written (batch?partial=1) and one for the parent's bytes of the rest,
-        no request per item."""
+        written (batch?partial=1), one for the parent's bytes of the rest and
+        one to write F's results (PUT batch), no request per item."""
         ds = CachedDataset(self.url2, "ds", transform=Transform(self.tlog), cache_stage=("bl-v1", Stage(self.flog)))
         n = len(self.keys)
         calls = []
@@ -264,8 +287,13 @@ class PrepTest(ClusterCase):
             if epoch == 0:
                 gets = [c for c in calls if c[0] == "GET" and "/index/" in c[1]]
                 self.assertEqual(gets, [], "no item read one by one in the first epoch")
-                self.assertEqual(sum(c[1].endswith("/batch") for c in calls), 2 * -(-n // 8),
-                                 "two batch requests a minibatch: what is written, the parent's bytes")
+                sizes = [min(8, n - b) for b in range(0, n, 8)]
+                self.assertEqual(sum(c == ("POST", c[1]) and c[1].endswith("/batch") for c in calls), 2 * len(sizes),
+                                 "two batch reads a minibatch: what is written, the parent's bytes")
+                self.assertEqual(sum(c[0] == "PUT" and c[1].endswith("/batch") for c in calls),
+                                 sum(k > 1 for k in sizes), "one batch write a minibatch")
+                self.assertEqual(sum(c[0] == "PUT" and "/index/" in c[1] for c in calls), sum(k == 1 for k in sizes),
+                                 "an item written on its own only when it is its minibatch's only one")
             self.assertEqual(len(got), n)
             for i, x in enumerate(got):
                 self.assertTrue(same_array(x, self.want[i]), f"epoch {epoch} item {i}")
@@ -299,6 +327,8 @@ class PrepTest(ClusterCase):
         ds = CachedDataset(self.url1, "ds", cache_stage=("race", racing))
         self.assertTrue(same_array(ds[3], first), "after a 409 the first writer's result counts")
         self.assertTrue(same_array(ds.__getitems__([3, 4])[1], first))
+        # Two misses: one batch write, each item's 409 read back.
+        self.assertTrue(all(same_array(x, first) for x in ds.__getitems__([5, 6])))
 
         def boom(raw):
             raise KeyError("the user's own error")
@@ -314,6 +344,25 @@ class PrepTest(ClusterCase):
 
         with self.assertRaises(TypeError):
             CachedDataset(self.url1, "ds", cache_stage=("list", lambda raw: [1, 2]))[0]
+
+    def test_a_node_without_batch_writes(self):
+        """A node that answers PUT …/batch 405 (one from before it) gets
+        F's results one by one, from then on: the same items written, the
+        same arrays returned."""
+        ds = CachedDataset(self.url1, "ds", cache_stage=("old-node", Stage(self.flog)))
+        client = ds.client
+        tried = []
+
+        def refused(dataset, items):
+            tried.append(len(items))
+            raise StallfreeError(405, "method not allowed")
+        client.put_items = refused
+        got = ds.__getitems__(list(range(8))) + ds.__getitems__(list(range(8, 16)))
+        self.assertEqual(tried, [8], "asked once, then one by one")
+        for i, x in enumerate(got):
+            self.assertTrue(same_array(x, self.want[i]), f"item {i}")
+        info = Client(self.url2).dataset(derived_name("ds", "old-node"))
+        self.assertEqual(info["written"], 16)
 
     def test_keys_and_labels(self):
         """with_key and labels with a prep stage: keys and labels right

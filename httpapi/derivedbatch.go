@@ -1,0 +1,142 @@
+package httpapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"stallfree/api"
+	"stallfree/catalog"
+)
+
+// MaxWriteBatchBytes bounds the body of PUT /v1/datasets/{name}/batch: a
+// minibatch of prep-cache items (256 of 224×224×3 bytes is 37 MiB).
+const MaxWriteBatchBytes = 256 << 20
+
+// writeBatchBodyLimit is that route's body limit: a batch holds at least
+// one item of up to --max-item-bytes.
+func (s *Server) writeBatchBodyLimit() int {
+	return int(max(MaxWriteBatchBytes, s.prep.MaxItemBytes()+1<<20))
+}
+
+// putBatch serves PUT /v1/datasets/{name}/batch: several items of a derived
+// dataset written in one request, as PUT …/index/{i} writes one (the prep
+// cache's first epoch writes a minibatch's worth at once, not a request per
+// item). The body is a msgpack array of {"index", "data"}; the answer is
+// 200 with one api.WriteResult per item, in order. Every item is checked
+// first: a malformed body, an index out of range, an item over
+// --max-item-bytes or a dataset that is not derived fails the whole
+// request, and nothing is written. Then each item is written at its owner:
+// this node's directly, another node's in one relayed request per owner. A
+// relayed request is written here whatever this node's ring says, so no
+// request is relayed twice.
+func (r derivedRoutes) putBatch(ctx *fasthttp.RequestCtx, p params) {
+	// Not relayed to the leader when this node has not learnt the dataset
+	// yet: the leader would take the request as relayed and write every
+	// item itself, owner or not. The catalog catches up instead.
+	d, ok := findDataset(ctx, r.find, p.get("dataset"), false)
+	if !ok {
+		return
+	}
+	var items []api.ItemWrite
+	body := bytes.NewReader(ctx.PostBody())
+	dec := msgpack.NewDecoder(body)
+	dec.DisallowUnknownFields(true)
+	if err := dec.Decode(&items); err != nil {
+		writeError(ctx, fasthttp.StatusBadRequest, "malformed msgpack body: want an array of {index, data}: "+err.Error())
+		return
+	}
+	if body.Len() > 0 {
+		writeError(ctx, fasthttp.StatusBadRequest, fmt.Sprintf("malformed msgpack body: %d bytes after the array", body.Len()))
+		return
+	}
+	if len(items) == 0 {
+		writeError(ctx, fasthttp.StatusBadRequest, "an empty batch: want an array of {index, data}")
+		return
+	}
+	for _, it := range items {
+		if err := r.prep.Check(d, it.Index, len(it.Data)); err != nil {
+			fail(ctx, err)
+			return
+		}
+	}
+	results := make([]api.WriteResult, len(items))
+	byOwner := map[string][]int{} // owner's HTTP address → positions in items
+	for j, it := range items {
+		results[j] = api.WriteResult{Index: it.Index, Bytes: len(it.Data)}
+		addr, self, ok := r.prep.Route(d, it.Index)
+		switch {
+		case self || relayed(ctx):
+			r.writeOne(d, it, &results[j])
+		case !ok:
+			results[j].Status, results[j].Error = fasthttp.StatusServiceUnavailable, "the item's owner is not reachable; retry"
+		default:
+			byOwner[addr] = append(byOwner[addr], j)
+		}
+	}
+	rctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for addr, at := range byOwner {
+		r.relayBatch(rctx, ctx, addr, d, items, at, results)
+	}
+	writeJSON(ctx, fasthttp.StatusOK, results)
+}
+
+// writeOne writes one item here and records its outcome.
+func (r derivedRoutes) writeOne(d *catalog.Dataset, it api.ItemWrite, res *api.WriteResult) {
+	created, err := r.prep.Write(d, it.Index, it.Data)
+	if err != nil {
+		res.Status, res.Error, _ = status(err)
+		return
+	}
+	res.Status, res.Created = fasthttp.StatusOK, created
+	if created {
+		res.Status = fasthttp.StatusCreated
+	}
+}
+
+// relayBatch writes the items at positions at in one request to the node at
+// addr, their owner, and fills in their results; when no whole answer comes,
+// each is a 503.
+func (r derivedRoutes) relayBatch(rctx context.Context, ctx *fasthttp.RequestCtx, addr string, d *catalog.Dataset, items []api.ItemWrite, at []int, results []api.WriteResult) {
+	unreachable := func(why string) {
+		for _, j := range at {
+			results[j].Status, results[j].Error = fasthttp.StatusServiceUnavailable, "relay to the item's owner: "+why
+		}
+	}
+	part := make([]api.ItemWrite, len(at))
+	for x, j := range at {
+		part[x] = items[j]
+	}
+	body, err := msgpack.Marshal(part)
+	if err != nil {
+		unreachable(err.Error())
+		return
+	}
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	ctx.Request.Header.CopyTo(&req.Header) // the client's credentials go along
+	req.SetBody(body)
+	if err := r.peers.Forward(rctx, addr, string(ctx.URI().PathOriginal()), req, resp, nil, 1<<20); err != nil {
+		unreachable(err.Error())
+		return
+	}
+	var got []api.WriteResult
+	if resp.StatusCode() != fasthttp.StatusOK {
+		unreachable(fmt.Sprintf("answered %d: %s", resp.StatusCode(), bytes.TrimSpace(resp.Body())))
+		return
+	}
+	if err := json.Unmarshal(resp.Body(), &got); err != nil || len(got) != len(at) {
+		unreachable(fmt.Sprintf("%d results for %d items (%v)", len(got), len(at), err))
+		return
+	}
+	for x, j := range at {
+		results[j] = got[x]
+	}
+}
