@@ -468,15 +468,13 @@ func freePortPrefix(t *testing.T) string {
 		// Ports 20001..32763: below the kernel's ephemeral range, where an
 		// outgoing connection could take one before the node binds it (see
 		// testutil.FreeAddrOn).
+		// Each port is reserved as testutil.FreeAddr's are, so that no
+		// other test is handed it meanwhile; a prefix found wanting keeps
+		// the ones it reserved until the test ends, which costs nothing.
 		p := 2000 + rand.IntN(1276)
 		free := true
 		for i := 1; i <= 3 && free; i++ {
-			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d%d", p, i))
-			if err != nil {
-				free = false
-				continue
-			}
-			l.Close()
+			free = testutil.ReserveAddr(t, fmt.Sprintf("127.0.0.1:%d%d", p, i))
 		}
 		if free {
 			return strconv.Itoa(p)

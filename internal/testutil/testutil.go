@@ -43,26 +43,40 @@ func FreeAddr(t testing.TB) string { t.Helper(); return FreeAddrOn(t, "127.0.0.1
 // process (or another call here) holds is drawn again.
 func FreeAddrOn(t testing.TB, host string) string {
 	t.Helper()
+	for range 500 {
+		addr := net.JoinHostPort(host, strconv.Itoa(lowPortMin+rand.IntN(lowPortMax-lowPortMin)))
+		if ReserveAddr(t, addr) {
+			return addr
+		}
+	}
+	t.Fatalf("no free port on %s among 500 drawn in [%d, %d)", host, lowPortMin, lowPortMax)
+	return ""
+}
+
+// ReserveAddr reports whether addr's port is free now (over TCP and UDP)
+// and no other test holds it, and if so reserves it until t ends, as
+// FreeAddrOn does with the ports it draws. For a test that needs ports of
+// a given shape (the README's 710$i).
+func ReserveAddr(t testing.TB, addr string) bool {
+	t.Helper()
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
 	dir := filepath.Join(os.TempDir(), "stallfree-test-ports")
 	if err := os.MkdirAll(dir, 0o777); err != nil {
 		t.Fatal(err)
 	}
-	for range 500 {
-		port := strconv.Itoa(lowPortMin + rand.IntN(lowPortMax-lowPortMin))
-		addr := net.JoinHostPort(host, port)
-		held, ok := reserve(filepath.Join(dir, port))
-		if !ok {
-			continue // another test has it: draw again
-		}
-		if !bindable(addr) {
-			held.Close()
-			continue // something else listens there: draw again
-		}
-		t.Cleanup(func() { held.Close() }) // closing the file drops the lock
-		return addr
+	held, ok := reserve(filepath.Join(dir, port))
+	if !ok {
+		return false // another test has it
 	}
-	t.Fatalf("no free port on %s among 500 drawn in [%d, %d)", host, lowPortMin, lowPortMax)
-	return ""
+	if !bindable(addr) {
+		held.Close()
+		return false // something else listens there
+	}
+	t.Cleanup(func() { held.Close() }) // closing the file drops the lock
+	return true
 }
 
 // reserve takes an exclusive lock on path without waiting. Locks belong to

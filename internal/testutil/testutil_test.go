@@ -55,6 +55,25 @@ func TestFreeAddrsAreReserved(t *testing.T) {
 	}
 }
 
+// A given address is reserved once while its holder's test runs, and free
+// again after.
+func TestReserveAddr(t *testing.T) {
+	addr := FreeAddr(t)
+	if ReserveAddr(t, addr) {
+		t.Fatalf("%s reserved a second time", addr)
+	}
+	var other string
+	t.Run("holder", func(t *testing.T) {
+		other = FreeAddr(t)
+		if ReserveAddr(t, other) {
+			t.Fatalf("%s reserved a second time", other)
+		}
+	})
+	if !ReserveAddr(t, other) {
+		t.Fatalf("%s still held after its test ended", other)
+	}
+}
+
 // A port bound over UDP only is not free: gossip needs both.
 func TestBindableWantsTCPAndUDP(t *testing.T) {
 	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
