@@ -4,11 +4,18 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
 	"testing"
 
+	"github.com/valyala/fasthttp"
 	"github.com/vmihailenco/msgpack/v5"
 
 	"stallfree/api"
+	"stallfree/relay"
 )
 
 // An item write may exceed the 1 MiB every other body is held to (up to
@@ -83,6 +90,7 @@ func TestDerivedBatchWrites(t *testing.T) {
 		"a negative one":  pack([]api.ItemWrite{{Index: 1, Data: []byte("x")}, {Index: -1, Data: []byte("y")}}),
 		"trailing data":   append(pack([]api.ItemWrite{{Index: 1, Data: []byte("x")}}), 0xc0),
 		"over the limits": pack([]api.ItemWrite{{Index: 1, Data: []byte("x")}, {Index: 2, Data: make([]byte, 65<<20)}}),
+		"too many items":  pack(make([]api.ItemWrite, 4097)),
 	} {
 		if r := h.do("PUT", "/v1/datasets/dec/batch", body); r.status < 400 || r.status >= 500 {
 			t.Errorf("%s: %d %s; want a 4xx", name, r.status, r.body)
@@ -118,5 +126,51 @@ func TestDerivedBatchWrites(t *testing.T) {
 	}
 	if n := written(); n != 3 {
 		t.Fatalf("written %d, want 3", n)
+	}
+}
+
+// An owner from before batch writes answers PUT …/batch 405: its items are
+// relayed to it one by one (PUT …/index/{i}), each with its own status,
+// and the others in the batch are not touched.
+func TestRelayedBatchToAnOlderOwner(t *testing.T) {
+	var mu sync.Mutex
+	got := map[string][]byte{}
+	owner := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/batch") {
+			http.Error(w, `{"error":"method not allowed"}`, http.StatusMethodNotAllowed)
+			return
+		}
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		defer mu.Unlock()
+		if r.Method != "PUT" || r.Header.Get("Authorization") != "Bearer sekrit" {
+			http.Error(w, "want an authorized PUT", http.StatusBadRequest)
+			return
+		}
+		if string(b) == "conflicting" {
+			http.Error(w, `{"error":"written with other bytes"}`, http.StatusConflict)
+			return
+		}
+		got[r.URL.Path] = b
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer owner.Close()
+	peers := relay.New("self", "")
+	defer peers.Close()
+	r := derivedRoutes{peers: peers}
+	items := []api.ItemWrite{{Index: 1, Data: []byte("one")}, {Index: 2, Data: []byte("not relayed")},
+		{Index: 3, Data: []byte("conflicting")}}
+	results := make([]api.WriteResult, len(items))
+	req := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(req)
+	req.Header.SetMethod("PUT")
+	req.Header.Set("Authorization", "Bearer sekrit")
+	r.relayBatch(req, strings.TrimPrefix(owner.URL, "http://"), "/v1/datasets/dec/batch", items, []int{0, 2}, results)
+	if results[0].Status != 201 || !results[0].Created || results[1] != (api.WriteResult{}) ||
+		results[2].Status != 409 || results[2].Error != "written with other bytes" {
+		t.Fatalf("results %+v", results)
+	}
+	if len(got) != 1 || string(got["/v1/datasets/dec/index/1"]) != "one" {
+		t.Fatalf("the owner got %q", got)
 	}
 }

@@ -5,6 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -12,6 +15,7 @@ import (
 
 	"stallfree/api"
 	"stallfree/catalog"
+	"stallfree/node"
 )
 
 // MaxWriteBatchBytes bounds the body of PUT /v1/datasets/{name}/batch: a
@@ -59,6 +63,10 @@ func (r derivedRoutes) putBatch(ctx *fasthttp.RequestCtx, p params) {
 		writeError(ctx, fasthttp.StatusBadRequest, "an empty batch: want an array of {index, data}")
 		return
 	}
+	if len(items) > node.MaxBatch { // as for batch reads: each item costs a result, and the answer grows with them
+		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, fmt.Sprintf("%d items in one batch; the limit is %d", len(items), node.MaxBatch))
+		return
+	}
 	for _, it := range items {
 		if err := r.prep.Check(d, it.Index, len(it.Data)); err != nil {
 			fail(ctx, err)
@@ -79,11 +87,21 @@ func (r derivedRoutes) putBatch(ctx *fasthttp.RequestCtx, p params) {
 			byOwner[addr] = append(byOwner[addr], j)
 		}
 	}
-	rctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	// The owners at once, each with its own deadline: a slow one delays the
+	// answer, not the others' writes. Each fills in its own positions.
+	// The client's credentials go along; its header is copied here, not in
+	// the goroutines: fasthttp's request is no concurrent reader.
+	path := string(ctx.URI().PathOriginal())
+	var wg sync.WaitGroup
 	for addr, at := range byOwner {
-		r.relayBatch(rctx, ctx, addr, d, items, at, results)
+		req := fasthttp.AcquireRequest()
+		ctx.Request.Header.CopyTo(&req.Header)
+		wg.Go(func() {
+			defer fasthttp.ReleaseRequest(req)
+			r.relayBatch(req, addr, path, items, at, results)
+		})
 	}
+	wg.Wait()
 	writeJSON(ctx, fasthttp.StatusOK, results)
 }
 
@@ -100,43 +118,73 @@ func (r derivedRoutes) writeOne(d *catalog.Dataset, it api.ItemWrite, res *api.W
 	}
 }
 
-// relayBatch writes the items at positions at in one request to the node at
-// addr, their owner, and fills in their results; when no whole answer comes,
-// each is a 503.
-func (r derivedRoutes) relayBatch(rctx context.Context, ctx *fasthttp.RequestCtx, addr string, d *catalog.Dataset, items []api.ItemWrite, at []int, results []api.WriteResult) {
-	unreachable := func(why string) {
+// relayBatch writes the items at positions in one request (req, the
+// client's header) to the node at addr, their owner, and fills in their
+// results; when no whole answer comes,
+// each is a 503. An owner that answers 405 (one from before batch writes,
+// during a rolling upgrade) gets them one by one.
+func (r derivedRoutes) relayBatch(req *fasthttp.Request, addr, path string, items []api.ItemWrite, positions []int, results []api.WriteResult) {
+	rctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	unreachable := func(at []int, why string) {
 		for _, j := range at {
 			results[j].Status, results[j].Error = fasthttp.StatusServiceUnavailable, "relay to the item's owner: "+why
 		}
 	}
-	part := make([]api.ItemWrite, len(at))
-	for x, j := range at {
+	part := make([]api.ItemWrite, len(positions))
+	for x, j := range positions {
 		part[x] = items[j]
 	}
 	body, err := msgpack.Marshal(part)
 	if err != nil {
-		unreachable(err.Error())
+		unreachable(positions, err.Error())
 		return
 	}
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
+	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseResponse(resp)
-	ctx.Request.Header.CopyTo(&req.Header) // the client's credentials go along
 	req.SetBody(body)
-	if err := r.peers.Forward(rctx, addr, string(ctx.URI().PathOriginal()), req, resp, nil, 1<<20); err != nil {
-		unreachable(err.Error())
+	if err := r.peers.Forward(rctx, addr, path, req, resp, nil, 1<<20); err != nil {
+		unreachable(positions, err.Error())
+		return
+	}
+	if resp.StatusCode() == fasthttp.StatusMethodNotAllowed {
+		r.relayEach(rctx, req, resp, addr, strings.TrimSuffix(path, "batch")+"index/", items, positions, results)
 		return
 	}
 	var got []api.WriteResult
 	if resp.StatusCode() != fasthttp.StatusOK {
-		unreachable(fmt.Sprintf("answered %d: %s", resp.StatusCode(), bytes.TrimSpace(resp.Body())))
+		unreachable(positions, fmt.Sprintf("answered %d: %s", resp.StatusCode(), bytes.TrimSpace(resp.Body())))
 		return
 	}
-	if err := json.Unmarshal(resp.Body(), &got); err != nil || len(got) != len(at) {
-		unreachable(fmt.Sprintf("%d results for %d items (%v)", len(got), len(at), err))
+	if err := json.Unmarshal(resp.Body(), &got); err != nil || len(got) != len(positions) {
+		unreachable(positions, fmt.Sprintf("%d results for %d items (%v)", len(got), len(positions), err))
 		return
 	}
-	for x, j := range at {
+	for x, j := range positions {
 		results[j] = got[x]
+	}
+}
+
+// relayEach writes the items at positions one request each (PUT
+// {prefix}{index}) to the node at addr, reusing req and resp.
+func (r derivedRoutes) relayEach(rctx context.Context, req *fasthttp.Request, resp *fasthttp.Response, addr, prefix string, items []api.ItemWrite, positions []int, results []api.WriteResult) {
+	for _, j := range positions {
+		res := &results[j]
+		req.SetBody(items[j].Data)
+		req.Header.SetContentType("application/octet-stream")
+		resp.Reset()
+		if err := r.peers.Forward(rctx, addr, prefix+strconv.Itoa(items[j].Index), req, resp, nil, 1<<16); err != nil {
+			res.Status, res.Error = fasthttp.StatusServiceUnavailable, "relay to the item's owner: "+err.Error()
+			continue
+		}
+		res.Status = resp.StatusCode()
+		res.Created = res.Status == fasthttp.StatusCreated
+		if res.Status >= 300 {
+			var e api.Error
+			if json.Unmarshal(resp.Body(), &e) != nil || e.Message == "" {
+				e.Message = string(bytes.TrimSpace(resp.Body()))
+			}
+			res.Error = e.Message
+		}
 	}
 }

@@ -63,11 +63,7 @@ func ReserveAddr(t testing.TB, addr string) bool {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := filepath.Join(os.TempDir(), "stallfree-test-ports")
-	if err := os.MkdirAll(dir, 0o777); err != nil {
-		t.Fatal(err)
-	}
-	held, ok := reserve(filepath.Join(dir, port))
+	held, ok := reserve(filepath.Join(portLocks(t), port))
 	if !ok {
 		return false // another test has it
 	}
@@ -79,10 +75,25 @@ func ReserveAddr(t testing.TB, addr string) bool {
 	return true
 }
 
+// portLocks is the directory of the ports' lock files, shared by every
+// user's tests on the host (sticky and writable by all, as /tmp is). The
+// files are never removed: removing one while another holder has it open
+// would let a third lock a new file of the same name.
+func portLocks(t testing.TB) string {
+	dir := filepath.Join(os.TempDir(), "stallfree-test-ports")
+	if err := os.Mkdir(dir, 0o777); err == nil {
+		os.Chmod(dir, 0o777|os.ModeSticky) // past the umask
+	} else if !os.IsExist(err) {
+		t.Fatal(err)
+	}
+	return dir
+}
+
 // reserve takes an exclusive lock on path without waiting. Locks belong to
 // open files, so a second reservation fails in this process as in another.
+// Read-only: a lock file another user made can be locked too.
 func reserve(path string) (*os.File, bool) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o666)
+	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE, 0o444)
 	if err != nil {
 		return nil, false
 	}

@@ -43,7 +43,7 @@ func TestFreeAddrsAreReserved(t *testing.T) {
 	var addr string
 	t.Run("holder", func(t *testing.T) { addr = FreeAddr(t) })
 	_, port, _ := net.SplitHostPort(addr)
-	lock := filepath.Join(os.TempDir(), "stallfree-test-ports", port)
+	lock := filepath.Join(portLocks(t), port)
 	held, ok := reserve(lock)
 	if !ok {
 		t.Fatalf("%s still reserved after its test ended", addr)
