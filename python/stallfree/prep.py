@@ -81,19 +81,27 @@ def decode(data, copy=True):
     if magic != MAGIC or _HEAD.size + n > len(data):
         raise ValueError("prep cache: not an encoded array (wrong magic or header length)")
     head = json.loads(bytes(data[_HEAD.size:_HEAD.size + n]))
-    if copy or not isinstance(data, bytearray):
-        raw = bytearray(memoryview(data)[_HEAD.size + n:])  # copied once
-    else:
-        raw = memoryview(data)[_HEAD.size + n:]
-    shape = tuple(head["shape"])
+    start, shape = _HEAD.size + n, tuple(head["shape"])
     if head["kind"] == "torch":
         import torch
 
         dtype = getattr(torch, head["dtype"])
+        raw = _payload(data, start, torch.empty((), dtype=dtype).element_size(), copy)
         if not len(raw):
             return torch.empty(shape, dtype=dtype)
         return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(shape)
-    return np.frombuffer(raw, dtype=np.dtype(head["dtype"])).reshape(shape)
+    dtype = np.dtype(head["dtype"])
+    return np.frombuffer(_payload(data, start, dtype.itemsize, copy), dtype=dtype).reshape(shape)
+
+
+def _payload(data, start, itemsize, copy):
+    """data's bytes from start, writable: a copy, or with copy=False a view
+    of data (a bytearray) when its first element is aligned for its dtype.
+    The header's length makes the offset arbitrary, and numpy and torch work
+    on a misaligned array, slower."""
+    if copy or not isinstance(data, bytearray) or start % max(itemsize, 1):
+        return bytearray(memoryview(data)[start:])  # copied once
+    return memoryview(data)[start:]
 
 
 class DecodeResize:
@@ -137,6 +145,22 @@ class DecodeResize:
 
     def __repr__(self):
         return f"DecodeResize({self.side})"
+
+
+def _chunks(pairs, limit):
+    """[(index, bytes)] in runs of at most ``limit`` bytes (an item larger
+    than that alone): a node takes a batch write of up to 256 MiB, and
+    refuses a larger one before its body is read, which the sender sees as
+    a broken connection, not as a 413."""
+    run, size = [], 0
+    for pair in pairs:
+        if run and size + len(pair[1]) > limit:
+            yield run
+            run, size = [], 0
+        run.append(pair)
+        size += len(pair[1])
+    if run:
+        yield run
 
 
 class PrepStage:
@@ -241,6 +265,10 @@ class PrepStage:
                 out[j] = (key, value) if keys else value
         return out
 
+    #: The most bytes of F's results one batch write carries (the node's
+    #: limit is 256 MiB).
+    max_write_bytes = 64 << 20
+
     def _compute_many(self, client, indices, raws):
         """Runs F on each item and writes the results back in one request;
         as _compute, another writer's result, when it was first, is what
@@ -249,7 +277,9 @@ class PrepStage:
             return [self._compute(client, i, raw) for i, raw in zip(indices, raws)]
         data = [encode(self.fn(raw)) for raw in raws]
         try:
-            results = client.put_items(self.name, list(zip(indices, data)))
+            results = []
+            for part in _chunks(list(zip(indices, data)), self.max_write_bytes):
+                results.extend(client.put_items(self.name, part))
         except StallfreeError as e:
             if e.status not in (405, 413):
                 raise

@@ -13,7 +13,7 @@ import torch  # noqa: E402
 import torch.utils.data  # noqa: E402
 
 from stallfree import Client, StallfreeError  # noqa: E402
-from stallfree.prep import decode, derived_name, encode  # noqa: E402
+from stallfree.prep import _chunks, decode, derived_name, encode  # noqa: E402
 from stallfree.torch import BatchLoader, CachedDataset  # noqa: E402
 
 from harness import Cluster, ClusterCase, wait_until  # noqa: E402
@@ -107,6 +107,20 @@ class EncodingTest(unittest.TestCase):
             self.assertNotEqual(decode(data)[0, 1], 7, "decode() copies")
         with self.assertRaises(ValueError):
             decode(bytearray(b"short"), copy=False)
+
+    def test_decode_without_a_copy_stays_aligned(self):
+        # The header's length puts the bytes at any offset: where it is no
+        # multiple of the item size, decode copies rather than hand out a
+        # misaligned array.
+        for shape in [(3,), (3, 4), (10, 11, 12), (7, 1)]:
+            for v in [np.arange(int(np.prod(shape)), dtype=np.float64).reshape(shape),
+                      torch.arange(int(np.prod(shape)), dtype=torch.float64).reshape(shape)]:
+                got = decode(encode(v), copy=False)
+                if isinstance(got, torch.Tensor):
+                    self.assertEqual(got.data_ptr() % 8, 0, shape)
+                else:
+                    self.assertTrue(got.flags.aligned, shape)
+                self.assertTrue(same_array(got, v), shape)
 
     def test_names(self):
         self.assertEqual(derived_name("imgs", "decoded-224-v1"), "imgs.decoded-224-v1")
@@ -288,7 +302,7 @@ class PrepTest(ClusterCase):
                 gets = [c for c in calls if c[0] == "GET" and "/index/" in c[1]]
                 self.assertEqual(gets, [], "no item read one by one in the first epoch")
                 sizes = [min(8, n - b) for b in range(0, n, 8)]
-                self.assertEqual(sum(c == ("POST", c[1]) and c[1].endswith("/batch") for c in calls), 2 * len(sizes),
+                self.assertEqual(sum(c[0] == "POST" and c[1].endswith("/batch") for c in calls), 2 * len(sizes),
                                  "two batch reads a minibatch: what is written, the parent's bytes")
                 self.assertEqual(sum(c[0] == "PUT" and c[1].endswith("/batch") for c in calls),
                                  sum(k > 1 for k in sizes), "one batch write a minibatch")
@@ -363,6 +377,30 @@ class PrepTest(ClusterCase):
             self.assertTrue(same_array(x, self.want[i]), f"item {i}")
         info = Client(self.url2).dataset(derived_name("ds", "old-node"))
         self.assertEqual(info["written"], 16)
+
+    def test_batch_writes_split_by_bytes(self):
+        """A minibatch's results go back in writes of at most
+        ``max_write_bytes`` (a node refuses a body over its limit before
+        reading it), an item larger than that alone."""
+        self.assertEqual([[p[0] for p in run] for run in _chunks([(0, b"a" * 4), (1, b"b" * 4), (2, b"c" * 9),
+                                                                    (3, b"d"), (4, b"e")], 8)],
+                         [[0, 1], [2], [3, 4]])
+        self.assertEqual(list(_chunks([], 8)), [])
+        ds = CachedDataset(self.url1, "ds", cache_stage=("split-writes", Stage(self.flog)))
+        ds.prep.max_write_bytes = 1  # every item on its own
+        client = ds.client
+        sent = []
+        put_items = client.put_items
+
+        def counting(dataset, items):
+            sent.append(len(items))
+            return put_items(dataset, items)
+        client.put_items = counting
+        got = ds.__getitems__(list(range(8)))
+        self.assertEqual(sent, [1] * 8)
+        for i, x in enumerate(got):
+            self.assertTrue(same_array(x, self.want[i]), f"item {i}")
+        self.assertEqual(Client(self.url2).dataset(derived_name("ds", "split-writes"))["written"], 8)
 
     def test_keys_and_labels(self):
         """with_key and labels with a prep stage: keys and labels right

@@ -20,14 +20,18 @@ def log(*a):
     print(*a, file=sys.stderr, flush=True)
 
 
-#: Locks on the ports free_port handed out, held while this process lives.
+#: Locks on the ports free_port handed out last, oldest first. A port is
+#: only at risk between the draw and its node's bind; by the time this many
+#: more have been drawn, its node has bound it (or is gone), so the oldest
+#: lock is let go, and a long test run holds a bounded number of files.
 _RESERVED = {}
+_HELD = 64
 
 
 def free_port():
-    """A TCP port on 127.0.0.1 nobody listens on now, and one free_port
-    hands out once: neither this process nor a Go test (testutil.FreeAddr
-    locks the same files) is handed it again while this process lives.
+    """A TCP and UDP port on 127.0.0.1 nobody listens on now, and one no
+    other test is handed meanwhile: neither this process (the last 64 it
+    drew) nor a Go test (testutil.FreeAddr locks the same files).
 
     It is drawn below Linux's ephemeral range (32768 and up). A port the
     kernel hands out for port 0 is one it may also give an outgoing
@@ -44,21 +48,21 @@ def free_port():
         port = random.randrange(20000, 32768)
         if port in _RESERVED:
             continue
-        fd = os.open(os.path.join(locks, str(port)), os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fd = os.open(os.path.join(locks, str(port)), os.O_RDONLY | os.O_CREAT, 0o444)
+        except OSError:
+            continue  # a file this user may not open: draw again
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):  # gossip binds both
+                with socket.socket(socket.AF_INET, kind) as s:
+                    s.bind(("127.0.0.1", port))
         except OSError:
             os.close(fd)
-            continue  # another process has it: draw again
-        s = socket.socket()
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            os.close(fd)
-            continue  # taken: draw again
-        finally:
-            s.close()
+            continue  # another test has it, or something listens there: draw again
         _RESERVED[port] = fd
+        while len(_RESERVED) > _HELD:
+            os.close(_RESERVED.pop(next(iter(_RESERVED))))
         return port
     raise RuntimeError("no free port among 500 drawn in [20000, 32768)")
 
