@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/valyala/fasthttp"
+
 	"stallfree/api"
 	"stallfree/clusterauth"
 	"stallfree/node"
@@ -185,5 +187,47 @@ func TestInternalRoutesWantAMemberProof(t *testing.T) {
 		if resp.StatusCode != want {
 			t.Fatalf("a request signed by %s: %d, want %d", from, resp.StatusCode, want)
 		}
+	}
+}
+
+// A request marked as relayed makes a node act on it as a peer's (write an
+// item it does not own, commit a step without asking the owner): with a
+// cluster key the mark needs a member's proof, on every route. A client
+// that sets it alone gets a 403 and changes nothing; a node's relay
+// (relay.Client.Forward, signed) goes through.
+func TestTheRelayMarkWantsAMemberProof(t *testing.T) {
+	h := start(t, 2, 10, 1<<20, "lru", "tok")
+	if r := h.do("PUT", "/v1/datasets/dec", []byte(`{"derived_from":"ds","stage":"s"}`)); r.status != 201 {
+		t.Fatalf("derive: %d %s", r.status, r.body)
+	}
+	key := h.node.MemberKey()
+	wrong := clusterauth.SignRequest(key, "PUT", "/v1/datasets/dec/index/0", "t1", time.Now())
+	for name, header := range map[string][]string{
+		"the mark alone":      {api.HeaderForwarded, "t1"},
+		"a proof for another": {api.HeaderForwarded, "t1", clusterauth.HeaderMember, wrong},
+	} {
+		if r := h.do("PUT", "/v1/datasets/dec/index/1", []byte("forged"), header...); r.status != 403 {
+			t.Fatalf("%s: %d %s", name, r.status, r.body)
+		}
+		if r := h.do("PUT", "/v1/datasets/dec/batch", []byte{0x90}, header...); r.status != 403 {
+			t.Fatalf("%s, a batch: %d %s", name, r.status, r.body)
+		}
+	}
+	if r := h.do("GET", "/v1/datasets/dec/index/1", nil); r.status != 404 {
+		t.Fatalf("a refused relay wrote item 1: %d %s", r.status, r.body)
+	}
+	peers := relay.New("t1", "tok", relay.MemberKey(key))
+	defer peers.Close()
+	in, out := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(in)
+	defer fasthttp.ReleaseResponse(out)
+	in.Header.SetMethod("PUT")
+	in.Header.Set("Authorization", "Bearer tok")
+	in.SetBody([]byte("relayed"))
+	if err := peers.Forward(context.Background(), strings.TrimPrefix(h.base, "http://"), "/v1/datasets/dec/index/1", in, out, nil, 1<<16); err != nil || out.StatusCode() != 201 {
+		t.Fatalf("a member's relay: %v, %d %s", err, out.StatusCode(), out.Body())
+	}
+	if r := h.do("GET", "/v1/datasets/dec/index/1", nil); r.status != 200 || string(r.body) != "relayed" {
+		t.Fatalf("item 1 after the member's relay: %d %q", r.status, r.body)
 	}
 }

@@ -285,7 +285,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		}
 		return
 	case !s.member(ctx, seg):
-		writeError(ctx, fasthttp.StatusForbidden, "internal routes serve members only (cluster key)")
+		writeError(ctx, fasthttp.StatusForbidden, "internal routes and requests marked as relayed serve members only (cluster key)")
 		refuse(ctx, maxUnauthorizedDrain)
 		return
 	case rt.stream:
@@ -355,25 +355,32 @@ func refuse(ctx *fasthttp.RequestCtx, bound int64) {
 // refuseDrainTime bounds how long a refused body is drained.
 const refuseDrainTime = 200 * time.Millisecond
 
-// member reports whether a request may use the route under seg: an
+// member reports whether a request may use the route under seg. An
 // internal route (/v1/internal/…) acts on this node's own copies, so it
 // wants a member's proof (clusterauth.SignRequest) beside the token, which
-// clients hold too. Without a cluster key (loopback only) the token is all
-// there is.
+// clients hold too, from a member gossip sees alive. A request marked as
+// relayed by another node (api.HeaderForwarded) wants the proof too, on
+// any route: the mark makes a node act on a request as a peer's (write an
+// item it does not own, commit a checkpoint step without asking its
+// owner), and a client could set it. A node that left still holds the key;
+// a relay it sent on a client's behalf is no worse than that client's own
+// request, so only the internal routes ask for a live member. Without a
+// cluster key (loopback only) the token is all there is.
 func (s *Server) member(ctx *fasthttp.RequestCtx, seg []string) bool {
-	if len(s.memberKey) == 0 || len(seg) < 2 || seg[0] != "v1" || seg[1] != "internal" {
+	internal := len(seg) >= 2 && seg[0] == "v1" && seg[1] == "internal"
+	if len(s.memberKey) == 0 || (!internal && !relayed(ctx)) {
 		return true
 	}
 	from := string(ctx.Request.Header.Peek(api.HeaderForwarded))
 	err := clusterauth.VerifyRequest(s.memberKey, string(ctx.Method()), string(ctx.RequestURI()),
 		from, string(ctx.Request.Header.Peek(clusterauth.HeaderMember)), time.Now())
-	if err == nil && !s.liveMember(from) {
+	if err == nil && internal && !s.liveMember(from) {
 		// A node that left (or was removed) still holds the key: only the
 		// members gossip sees alive may act on this node's copies.
 		err = fmt.Errorf("%s is not a live member", from)
 	}
 	if err != nil {
-		s.log.Warn("internal route refused", "path", string(ctx.Path()), "from", ctx.RemoteAddr().String(), "err", err)
+		s.log.Warn("member's request refused", "path", string(ctx.Path()), "from", ctx.RemoteAddr().String(), "err", err)
 		return false
 	}
 	return true

@@ -206,6 +206,12 @@ func (c *Client) forward(ctx context.Context, via *http.Client, addr, uri string
 		req.Header[k] = v
 	}
 	req.Header.Set(api.HeaderForwarded, c.self)
+	if len(c.memberKey) > 0 {
+		// The receiver believes the mark only with a member's proof: a
+		// client could set the header too. Signed over the request line Go
+		// will send, which may escape uri differently.
+		req.Header.Set(clusterauth.HeaderMember, clusterauth.SignRequest(c.memberKey, req.Method, req.URL.RequestURI(), c.self, time.Now()))
+	}
 	resp, err := via.Do(req)
 	if err != nil {
 		return err
