@@ -316,15 +316,7 @@ class _Prep:
         else:
             pairs = self.client.batch(self.dataset, indices)
             keys, raw = [k for k, _ in pairs], [d for _, d in pairs]
-        s = batch_seed(self.seed, epoch, b)
-        with self._seeded:
-            random.seed(s)
-            if np is not None:
-                np.random.seed(s % (2 ** 32))
-            torch = sys.modules.get("torch")
-            if torch is not None:
-                torch.manual_seed(s)
-            samples = [self.transform(x) for x in raw] if self.transform else raw
+        samples = self.seeded(epoch, b, lambda: [self.transform(x) for x in raw] if self.transform else raw)
         torch = sys.modules.get("torch")
         x = None
         if self.collate_fn is default_collate:

@@ -126,3 +126,32 @@ class ClusterCase(unittest.TestCase):
     def tearDown(self):
         self.cluster.stop()
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+class TokenNodeCase(unittest.TestCase):
+    """One node started with a token (``token``) in a temporary directory,
+    at ``self.url``, with one file to register: data/a.bin, b"abc" * 100.
+    The node's data directory is n/ (its socket: n/stallfree.sock)."""
+
+    token = "token"
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="stallfree-tok")
+        with open(os.path.join(self.tmp, "token"), "w") as f:
+            f.write(self.token + "\n")
+        os.makedirs(os.path.join(self.tmp, "data"))
+        with open(os.path.join(self.tmp, "data", "a.bin"), "wb") as f:
+            f.write(b"abc" * 100)
+        self.url = f"http://127.0.0.1:{free_port()}"
+        self.log = open(os.path.join(self.tmp, "node.log"), "w")
+        self.proc = subprocess.Popen([BIN, "--name", "tok", "--bootstrap", "--http", self.url[7:],
+                                      "--peer", f"127.0.0.1:{free_port()}", "--gossip", f"127.0.0.1:{free_port()}",
+                                      "--raft", f"127.0.0.1:{free_port()}", "--data-dir", os.path.join(self.tmp, "n"),
+                                      "--memory", "64MiB", "--fast-timers", "--log-level", "warn",
+                                      "--token-file", os.path.join(self.tmp, "token")], stdout=self.log, stderr=self.log)
+
+    def tearDown(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=15)
+        self.log.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)

@@ -6,7 +6,6 @@ import multiprocessing
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -20,7 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 from stallfree import Client, NodeUnreachable, StallfreeError  # noqa: E402
 from stallfree.torch import BatchLoader, CachedDataset, LocalitySampler, StallMeter  # noqa: E402
 
-from harness import BIN, Cluster, ClusterCase, free_port, wait_until  # noqa: E402
+from harness import Cluster, ClusterCase, TokenNodeCase, free_port, wait_until  # noqa: E402
 
 
 def count_batch_requests(client):
@@ -220,30 +219,11 @@ class BatchLoaderTest(ClusterCase):
         self.assertIn("BatchLoader: dataset 'ds'", str(e.exception))
 
 
-class TokenTest(unittest.TestCase):
+class TokenTest(TokenNodeCase):
     """One node with a token: the socket is used with it, and a wrong token
     stops BatchLoader at construction."""
 
-    def setUp(self):
-        self.tmp = tempfile.mkdtemp(prefix="stallfree-bltok")
-        with open(os.path.join(self.tmp, "token"), "w") as f:
-            f.write("bl-token\n")
-        os.makedirs(os.path.join(self.tmp, "data"))
-        with open(os.path.join(self.tmp, "data", "a.bin"), "wb") as f:
-            f.write(b"abc" * 100)
-        self.url = f"http://127.0.0.1:{free_port()}"
-        self.log = open(os.path.join(self.tmp, "node.log"), "w")
-        self.proc = subprocess.Popen([BIN, "--name", "tok", "--bootstrap", "--http", self.url[7:],
-                                      "--peer", f"127.0.0.1:{free_port()}", "--gossip", f"127.0.0.1:{free_port()}",
-                                      "--raft", f"127.0.0.1:{free_port()}", "--data-dir", os.path.join(self.tmp, "n"),
-                                      "--memory", "64MiB", "--fast-timers", "--log-level", "warn",
-                                      "--token-file", os.path.join(self.tmp, "token")], stdout=self.log, stderr=self.log)
-
-    def tearDown(self):
-        self.proc.terminate()
-        self.proc.wait(timeout=15)
-        self.log.close()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+    token = "bl-token"
 
     def test_token(self):
         c = Client(self.url, token="bl-token")

@@ -6,7 +6,6 @@ import io
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import unittest
@@ -20,7 +19,7 @@ from stallfree import Client, NodeUnreachable, StallfreeError  # noqa: E402
 from stallfree.prep import PrepStage  # noqa: E402
 from stallfree.torch import CachedDataset, DeviceLoader, LocalitySampler, StallMeter  # noqa: E402
 
-from harness import BIN, Cluster, ClusterCase, free_port, wait_until  # noqa: E402
+from harness import Cluster, ClusterCase, TokenNodeCase, free_port, wait_until  # noqa: E402
 from images import JPEGS  # noqa: E402
 
 try:
@@ -281,29 +280,10 @@ class DeviceLoaderTest(ClusterCase):
         self.assertIn("DeviceLoader: dataset 'ds'", str(e.exception))
 
 
-class TokenTest(unittest.TestCase):
+class TokenTest(TokenNodeCase):
     """A wrong token stops DeviceLoader at construction, naming the node."""
 
-    def setUp(self):
-        self.tmp = tempfile.mkdtemp(prefix="stallfree-devtok")
-        with open(os.path.join(self.tmp, "token"), "w") as f:
-            f.write("dev-token\n")
-        os.makedirs(os.path.join(self.tmp, "data"))
-        with open(os.path.join(self.tmp, "data", "a.bin"), "wb") as f:
-            f.write(b"abc" * 100)
-        self.url = f"http://127.0.0.1:{free_port()}"
-        self.log = open(os.path.join(self.tmp, "node.log"), "w")
-        self.proc = subprocess.Popen([BIN, "--name", "tok", "--bootstrap", "--http", self.url[7:],
-                                      "--peer", f"127.0.0.1:{free_port()}", "--gossip", f"127.0.0.1:{free_port()}",
-                                      "--raft", f"127.0.0.1:{free_port()}", "--data-dir", os.path.join(self.tmp, "n"),
-                                      "--memory", "64MiB", "--fast-timers", "--log-level", "warn",
-                                      "--token-file", os.path.join(self.tmp, "token")], stdout=self.log, stderr=self.log)
-
-    def tearDown(self):
-        self.proc.terminate()
-        self.proc.wait(timeout=15)
-        self.log.close()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+    token = "dev-token"
 
     def test_wrong_token(self):
         c = Client(self.url, token="dev-token")
