@@ -165,11 +165,10 @@ def _pad(n):
     return -n % _ALIGN
 
 
-def encode_batch(batch, alloc=None):
-    """Bytes of a collated batch (see the module's docstring for the types).
-    With ``alloc(n)`` (a writable buffer of n bytes, e.g. a reused numpy
-    array), the batch is written into that buffer, which is returned: no
-    fresh allocation and no copy into bytes."""
+def _layout(batch):
+    """(prefix, [(offset, array or _Stacked)], size) of batch's encoding:
+    the prefix is the magic, the header's length and the header; each
+    array's bytes start at its offset, and zeros fill the gaps."""
     arrays = []
     structure = _arrays_out(batch, arrays)
     offsets, off = [], 0
@@ -185,13 +184,20 @@ def encode_batch(batch, alloc=None):
         header = msgpack.packb([structure, offsets])
         if len(_MAGIC) + 4 + len(header) <= start:
             break
-    buf = alloc(off) if alloc is not None else bytearray(off)
+    return _MAGIC + len(header).to_bytes(4, "little") + header, list(zip(offsets, arrays)), off
+
+
+def encode_batch(batch, alloc=None):
+    """Bytes of a collated batch (see the module's docstring for the types).
+    With ``alloc(n)`` (a writable buffer of n bytes, e.g. a reused numpy
+    array), the batch is written into that buffer, which is returned: no
+    fresh allocation and no copy into bytes."""
+    prefix, slots, size = _layout(batch)
+    buf = alloc(size) if alloc is not None else bytearray(size)
     out = memoryview(buf).cast("B")
-    end = 8 + len(header)
-    out[:4] = _MAGIC
-    out[4:8] = len(header).to_bytes(4, "little")
-    out[8:end] = header
-    for a, o in zip(arrays, offsets):
+    end = len(prefix)
+    out[:end] = prefix
+    for o, a in slots:
         if alloc is not None and o > end:  # a reused buffer: the padding is zeroed, as bytearray's is
             out[end:o] = bytes(o - end)
         if isinstance(a, _Stacked):
@@ -202,10 +208,28 @@ def encode_batch(batch, alloc=None):
             out[o:o + a.nbytes] = memoryview(a).cast("B") if a.nbytes else b""
         end = o + a.nbytes
     if alloc is not None:
-        if off > end:
-            out[end:off] = bytes(off - end)
+        if size > end:
+            out[end:size] = bytes(size - end)
         return buf
     return bytes(out)
+
+
+def _pieces(batch):
+    """encode_batch's bytes as a list of buffers, in order: the arrays (each
+    row of a stack) are their own memory, not copies, so that writing the
+    list out copies every byte once."""
+    prefix, slots, size = _layout(batch)
+    out, end = [prefix], len(prefix)
+    for o, a in slots:
+        if o > end:
+            out.append(bytes(o - end))
+        for r in (a.rows if isinstance(a, _Stacked) else [a]):
+            if r.nbytes:
+                out.append(memoryview(np.ascontiguousarray(r)).cast("B"))
+        end = o + a.nbytes
+    if size > end:
+        out.append(bytes(size - end))
+    return out
 
 
 def decode_batch(data):
@@ -307,9 +331,13 @@ class _Prep:
             self._client, self._pid = Client(self.url, token=self.token), os.getpid()
         return self._client
 
-    def __call__(self, epoch, b, indices):
-        if self.stage is not None:
-            return self.stage_batch(indices)
+    def __call__(self, epoch, b, indices, encoded=True):
+        """(the batch, encoded unless not encoded, how many items F ran on)."""
+        batch, computed = self.stage_batch(indices) if self.stage is not None else (self.batch(epoch, b, indices), 0)
+        return (encode_batch(batch, self.alloc) if encoded else batch), computed
+
+    def batch(self, epoch, b, indices):
+        """The collated batch of indices (with labels: the pair)."""
         if self.tar:
             raw = self.client.samples(self.dataset, indices)
             keys = [d["__key__"] for d in raw]
@@ -326,13 +354,14 @@ class _Prep:
         if x is None:
             x = self.collate_fn(samples)
         if self.labels is None:
-            return encode_batch(x, self.alloc), 0
+            return x
         y = self.labels.of(indices, keys)
-        return encode_batch((x, torch.from_numpy(y) if torch is not None else y), self.alloc), 0
+        return x, torch.from_numpy(y) if torch is not None else y
 
     def stage_batch(self, indices):
-        """F's outputs for indices, stacked (with labels: and the labels, as
-        numpy), encoded; F runs on the items not written yet."""
+        """(F's outputs for indices, stacked (with labels: and the labels, as
+        numpy), how many items F ran on): F runs on the items not written
+        yet."""
         want_keys = self.labels is not None and self.labels.needs_keys
         computed = []
         got = self.stage.get_many(self.client, indices, keys=want_keys, computed=computed)
@@ -341,8 +370,8 @@ class _Prep:
             keys, got = [k for k, _ in got], [a for _, a in got]
         x = _Stacked.of(got) or _stack(got)
         if self.labels is None:
-            return encode_batch(x, self.alloc), len(computed)
-        return encode_batch((x, self.labels.of(indices, keys)), self.alloc), len(computed)
+            return x, len(computed)
+        return (x, self.labels.of(indices, keys)), len(computed)
 
     def seeded(self, epoch, b, fn):
         """fn() under the batch's seed (random, numpy's and torch's generators)."""
@@ -385,20 +414,35 @@ def _map_file(path):
     the node and the other jobs on this host until a job writes to it."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        size = os.fstat(fd).st_size
-        return mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE) if size else b""
+        return _map_fd(fd)
     finally:
         os.close(fd)  # the mapping stays
 
 
-def _memfd_of(data):
-    """A new memfd holding data, open to sealing: a staged batch to hand
-    over to the node on this host."""
+def _map_fd(fd):
+    """The file fd, mapped copy-on-write (private: a node's seal, which
+    refuses shared writable mappings, allows it)."""
+    size = os.fstat(fd).st_size
+    return mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE) if size else b""
+
+
+def _memfd_of(pieces):
+    """A new memfd holding the buffers of pieces, one after the other, open
+    to sealing: a staged batch to hand over to the node on this host.
+    write(2) into a new memfd costs less than mapping it and copying in (its
+    fresh pages are never zeroed), and a batch's arrays go straight from
+    where they are."""
     fd = os.memfd_create("stallfree-batch", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
-        view = memoryview(data).cast("B")
-        while view:
-            view = view[os.write(fd, view):]
+        views = [v for v in (memoryview(p).cast("B") for p in pieces) if v.nbytes]
+        k = 0
+        while k < len(views):
+            n = os.writev(fd, views[k:k + 512])  # at most IOV_MAX (1024) at once
+            while k < len(views) and n >= views[k].nbytes:
+                n -= views[k].nbytes
+                k += 1
+            if n:
+                views[k] = views[k][n:]
     except BaseException:
         os.close(fd)
         raise
@@ -500,6 +544,7 @@ class CoordinatedLoader:
         self._next = 0  # the next batch of the current epoch to yield
         self.calls = 0
         self.stage_calls = 0
+        self._orders = {}  # epoch -> epoch_order, for the current and the next epoch
         self._pool = None
         self._io = None
         self._local = threading.local()
@@ -563,8 +608,22 @@ class CoordinatedLoader:
 
     def indices(self, epoch, b):
         """The sample indices of batch b of epoch, in the group's order."""
-        order = epoch_order(self.seed, epoch, self.samples)
+        order = self._order(epoch)
         return order[b * self.batch_size:(b + 1) * self.batch_size]
+
+    def _order(self, epoch):
+        """epoch_order for epoch, drawn once: a permutation of the whole
+        dataset costs O(samples) (about a second for ImageNet's 1.28M), and
+        every batch wants its slice of it two or three times."""
+        epoch = int(epoch)
+        with self._lock:
+            order = self._orders.get(epoch)
+            if order is None:
+                order = self._orders[epoch] = epoch_order(self.seed, epoch, self.samples)
+                # Read-ahead can cross into the next epoch; the oldest drawn goes.
+                while len(self._orders) > 2:
+                    del self._orders[next(iter(self._orders))]
+            return order
 
     def state_dict(self):
         """Where this job is: enough to resume after the last batch yielded."""
@@ -689,8 +748,7 @@ class CoordinatedLoader:
             p = self.producer_of(epoch, b)
             try:
                 if p == self.job:
-                    data = self._prepare(epoch, b)
-                    return self._stage(epoch, b, data)
+                    return self._stage(epoch, b)
                 return self._call("GET", epoch, b, None, self.wait)
             except _Answer as a:
                 if a.status == 410:
@@ -711,18 +769,28 @@ class CoordinatedLoader:
                         # (a node joined or left). Make it here; the seeded
                         # augmentation gives the same bytes, and a copy staged
                         # meanwhile wins (409).
-                        return self._stage(epoch, b, self._prepare(epoch, b))
+                        return self._stage(epoch, b)
                     self._refresh()
                     continue
                 # The node says this job prepares it (it took over a detached
                 # job's share): its answer counts, whatever this job knew.
                 self._refresh()
-                return self._stage(epoch, b, self._prepare(epoch, b))
+                return self._stage(epoch, b)
 
-    def _stage(self, epoch, b, data):
-        """PUTs this job's batch; returns the bytes every job reads for it."""
-        fd = _memfd_of(data) if self._handoff else None
+    def _stage(self, epoch, b):
+        """Prepares batch b and PUTs it; returns the bytes every job reads for it."""
+        # Prepared here, the batch goes from F's outputs straight into the
+        # file handed over, and this job reads it back from there as the
+        # others do: each array is copied once, not stacked first.
+        handoff = self._handoff  # once: another thread may turn it off meanwhile
+        direct = handoff and self._pool is None
+        data = self._prepare(epoch, b, encoded=not direct)
+        fd = None
+        if handoff:
+            fd = _memfd_of(_pieces(data) if direct else [data])
         try:
+            if direct:
+                data = _map_fd(fd)
             return self._stage_from(epoch, b, data, fd)
         finally:
             if fd is not None:
@@ -761,14 +829,16 @@ class CoordinatedLoader:
                     continue
                 raise StallfreeError(a.status, a.message) from None
 
-    def _prepare(self, epoch, b):
+    def _prepare(self, epoch, b, encoded=True):
+        """Batch b, made here (encoded, or as its arrays when not encoded; a
+        worker process's always encoded)."""
         idx = self.indices(epoch, b)
         with self._lock:
             self.calls += len(idx) if self.transform and self.stage is None else 0
         if self._pool is not None:
             data, computed = self._pool.apply_async(_worker_run, ((epoch, b, idx),)).get()
         else:
-            data, computed = self._prep(epoch, b, idx)
+            data, computed = self._prep(epoch, b, idx, encoded)
         with self._lock:
             self.stage_calls += computed
         return data

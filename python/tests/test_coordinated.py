@@ -16,6 +16,7 @@ import urllib.parse
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+import stallfree.coordinated as co  # noqa: E402
 from stallfree import Client  # noqa: E402
 
 from harness import BIN, Cluster, wait_until  # noqa: E402
@@ -48,6 +49,62 @@ def write(url, method, path, body=None):
         if got[0] != 503 or time.time() > deadline:
             return got
         time.sleep(0.1)
+
+
+class BatchBytesTest(unittest.TestCase):
+    """A staged batch's bytes, however they are written: into a new buffer,
+    a reused one, or a memfd straight from the arrays (no cluster)."""
+
+    def batches(self):
+        import numpy as np
+        rng = np.random.default_rng(5)
+        rows = [rng.integers(0, 255, (5, 7, 3), dtype=np.uint8) for _ in range(4)]
+        rows[2] = rng.integers(0, 255, (7, 5, 3), dtype=np.uint8).transpose(1, 0, 2)  # not contiguous
+        yield "a stack of rows", co._Stacked.of(rows)
+        yield "an array", rng.random((3, 5))
+        yield "a pair with labels", (co._Stacked.of(rows, tensor=True), np.arange(4, dtype=np.int64))
+        yield "a dict, an empty array, a scalar", {"x": np.zeros((0, 3), np.float32), "n": 7,
+                                                   "s": np.float64(2.5), "k": ["a", "b"]}
+        yield "many arrays", [np.full((i % 3 + 1,), i, np.int16) for i in range(700)]
+
+    def test_every_way_writes_the_same_bytes(self):
+        for what, batch in self.batches():
+            with self.subTest(what):
+                want = co.encode_batch(batch)
+                dirty = bytearray(b"\xff" * (len(want) + 100))
+                got = co.encode_batch(batch, alloc=lambda n: memoryview(dirty)[:n])
+                self.assertEqual(bytes(got), want, "into a reused buffer: the padding zeroed")
+                fd = co._memfd_of(co._pieces(batch))
+                try:
+                    self.assertEqual(os.pread(fd, len(want) + 1, 0), want, "into a memfd, from the arrays")
+                    back = co.decode_batch(co._map_fd(fd))
+                finally:
+                    os.close(fd)
+                self.assertEqual(co.encode_batch(back), want, "read back, the same batch")
+
+    def test_short_writes_go_on_where_they_stopped(self):
+        """writev may write less than asked: the rest follows, from the byte
+        it stopped at, whatever the pieces' sizes."""
+        import numpy as np
+        batch = [np.arange(i * 37, dtype=np.uint8) for i in range(1, 60)]
+        real = os.writev
+        calls = []
+
+        def short(fd, views):
+            calls.append(len(views))
+            first = bytes(views[0])
+            return real(fd, [first[:max(1, len(first) // 3)]])
+
+        os.writev = short
+        try:
+            fd = co._memfd_of(co._pieces(batch))
+        finally:
+            os.writev = real
+        try:
+            self.assertEqual(os.pread(fd, 1 << 20, 0), co.encode_batch(batch))
+        finally:
+            os.close(fd)
+        self.assertGreater(len(calls), len(co._pieces(batch)), "the writes were short")
 
 
 class GroupCase(unittest.TestCase):
@@ -203,7 +260,7 @@ class SharedMemoryTest(GroupCase):
         conn = _UnixHTTPConnection(Client(url)._socket_of(url), timeout=30)
         batch = {"x": np.arange(4 * 6, dtype=np.float32).reshape(4, 6), "i": np.arange(4)}
         body = encode_batch(batch)
-        fd = _memfd_of(body)
+        fd = _memfd_of([body])
         try:
             conn.request("PUT", f"/v1/groups/handed/epochs/0/batches/0?job=0&memfd={fd}&ino={os.fstat(fd).st_ino}")
             r = conn.getresponse()
@@ -223,7 +280,41 @@ class SharedMemoryTest(GroupCase):
         conn.close()
 
 
-class HandOverRefusedTest(GroupCase):
+class InProcessLoaderTest(GroupCase):
+    """Loaders in this process, where their helpers can be watched."""
+
+    def test_the_epoch_order_is_drawn_once_an_epoch(self):
+        """Each batch slices the epoch's order of the whole dataset two or
+        three times (to prepare, to augment): drawn once an epoch, not once
+        a slice, which would cost O(dataset) a batch."""
+        import stallfree.coordinated as co
+
+        drawn = []
+
+        def counted(seed, epoch, n):
+            drawn.append(epoch)
+            return real(seed, epoch, n)
+
+        seen = []
+        loader = co.CoordinatedLoader(self.urls[0], "order", 0, "ds", transform=lambda b: int(bytes(b[:6])),
+                                      batch_size=BATCH, jobs=1, collate_fn=list,
+                                      augment=lambda x, idx, epoch, seed: seen.append((epoch, list(idx))) or x)
+        self.addCleanup(loader.close)
+        real, co.epoch_order = co.epoch_order, counted
+        try:
+            got = []
+            for e in (0, 1, 0):
+                loader.set_epoch(e)
+                got.append([i for x in loader for i in x])
+        finally:
+            co.epoch_order = real
+        self.assertEqual(drawn, [0, 1], "one draw an epoch; epoch 0 again is still held")
+        for e, g in zip((0, 1, 0), got):
+            self.assertEqual(g, real(loader.seed, e, N), f"epoch {e}: every sample, in the group's order")
+        # augment runs in the loader's threads, so batches in any order
+        want = [(e, g[k:k + BATCH]) for e, g in zip((0, 1, 0), got) for k in range(0, N, BATCH)]
+        self.assertEqual(sorted(seen), sorted(want), "augment got each batch's indices")
+
     def test_a_refused_hand_over_sends_the_bytes(self):
         """A node that will not take the job's file (here: a memfd that
         cannot be sealed, as a node of another user cannot open it) answers
@@ -231,9 +322,10 @@ class HandOverRefusedTest(GroupCase):
         are the same."""
         import stallfree.coordinated as co
 
-        def unsealable(data):
+        def unsealable(pieces):
             fd = os.memfd_create("stallfree-batch", os.MFD_CLOEXEC)  # no MFD_ALLOW_SEALING
-            os.write(fd, bytes(memoryview(data).cast("B")))
+            for p in pieces:
+                os.write(fd, bytes(memoryview(p).cast("B")))
             return fd
 
         def load(name):

@@ -108,16 +108,17 @@ class CropFlip:
 
 class Premade:
     """Stands in for a CoordinatedLoader's preparation in the hand-off row:
-    the same pre-made batch of decoded images, encoded anew each time."""
+    the same pre-made batch of decoded images, written anew each time."""
 
     def __init__(self, batch):
         self.batch = batch
         self.alloc = None  # set by the loader, as on its own preparation: reused buffers
 
-    def __call__(self, epoch, b, indices):
+    def __call__(self, epoch, b, indices, encoded=True):
         from ..coordinated import encode_batch
 
-        return encode_batch(self.batch[:len(indices)], self.alloc), 0
+        batch = self.batch[:len(indices)]
+        return (encode_batch(batch, self.alloc) if encoded else batch), 0
 
 
 def make_jpegs(root, n, width, height, seed=1):
