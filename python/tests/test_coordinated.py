@@ -284,9 +284,9 @@ class InProcessLoaderTest(GroupCase):
     """Loaders in this process, where their helpers can be watched."""
 
     def test_the_epoch_order_is_drawn_once_an_epoch(self):
-        """Each batch slices the epoch's order of the whole dataset two or
-        three times (to prepare, to augment): drawn once an epoch, not once
-        a slice, which would cost O(dataset) a batch."""
+        """Each batch slices the epoch's order of the whole dataset once or
+        twice (to prepare, to augment): drawn once an epoch, not once a
+        slice, which would cost O(dataset) a batch."""
         import stallfree.coordinated as co
 
         drawn = []
