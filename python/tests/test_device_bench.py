@@ -53,13 +53,15 @@ class MicroBenchTest(unittest.TestCase):
     def test_every_figure_is_measured(self):
         env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
         out = subprocess.run([sys.executable, "-W", "ignore", "-m", "stallfree.bench", "--micro", "--copy-mb", "8",
-                              "--write-mib", "1", "--writes", "3", "--images", "2", "--rounds", "1", "--json"],
+                              "--write-mib", "1", "--writes", "3", "--handoffs", "2", "--images", "2", "--rounds", "1", "--json"],
                              env=env, capture_output=True, text=True, timeout=300)
         self.assertEqual(out.returncode, 0, out.stderr[-3000:])
         rep = json.loads(out.stdout)
         self.assertEqual(sorted(rep["copy_s_per_gb"]), ["mmap", "mmap+populate", "preadv"])
         self.assertTrue(all(v > 0 for v in rep["copy_s_per_gb"].values()))
         self.assertEqual(sorted(rep["write_cpu_ms_per_file"]), ["kept_0", "kept_30"])
+        self.assertEqual(sorted(rep["handoff_cpu_ms_per_batch16"]), ["stack_then_write", "writev"])
+        self.assertTrue(all(v > 0 for v in rep["handoff_cpu_ms_per_batch16"].values()))
         if torchvision is not None:
             self.assertEqual(sorted(rep["prep_cpu_ms_per_image"]), ["augment_on_array", "decode_array", "decode_only",
                                                                    "encode", "plain_transform", "stage_f",

@@ -5,6 +5,9 @@ BENCHMARKS.md quotes to explain the bigger benches, each timed alone:
   (with and without ``MAP_POPULATE``): the floor of a mapped checkpoint load;
 - writing staged-batch-sized files into /dev/shm, removed at once or kept
   for a while: what a node's staging write costs;
+- a coordinated producer's hand-off of a batch of decoded images into a new
+  memfd: stacked into a reused buffer and then written, against written
+  straight from the arrays (``writev``);
 - the training bench's per-image steps (the plain transform, the prep stage
   F, the augmentation on F's array, encoding and decoding it): where the prep
   cache's first epoch goes (needs Pillow and torchvision).
@@ -80,6 +83,34 @@ def shm_writes(mib, n, kept):
             os.remove(p)
 
 
+def handoff_writes(rows, n):
+    """CPU ms per batch of rows decoded 500x375 images handed over in a new
+    memfd, n batches each way: {"stack_then_write", "writev"}."""
+    import numpy as np
+
+    from ..coordinated import _memfd_of, _pieces, _Stacked, encode_batch
+
+    rng = np.random.default_rng(1)
+    images = [rng.integers(0, 255, (375, 500, 3), dtype=np.uint8) for _ in range(rows)]
+    buf = []
+
+    def reused(size):  # as the loader's pool hands out: one buffer, reused
+        if not buf or buf[0].nbytes < size:
+            buf[:] = [np.empty(size, np.uint8)]
+        return buf[0][:size]
+
+    ways = {"stack_then_write": lambda: _memfd_of([encode_batch(_Stacked.of(images), reused)]),
+            "writev": lambda: _memfd_of(_pieces(_Stacked.of(images)))}
+    out = {}
+    for name, way in ways.items():
+        os.close(way())  # the buffer allocated, the code paths warm
+        t = time.process_time()
+        for _ in range(n):
+            os.close(way())
+        out[name] = (time.process_time() - t) / n * 1e3
+    return out
+
+
 def prep_steps(images, rounds):
     """CPU ms per image of the training bench's steps on its JPEGs."""
     import io
@@ -132,13 +163,14 @@ def main(argv):
     ap.add_argument("--copy-mb", type=int, default=1024)
     ap.add_argument("--write-mib", type=int, default=9)
     ap.add_argument("--writes", type=int, default=200)
+    ap.add_argument("--handoffs", type=int, default=100, help="batches of 16 images handed over, each way")
     ap.add_argument("--images", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     out = {"shm_dir": SHM, "copy_s_per_gb": shm_copy(a.copy_mb, a.rounds),
            "write_cpu_ms_per_file": {f"kept_{k}": shm_writes(a.write_mib, a.writes, k) for k in (0, 30)},
-           "write_mib": a.write_mib}
+           "write_mib": a.write_mib, "handoff_cpu_ms_per_batch16": handoff_writes(16, a.handoffs)}
     try:
         out["prep_cpu_ms_per_image"] = prep_steps(a.images, a.rounds)
     except ImportError as e:
@@ -150,6 +182,8 @@ def main(argv):
           + ", ".join(f"{k} {v:.3f}" for k, v in out["copy_s_per_gb"].items()))
     print(f"write {a.writes} files of {a.write_mib} MiB into {SHM}, CPU ms per file: "
           + ", ".join(f"{k} {v:.2f}" for k, v in out["write_cpu_ms_per_file"].items()))
+    print(f"hand over a batch of 16 decoded 500x375 images in a new memfd ({a.handoffs} each way), CPU ms per batch: "
+          + ", ".join(f"{k} {v:.2f}" for k, v in out["handoff_cpu_ms_per_batch16"].items()))
     steps = out["prep_cpu_ms_per_image"]
     if isinstance(steps, dict):
         print(f"training bench steps, CPU ms per image ({a.images} JPEGs of 500x375, each round): "
