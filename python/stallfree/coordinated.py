@@ -492,7 +492,9 @@ class CoordinatedLoader:
     item is written, looked at when an epoch starts, each job reads its
     batches from the prep cache itself and nothing is staged (route
     ``"prep-cache"``, for good); an item found missing (evicted) is
-    computed and written again by the job that needs it. ``route`` says
+    computed and written again by the batch's producer, which the other
+    jobs wait for (up to ``wait``; past that, each job computes what it
+    misses itself, from then on). ``route`` says
     which the current epoch took, ``stage_calls`` counts the items F ran on
     in this job.
     """
@@ -537,6 +539,7 @@ class CoordinatedLoader:
         self._prep = _Prep(self.url, token, dataset, tar, None if self.stage else transform, self.collate_fn,
                            self.seed, self.labels, self.stage)
         self._cache_route = False  # the prep cache was full when an epoch started: read it, stage nothing
+        self._await_producer = True  # on that route, items found missing are the batch's producer's to make
         self.route = "staging"
         self._buffers = None
         self._mapper = False  # the prep-cache route's ItemMapper (None: none), looked for at its first batch
@@ -708,16 +711,38 @@ class CoordinatedLoader:
         except StallfreeError as e:
             if e.status != 404:
                 raise
-            computed = []
-            got = self.stage.get_many(self.client, idx, keys=keys is not None, computed=computed)
-            with self._lock:
-                self.stage_calls += len(computed)
+            got = self._missing_items(epoch, b, idx, keys is not None)
             if keys is not None:
                 keys[:] = [k for k, _ in got]
                 got = [a for _, a in got]
             x = _stack(got)
         y = self.labels.of(idx, keys) if self.labels is not None else None
         return x, y
+
+    def _missing_items(self, epoch, b, idx, keys):
+        """F's outputs of batch b (idx) when the prep cache lacks some
+        (evicted since the route was taken). The batch's producer computes
+        the missing ones and writes them back; the other jobs wait for them,
+        so that F still runs once in the group. A job whose wait ran out (the
+        producer gone, or its writes evicted at once) computes what is
+        missing itself, from then on."""
+        p = self.producer_of(epoch, b)
+        if self._await_producer and not self.alone and p not in (-1, self.job):
+            deadline, pause = time.monotonic() + self.wait, 0.005
+            while True:
+                got = self.stage.written_many(self.client, idx, keys=keys)
+                if all(g is not None for g in got):
+                    return got
+                if time.monotonic() >= deadline:
+                    self._await_producer = False
+                    break
+                time.sleep(pause)
+                pause = min(2 * pause, 0.1)
+        computed = []
+        got = self.stage.get_many(self.client, idx, keys=keys, computed=computed)
+        with self._lock:
+            self.stage_calls += len(computed)
+        return got
 
     def _finish(self, epoch, b, x, y):
         """The yielded batch from x (collated, or F's outputs stacked) and y:

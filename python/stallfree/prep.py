@@ -248,13 +248,8 @@ class PrepStage:
         indices = [int(i) for i in indices]
         if not indices:
             return []
-        # One request says which items are written (nil: not yet); only
-        # those are computed.
-        _, data = client.request("POST", f"/v1/datasets/{client._q(self.name)}/batch?partial=1", {"indices": indices})
-        got = msgpack.unpackb(data, raw=False)
-        if len(got) != len(indices):
-            raise StallfreeError(502, f"prep cache {self.name}: {len(got)} items answered for {len(indices)}")
-        out = [None if g is None else ((g["key"], decode(g["data"])) if keys else decode(g["data"])) for g in got]
+        # Only the items not written yet are computed.
+        out = self.written_many(client, indices, keys)
         missing = [j for j, v in enumerate(out) if v is None]
         if missing:
             raws = self._parent(client, [indices[j] for j in missing])
@@ -264,6 +259,18 @@ class PrepStage:
                     computed.append(j)
                 out[j] = (key, value) if keys else value
         return out
+
+    def written_many(self, client, indices, keys=False):
+        """F's output (with keys=True, (key, output)) of each of indices
+        that is written, None for the others: one request."""
+        indices = [int(i) for i in indices]
+        if not indices:
+            return []
+        _, data = client.request("POST", f"/v1/datasets/{client._q(self.name)}/batch?partial=1", {"indices": indices})
+        got = msgpack.unpackb(data, raw=False)
+        if len(got) != len(indices):
+            raise StallfreeError(502, f"prep cache {self.name}: {len(got)} items answered for {len(indices)}")
+        return [None if g is None else ((g["key"], decode(g["data"])) if keys else decode(g["data"])) for g in got]
 
     #: The most bytes of F's results one batch write carries (the node's
     #: limit is 256 MiB).

@@ -144,6 +144,72 @@ class PrepCacheRouteTest(GroupCase):
         self.assertGreater(loader._mapper.copied - copied, 0, "no item copied from the node's memory")
         self.assertLess(loader._mapper.copied - copied, N, "node 2's items cannot be in node 1's memory")
 
+    def test_missing_items_are_made_by_the_batchs_producer(self):
+        """Three jobs on the prep-cache route, half the items missing: each
+        missing item is computed once in the group, by the producer of its
+        batch, while the other jobs wait for it; every job gets the batches
+        a full cache gives."""
+        import threading
+
+        from stallfree.coordinated import CoordinatedLoader
+
+        c = Client(self.urls[0])
+        PrepStage(c, "ds", "pj-v1", StageF()).get_many(c, list(range(0, N, 2)))
+        calls = os.path.join(self.tmp, "pj.calls")
+        loaders = []
+        for j in range(3):
+            loader = CoordinatedLoader(self.urls[j % 2], "pj", j, "ds", None, BATCH, jobs=3, seed=SEED,
+                                       cache_stage=("pj-v1", StageF(calls)), augment=numpy_augment)
+            self.addCleanup(loader.close)
+            loader._full = lambda: True  # as if the odd items had been evicted since the route was taken
+            loaders.append(loader)
+        got, errors = [None] * 3, []
+
+        def run(j):
+            try:
+                got[j] = [hashlib.sha256(encode_batch(b)).hexdigest() for b in loaders[j]]
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=run, args=(j,)) for j in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        self.assertEqual(errors, [])
+        want = self.expected(1)
+        for j in range(3):
+            self.assertEqual(got[j], want, f"job {j}: the batches of a full cache")
+            self.assertEqual(loaders[j].route, "prep-cache")
+        with open(calls) as f:
+            self.assertEqual(sum(1 for _ in f), N // 2, "F ran once per missing item in the group")
+        order = epoch_order(SEED, 0, N)
+        for j, loader in enumerate(loaders):
+            mine = sum(1 for b in range(N // BATCH) if loader.producer_of(0, b) == j
+                       for i in order[b * BATCH:(b + 1) * BATCH] if i % 2)
+            self.assertEqual(loader.stage_calls, mine, f"job {j} computed the missing items of its own batches")
+        self.assertEqual(c.dataset("ds.pj-v1")["written"], N, "and they were written back")
+        self.assertEqual(self.prepared("pj")[:2], (0, 0), "nothing staged")
+
+    def test_a_producer_that_never_writes_is_waited_for_once(self):
+        """The producer of a batch never comes (job 1 of 2 never runs): job
+        0 waits for its items up to ``wait``, then computes them itself,
+        and from then on computes what it misses without waiting."""
+        from stallfree.coordinated import CoordinatedLoader
+
+        c = Client(self.urls[0])
+        PrepStage(c, "ds", "pw-v1", StageF()).get_many(c, list(range(0, N, 2)))
+        calls = os.path.join(self.tmp, "pw.calls")
+        loader = CoordinatedLoader(self.urls[0], "pw", 0, "ds", None, BATCH, jobs=2, seed=SEED, wait=0.5,
+                                   cache_stage=("pw-v1", StageF(calls)), augment=numpy_augment)
+        self.addCleanup(loader.close)
+        loader._full = lambda: True
+        self.assertTrue(loader._await_producer)
+        got = [hashlib.sha256(encode_batch(b)).hexdigest() for b in loader]
+        self.assertEqual(got, self.expected(1))
+        self.assertFalse(loader._await_producer, "it stopped waiting for job 1")
+        self.assertEqual(loader.stage_calls, N // 2, "and computed every missing item itself")
+
 
 if __name__ == "__main__":
     unittest.main()
