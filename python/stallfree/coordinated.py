@@ -205,7 +205,7 @@ def encode_batch(batch, alloc=None):
                 np.stack(a.rows, out=np.frombuffer(buf, dtype=a.dtype, count=a.nbytes // a.dtype.itemsize,
                                                    offset=o).reshape(a.shape))
         else:
-            out[o:o + a.nbytes] = memoryview(a).cast("B") if a.nbytes else b""
+            out[o:o + a.nbytes] = memoryview(a.reshape(-1).view(np.uint8)) if a.nbytes else b""
         end = o + a.nbytes
     if alloc is not None:
         if size > end:
@@ -224,8 +224,8 @@ def _pieces(batch):
         if o > end:
             out.append(bytes(o - end))
         for r in (a.rows if isinstance(a, _Stacked) else [a]):
-            if r.nbytes:
-                out.append(memoryview(np.ascontiguousarray(r)).cast("B"))
+            if r.nbytes:  # as bytes: a dtype without a buffer format (datetime64) too
+                out.append(memoryview(np.ascontiguousarray(r).reshape(-1).view(np.uint8)))
         end = o + a.nbytes
     if size > end:
         out.append(bytes(size - end))
@@ -493,8 +493,8 @@ class CoordinatedLoader:
     batches from the prep cache itself and nothing is staged (route
     ``"prep-cache"``, for good); an item found missing (evicted) is
     computed and written again by the batch's producer, which the other
-    jobs wait for (up to ``wait``; past that, each job computes what it
-    misses itself, from then on). ``route`` says
+    jobs wait for (up to ``producer_patience``, 5 s; past that, a job
+    computes what it misses itself for the rest of the epoch). ``route`` says
     which the current epoch took, ``stage_calls`` counts the items F ran on
     in this job.
     """
@@ -539,7 +539,7 @@ class CoordinatedLoader:
         self._prep = _Prep(self.url, token, dataset, tar, None if self.stage else transform, self.collate_fn,
                            self.seed, self.labels, self.stage)
         self._cache_route = False  # the prep cache was full when an epoch started: read it, stage nothing
-        self._await_producer = True  # on that route, items found missing are the batch's producer's to make
+        self._no_wait_epoch = None  # on that route, the epoch in which waiting for a producer ran out
         self.route = "staging"
         self._buffers = None
         self._mapper = False  # the prep-cache route's ItemMapper (None: none), looked for at its first batch
@@ -547,7 +547,8 @@ class CoordinatedLoader:
         self._next = 0  # the next batch of the current epoch to yield
         self.calls = 0
         self.stage_calls = 0
-        self._orders = {}  # epoch -> epoch_order, for the current and the next epoch
+        self._orders = {}  # epoch -> epoch_order, for the last two epochs drawn
+        self._drawing = threading.Lock()
         self._pool = None
         self._io = None
         self._local = threading.local()
@@ -612,18 +613,22 @@ class CoordinatedLoader:
     def indices(self, epoch, b):
         """The sample indices of batch b of epoch, in the group's order."""
         order = self._order(epoch)
-        return order[b * self.batch_size:(b + 1) * self.batch_size]
+        got = order[b * self.batch_size:(b + 1) * self.batch_size]
+        return got.tolist() if np is not None else got
 
     def _order(self, epoch):
         """epoch_order for epoch, drawn once: a permutation of the whole
         dataset costs O(samples) (0.76 CPU s for ImageNet's 1.28M on a 2.5
-        GHz Xeon), and a batch wants its slice once or twice."""
+        GHz Xeon), and a batch wants its slice once or twice. Kept as int64
+        (10 MB for ImageNet, not a list's 45)."""
         epoch = int(epoch)
-        with self._lock:
+        with self._drawing:  # not self._lock: the counters and producer_of need not wait for a draw
             order = self._orders.get(epoch)
             if order is None:
-                order = self._orders[epoch] = epoch_order(self.seed, epoch, self.samples)
-                # Read-ahead can cross into the next epoch; the oldest drawn goes.
+                order = epoch_order(self.seed, epoch, self.samples)
+                order = self._orders[epoch] = np.asarray(order, dtype=np.int64) if np is not None else order
+                # Two: the last batches of an epoch left early may still be
+                # in the I/O threads when the next one starts.
                 while len(self._orders) > 2:
                     del self._orders[next(iter(self._orders))]
             return order
@@ -695,7 +700,8 @@ class CoordinatedLoader:
     def _read_cached(self, epoch, b):
         """(F's outputs stacked, labels as numpy or None) of batch b, read
         from the prep cache in one batch request straight into one buffer;
-        items not written (evicted) are computed here and written back."""
+        items not written (evicted) are made by the batch's producer
+        (_missing_items)."""
         from ._mapped import ItemMapper, read_batch
         from ._rows import _Rows
 
@@ -719,30 +725,46 @@ class CoordinatedLoader:
         y = self.labels.of(idx, keys) if self.labels is not None else None
         return x, y
 
+    #: Seconds, at most, that a job on the prep-cache route waits for a
+    #: batch's producer to write the items it found missing (``wait``, if
+    #: shorter). Nothing keeps the jobs together on that route, so a job far
+    #: ahead of the producer should not wait long.
+    producer_patience = 5.0
+
     def _missing_items(self, epoch, b, idx, keys):
         """F's outputs of batch b (idx) when the prep cache lacks some
         (evicted since the route was taken). The batch's producer computes
         the missing ones and writes them back; the other jobs wait for them,
         so that F still runs once in the group. A job whose wait ran out (the
-        producer gone, or its writes evicted at once) computes what is
-        missing itself, from then on."""
+        producer far behind or gone, or its writes evicted at once) computes
+        what it misses itself for the rest of the epoch."""
         p = self.producer_of(epoch, b)
-        if self._await_producer and not self.alone and p not in (-1, self.job):
-            deadline, pause = time.monotonic() + self.wait, 0.005
-            while True:
-                got = self.stage.written_many(self.client, idx, keys=keys)
-                if all(g is not None for g in got):
-                    return got
-                if time.monotonic() >= deadline:
-                    self._await_producer = False
-                    break
-                time.sleep(pause)
-                pause = min(2 * pause, 0.1)
+        if self._no_wait_epoch != epoch and not self.alone and p not in (-1, self.job):
+            got = self._await_items(idx, keys, time.monotonic() + min(self.wait, self.producer_patience))
+            if got is not None:
+                return got
+            self._no_wait_epoch = epoch
         computed = []
         got = self.stage.get_many(self.client, idx, keys=keys, computed=computed)
         with self._lock:
             self.stage_calls += len(computed)
         return got
+
+    def _await_items(self, idx, keys, deadline):
+        """written_many's answer for idx once every item is written, or None
+        at the deadline. Each poll asks only for the items still missing."""
+        got, todo, pause = [None] * len(idx), list(range(len(idx))), 0.005
+        while True:
+            part = self.stage.written_many(self.client, [idx[j] for j in todo], keys=keys)
+            for j, g in zip(todo, part):
+                got[j] = g
+            todo = [j for j, g in zip(todo, part) if g is None]
+            if not todo:
+                return got
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(pause)
+            pause = min(2 * pause, 0.1)
 
     def _finish(self, epoch, b, x, y):
         """The yielded batch from x (collated, or F's outputs stacked) and y:

@@ -191,25 +191,49 @@ class PrepCacheRouteTest(GroupCase):
         self.assertEqual(c.dataset("ds.pj-v1")["written"], N, "and they were written back")
         self.assertEqual(self.prepared("pj")[:2], (0, 0), "nothing staged")
 
-    def test_a_producer_that_never_writes_is_waited_for_once(self):
-        """The producer of a batch never comes (job 1 of 2 never runs): job
-        0 waits for its items up to ``wait``, then computes them itself,
-        and from then on computes what it misses without waiting."""
+    def test_a_producer_that_never_writes_is_waited_for_once_an_epoch(self):
+        """The producer of a batch never comes (job 1 of 2 never runs), and
+        nothing job 0 computes is kept: job 0 waits for missing items once an
+        epoch, asking only for those, then computes every item it misses
+        that epoch itself."""
         from stallfree.coordinated import CoordinatedLoader
 
         c = Client(self.urls[0])
         PrepStage(c, "ds", "pw-v1", StageF()).get_many(c, list(range(0, N, 2)))
         calls = os.path.join(self.tmp, "pw.calls")
-        loader = CoordinatedLoader(self.urls[0], "pw", 0, "ds", None, BATCH, jobs=2, seed=SEED, wait=0.5,
+        loader = CoordinatedLoader(self.urls[0], "pw", 0, "ds", None, BATCH, jobs=2, seed=SEED,
                                    cache_stage=("pw-v1", StageF(calls)), augment=numpy_augment)
         self.addCleanup(loader.close)
         loader._full = lambda: True
-        self.assertTrue(loader._await_producer)
-        got = [hashlib.sha256(encode_batch(b)).hexdigest() for b in loader]
-        self.assertEqual(got, self.expected(1))
-        self.assertFalse(loader._await_producer, "it stopped waiting for job 1")
-        self.assertEqual(loader.stage_calls, N // 2, "and computed every missing item itself")
+        loader.producer_patience = 0.3
+        polled, written_many = [], loader.stage.written_many
 
+        def counted(client, indices, keys=False):
+            if sys._getframe(1).f_code.co_name == "_await_items":  # a poll, not get_many's own read
+                polled.append((loader.epoch, tuple(indices)))
+            return written_many(client, indices, keys)
+
+        loader.stage.written_many = counted
+        # What job 0 computes is not kept (as if evicted at once), so the
+        # same items are missing again in epoch 1.
+        stage = loader.stage
+        stage._compute_many = lambda client, indices, raws: [stage.fn(r) for r in raws]
+        got = []
+        for e in range(2):
+            loader.set_epoch(e)
+            got += [hashlib.sha256(encode_batch(b)).hexdigest() for b in loader]
+        self.assertEqual(got, self.expected(2))
+        self.assertEqual(loader.stage_calls, N, "it computed every missing item itself, both epochs")
+        with open(calls) as f:
+            self.assertEqual(sum(1 for _ in f), N)
+        for e in range(2):
+            order = epoch_order(SEED, e, N)
+            first = next(b for b in range(N // BATCH) if loader.producer_of(e, b) == 1)
+            batch = tuple(order[first * BATCH:(first + 1) * BATCH])
+            asked = [idx for ep, idx in polled if ep == e]
+            self.assertGreater(len(asked), 2, f"epoch {e}: polled again while waiting")
+            self.assertEqual(asked[0], batch, f"epoch {e}: only job 1's first batch waited for")
+            self.assertEqual(set(asked[1:]), {tuple(i for i in batch if i % 2)}, "then only its missing items")
 
 if __name__ == "__main__":
     unittest.main()
