@@ -66,6 +66,26 @@ class PrepCacheRouteTest(GroupCase):
         info = self.group(self.urls[0], group)
         return sum(j["prepared"] for j in info["jobs"]), sum(j["served"] for j in info["jobs"]), info
 
+    def half_cached(self, group, jobs, members=None):
+        """(the file counting F's calls, loaders of the jobs in members
+        (default: all) of a new group of jobs) over the prep stage group-v1,
+        whose odd items are not written: each loader is told the cache is
+        full, as if those items had been evicted since the route was taken."""
+        from stallfree.coordinated import CoordinatedLoader
+
+        stage, c = f"{group}-v1", Client(self.urls[0])
+        PrepStage(c, "ds", stage, StageF()).get_many(c, list(range(0, N, 2)))
+        calls = os.path.join(self.tmp, f"{group}.calls")
+        loaders = []
+        for j in range(jobs) if members is None else members:
+            loader = CoordinatedLoader(self.urls[j % 2], group, j, "ds", None, BATCH, jobs=jobs, seed=SEED,
+                                       cache_stage=(stage, StageF(calls)), augment=numpy_augment)
+            self.addCleanup(loader.close)
+            self.assertFalse(loader._full(), "half the items are not written")
+            loader._full = lambda: True
+            loaders.append(loader)
+        return calls, loaders
+
     def test_jobs_fill_the_cache_once_then_stage_nothing(self):
         """Three jobs, three epochs: epoch 0 stages F's outputs (F once per
         item in the cluster, job 0 preparing in worker processes); epochs 1
@@ -118,16 +138,8 @@ class PrepCacheRouteTest(GroupCase):
         half the items never written, the loader told the cache is full) is
         computed by the job that reads it, written back, and the batch is the
         same as from a full cache."""
-        from stallfree.coordinated import CoordinatedLoader
-
         c = Client(self.urls[0])
-        PrepStage(c, "ds", "pm-v1", StageF()).get_many(c, list(range(0, N, 2)))
-        calls = os.path.join(self.tmp, "pm.calls")
-        loader = CoordinatedLoader(self.urls[0], "pm", 0, "ds", None, BATCH, jobs=1, seed=SEED,
-                                   cache_stage=("pm-v1", StageF(calls)), augment=numpy_augment)
-        self.addCleanup(loader.close)
-        self.assertFalse(loader._full(), "half the items are not written")
-        loader._full = lambda: True  # as if the other half had been evicted since the route was taken
+        calls, (loader,) = self.half_cached("pm", 1)
         got = [hashlib.sha256(encode_batch(b)).hexdigest() for b in loader]
         self.assertEqual(loader.route, "prep-cache")
         self.assertEqual(got, self.expected(1))
@@ -151,18 +163,8 @@ class PrepCacheRouteTest(GroupCase):
         a full cache gives."""
         import threading
 
-        from stallfree.coordinated import CoordinatedLoader
-
         c = Client(self.urls[0])
-        PrepStage(c, "ds", "pj-v1", StageF()).get_many(c, list(range(0, N, 2)))
-        calls = os.path.join(self.tmp, "pj.calls")
-        loaders = []
-        for j in range(3):
-            loader = CoordinatedLoader(self.urls[j % 2], "pj", j, "ds", None, BATCH, jobs=3, seed=SEED,
-                                       cache_stage=("pj-v1", StageF(calls)), augment=numpy_augment)
-            self.addCleanup(loader.close)
-            loader._full = lambda: True  # as if the odd items had been evicted since the route was taken
-            loaders.append(loader)
+        calls, loaders = self.half_cached("pj", 3)
         got, errors = [None] * 3, []
 
         def run(j):
@@ -196,15 +198,7 @@ class PrepCacheRouteTest(GroupCase):
         nothing job 0 computes is kept: job 0 waits for missing items once an
         epoch, asking only for those, then computes every item it misses
         that epoch itself."""
-        from stallfree.coordinated import CoordinatedLoader
-
-        c = Client(self.urls[0])
-        PrepStage(c, "ds", "pw-v1", StageF()).get_many(c, list(range(0, N, 2)))
-        calls = os.path.join(self.tmp, "pw.calls")
-        loader = CoordinatedLoader(self.urls[0], "pw", 0, "ds", None, BATCH, jobs=2, seed=SEED,
-                                   cache_stage=("pw-v1", StageF(calls)), augment=numpy_augment)
-        self.addCleanup(loader.close)
-        loader._full = lambda: True
+        calls, (loader,) = self.half_cached("pw", 2, members=[0])
         loader.producer_patience = 0.3
         polled, written_many = [], loader.stage.written_many
 
