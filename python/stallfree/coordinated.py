@@ -299,9 +299,10 @@ def _stack(arrays):
 class _Prep:
     """Fetches a batch's samples, transforms and collates them, under the
     batch's seed; with a prep stage, gets F's outputs for them (computing
-    and writing back the ones not written) and stacks them. Returns (the
-    encoded batch, how many items F ran on). One per process; workers get
-    theirs by fork."""
+    and writing back the ones not written) and stacks them (a stack of
+    numpy rows is left to the encoding, which writes each row once).
+    Returns (the batch, encoded unless asked not to, how many items F ran
+    on). One per process; workers get theirs by fork."""
 
     def __init__(self, url, token, dataset, tar, transform, collate_fn, seed, labels=None, stage=None):
         self.url, self.token, self.dataset, self.tar = url, token, dataset, tar
