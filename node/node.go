@@ -453,9 +453,8 @@ func (n *Node) shared(ctx context.Context, d *catalog.Dataset, index int, fill f
 		// An item that became resident between the caller's store lookup
 		// and this flight (a flight that just ended filled it) is served
 		// from memory, as a copy: the flight's result outlives the pin.
-		if ref, ok := n.store.Get(k); ok {
-			defer ref.Release()
-			return filled{data: bytes.Clone(ref.Data), sum: ref.Sum, cache: Hit}, nil
+		if f, ok := n.resident(k, Hit); ok {
+			return f, nil
 		}
 		// A flight is shared, so it must not die with the first caller's request.
 		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
@@ -490,6 +489,9 @@ func (n *Node) fetch(ctx context.Context, d *catalog.Dataset, index int) (filled
 		if f, ok := n.peers.Handoff(ctx, d, index); ok {
 			return fromPeer(f), nil
 		}
+		if f, ok := n.landed(d, index); ok {
+			return f, nil
+		}
 		return n.readSource(ctx, d, index, true)
 	})
 }
@@ -504,9 +506,32 @@ func (n *Node) fetchForPeer(ctx context.Context, d *catalog.Dataset, index int) 
 			if f, ok := n.peers.Handoff(ctx, d, index); ok {
 				return fromPeer(f), nil
 			}
+			if f, ok := n.landed(d, index); ok {
+				return f, nil
+			}
 		}
 		return n.readSource(ctx, d, index, self)
 	})
+}
+
+// landed serves an item that reached this node while its handoff asked the
+// previous owner for it. That owner's rehoming pushes the item here and then
+// drops its copy, so a handoff asked after the push finds nothing, though the
+// item is here: without this look, a derived item read as "not written" (and
+// any other was read from storage again).
+func (n *Node) landed(d *catalog.Dataset, index int) (filled, bool) {
+	return n.resident(store.MakeKey(d.ID, uint32(index)), Peer)
+}
+
+// resident is item k from memory, as a copy (a flight's result outlives the
+// pin), counted as from.
+func (n *Node) resident(k store.Key, from Cache) (filled, bool) {
+	ref, ok := n.store.Get(k)
+	if !ok {
+		return filled{}, false
+	}
+	defer ref.Release()
+	return filled{data: bytes.Clone(ref.Data), sum: ref.Sum, cache: from}, true
 }
 
 type filled struct {

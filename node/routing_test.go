@@ -37,7 +37,9 @@ type twoMembers struct {
 	full    bool               // t2 keeps nothing pushed
 	pushErr error
 	owner   func(i int) string // when set, who owns what, whatever the ring says
-	others  []api.Member       // when set, the other members Describe shows
+	// onHandoff, when set, runs as t1 asks t2 for an item it took over.
+	onHandoff func(d *catalog.Dataset, i int)
+	others    []api.Member // when set, the other members Describe shows
 
 	single, batches, handoffs atomic.Int64
 }
@@ -80,8 +82,11 @@ func (p *twoMembers) FromOwner(_ context.Context, owner string, d *catalog.Datas
 	return p.answer(owner, d, i)
 }
 
-func (p *twoMembers) Handoff(context.Context, *catalog.Dataset, int) (cluster.Fill, bool) {
+func (p *twoMembers) Handoff(_ context.Context, d *catalog.Dataset, i int) (cluster.Fill, bool) {
 	p.handoffs.Add(1)
+	if p.onHandoff != nil {
+		p.onHandoff(d, i)
+	}
 	return cluster.Fill{}, false
 }
 
@@ -664,5 +669,55 @@ func TestRehomeMovesAnItemLargerThanAPush(t *testing.T) {
 		if !bytes.Equal(p.pushed[i], files[d.Manifest.Key(i)]) || n.Split().Holds(d, i) {
 			t.Fatalf("item %d not moved", i)
 		}
+	}
+}
+
+// t2's rehoming pushes an item t1 now owns and drops its copy once t1 holds
+// it. If the push lands while t1's read of the item asks t2 for it (a
+// handoff), t2 has nothing left to give, yet the item is on t1: it is served
+// from there, both to t1's readers and to a peer's, and a derived item is
+// not answered "not written" (issue 48's integration test saw that 404).
+func TestAnItemPushedDuringItsHandoffIsServed(t *testing.T) {
+	n, _, _ := startNode(t, 40, 256, 64<<20, false)
+	ctx := context.Background()
+	if _, _, err := n.Control().Leader().DeriveDataset(ctx, "dec", "ds", "decode"); err != nil {
+		t.Fatal(err)
+	}
+	dec, err := n.Control().Dataset(ctx, "dec")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newTwoMembers(t)
+	bytesOf := func(i int) []byte { return fmt.Appendf(nil, "derived item %d", i) }
+	p.onHandoff = func(d *catalog.Dataset, i int) { // the push lands meanwhile
+		b := bytesOf(i)
+		if err := n.store.Put(store.MakeKey(d.ID, uint32(i)), b, xxhash.Sum64(b)); err != nil {
+			t.Error(err)
+		}
+	}
+	n.peers = p
+	mine, _ := p.split(dec)
+	if len(mine) < 2 {
+		t.Fatalf("t1 owns %d items of dec: pick another item count", len(mine))
+	}
+	local, forPeer := mine[:len(mine)/2], mine[len(mine)/2:]
+	for _, i := range local {
+		it, err := n.Get(ctx, dec, i)
+		if err != nil || !bytes.Equal(it.Data, bytesOf(i)) || it.Cache != Peer {
+			t.Fatalf("item %d read on t1: %v, %q from %s; want the pushed bytes", i, err, it.Data, it.Cache)
+		}
+		it.Release()
+	}
+	for _, i := range forPeer {
+		f, err := forPeers{n}.FillForPeer(ctx, dec, i)
+		if err != nil || !bytes.Equal(f.Data, bytesOf(i)) || f.Sum != xxhash.Sum64(f.Data) {
+			t.Fatalf("item %d asked for by a peer: %v, %q; want the pushed bytes", i, err, f.Data)
+		}
+	}
+	if got := p.handoffs.Load(); got != int64(len(mine)) {
+		t.Fatalf("%d handoffs for %d items: the test did not take the path it means to", got, len(mine))
+	}
+	if st := n.Stats(); st.SourceReads != 0 {
+		t.Fatalf("%d storage reads for a derived dataset", st.SourceReads)
 	}
 }
