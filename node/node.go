@@ -453,7 +453,7 @@ func (n *Node) shared(ctx context.Context, d *catalog.Dataset, index int, fill f
 		// An item that became resident between the caller's store lookup
 		// and this flight (a flight that just ended filled it) is served
 		// from memory, as a copy: the flight's result outlives the pin.
-		if f, ok := n.resident(k, Hit); ok {
+		if f, ok := resident(n.store, k, Hit); ok {
 			return f, nil
 		}
 		// A flight is shared, so it must not die with the first caller's request.
@@ -486,10 +486,7 @@ func (n *Node) fetch(ctx context.Context, d *catalog.Dataset, index int) (filled
 			// what this node does not own.
 			return n.readSource(ctx, d, index, false)
 		}
-		if f, ok := n.peers.Handoff(ctx, d, index); ok {
-			return fromPeer(f), nil
-		}
-		if f, ok := n.landed(d, index); ok {
+		if f, ok := takeOver(ctx, n.peers, n.store, d, index); ok {
 			return f, nil
 		}
 		return n.readSource(ctx, d, index, true)
@@ -503,10 +500,7 @@ func (n *Node) fetchForPeer(ctx context.Context, d *catalog.Dataset, index int) 
 	return n.shared(ctx, d, index, func(ctx context.Context) (filled, error) {
 		_, self := n.peers.Owner(d, index)
 		if self {
-			if f, ok := n.peers.Handoff(ctx, d, index); ok {
-				return fromPeer(f), nil
-			}
-			if f, ok := n.landed(d, index); ok {
+			if f, ok := takeOver(ctx, n.peers, n.store, d, index); ok {
 				return f, nil
 			}
 		}
@@ -514,19 +508,23 @@ func (n *Node) fetchForPeer(ctx context.Context, d *catalog.Dataset, index int) 
 	})
 }
 
-// landed serves an item that reached this node while its handoff asked the
-// previous owner for it. That owner's rehoming pushes the item here and then
-// drops its copy, so a handoff asked after the push finds nothing, though the
-// item is here: without this look, a derived item read as "not written" (and
-// any other was read from storage again).
-func (n *Node) landed(d *catalog.Dataset, index int) (filled, bool) {
-	return n.resident(store.MakeKey(d.ID, uint32(index)), Peer)
+// takeOver gets an item this node owns but does not hold from its previous
+// owner's memory (a handoff), or from this node's own memory: that owner's
+// rehoming pushes the item here and then drops its copy, so a handoff asked
+// after the push landed finds nothing though the item is here. Without that
+// second look a derived item read as "not written", and any other was read
+// from storage again. False: read storage.
+func takeOver(ctx context.Context, peers Peers, st *store.Store, d *catalog.Dataset, index int) (filled, bool) {
+	if f, ok := peers.Handoff(ctx, d, index); ok {
+		return fromPeer(f), true
+	}
+	return resident(st, store.MakeKey(d.ID, uint32(index)), Peer)
 }
 
-// resident is item k from memory, as a copy (a flight's result outlives the
+// resident is item k from st, as a copy (a flight's result outlives the
 // pin), counted as from.
-func (n *Node) resident(k store.Key, from Cache) (filled, bool) {
-	ref, ok := n.store.Get(k)
+func resident(st *store.Store, k store.Key, from Cache) (filled, bool) {
+	ref, ok := st.Get(k)
 	if !ok {
 		return filled{}, false
 	}

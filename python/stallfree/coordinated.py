@@ -619,9 +619,9 @@ class CoordinatedLoader:
 
     def _order(self, epoch):
         """epoch_order for epoch, drawn once: a permutation of the whole
-        dataset costs O(samples) (0.76 CPU s for ImageNet's 1.28M on a 2.5
-        GHz Xeon), and a batch wants its slice once or twice. Kept as int64
-        (10 MB for ImageNet, not a list's 45)."""
+        dataset costs O(samples) (most of a CPU second for ImageNet's 1.28M:
+        BENCHMARKS.md), and a batch wants its slice once or twice. Kept as
+        int64: a quarter of a list's memory."""
         epoch = int(epoch)
         with self._drawing:  # not self._lock: the counters and producer_of need not wait for a draw
             order = self._orders.get(epoch)
