@@ -155,6 +155,70 @@ func TestIdleTimeoutIsOnProgress(t *testing.T) {
 	}
 }
 
+// A response is bounded by progress too: a client taking a large item
+// slowly but steadily for several idle timeouts gets all of it, and one
+// that stops taking bytes for longer than the idle timeout is cut off.
+func TestResponseTimeoutIsOnProgress(t *testing.T) {
+	const idle = 300 * time.Millisecond
+	dir, files := writeFiles(t, 1, func() int { return 16 << 20 })
+	want := files["with space.bin"]
+	h := startOn(t, dir, files, 64<<20, "lru", "tok", func(s *Server, _ *node.Node) { s.IdleTimeout = idle })
+	if r := h.do("GET", "/v1/datasets/ds/index/0", nil); r.status != 200 || !bytes.Equal(r.body, want) {
+		t.Fatalf("the item read at once: %d, %d bytes", r.status, len(r.body))
+	}
+	// slowGet reads the item 256 KiB at a time, after pause(bytes so far);
+	// a small receive buffer keeps the rest waiting on the node's side.
+	slowGet := func(pause func(got int) time.Duration) ([]byte, error) {
+		c, err := net.Dial("tcp", strings.TrimPrefix(h.base, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.(*net.TCPConn).SetReadBuffer(64 << 10)
+		fmt.Fprintf(c, "GET /v1/datasets/ds/index/0 HTTP/1.1\r\nHost: node\r\nAuthorization: Bearer tok\r\n\r\n")
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			return nil, err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("slow GET: %d", resp.StatusCode)
+		}
+		var body []byte
+		buf := make([]byte, 256<<10)
+		for {
+			time.Sleep(pause(len(body)))
+			n, err := io.ReadFull(resp.Body, buf)
+			body = append(body, buf[:n]...)
+			if err == io.EOF || (err == io.ErrUnexpectedEOF && len(body) == int(resp.ContentLength)) {
+				return body, nil
+			}
+			if err != nil {
+				return body, err
+			}
+		}
+	}
+	// 64 reads ~19 ms apart: four idle timeouts in all, never one idle (a
+	// 1 MiB chunk of the node's drains in ~75 ms).
+	body, err := slowGet(func(int) time.Duration { return idle / 16 })
+	if err != nil || !bytes.Equal(body, want) {
+		t.Fatalf("a slow but steady reader: %d of %d bytes, %v", len(body), len(want), err)
+	}
+	// Silent for four idle timeouts after its first MiB.
+	body, err = slowGet(func(got int) time.Duration {
+		if got == 1<<20 {
+			return 4 * idle
+		}
+		return 0
+	})
+	if err == nil || len(body) >= len(want) {
+		t.Fatalf("a reader silent for 4 idle timeouts got %d of %d bytes (err %v): not cut off", len(body), len(want), err)
+	}
+	if r := h.do("GET", "/v1/datasets/ds/index/0", nil); r.status != 200 || !bytes.Equal(r.body, want) {
+		t.Fatalf("the item after the cut-off response: %d, %d bytes", r.status, len(r.body))
+	}
+}
+
 // The internal routes act on a node's own copies: the token, which clients
 // hold too, is not enough; a member's proof made with the cluster key is.
 func TestInternalRoutesWantAMemberProof(t *testing.T) {

@@ -59,8 +59,9 @@ type Server struct {
 	// one gets 503 and is closed (0: no bound). Set it before Serve.
 	MaxConns int
 	// IdleTimeout is --idle-timeout: a request whose headers or body make
-	// no progress for this long is cut off (a body's total time is not
-	// bounded). Set it before Serve. New sets DefaultIdleTimeout.
+	// no progress for this long is cut off, and so is a response its client
+	// stops taking (a body's total time is not bounded, either way). Set it
+	// before Serve. New sets DefaultIdleTimeout.
 	IdleTimeout time.Duration
 	// MaxGroupWaits bounds the group reads waiting (?wait=) on this node at
 	// once, its own and those it relays; past it: 503 with Retry-After.
@@ -88,12 +89,14 @@ func New(n *node.Node, token string, log *slog.Logger) *Server {
 	s.relay, s.peers = n.Control(), n.Control().Relay()
 	s.router = newRouter(s.routes(n))
 	s.srv = &fasthttp.Server{
-		Handler:            s.recovering(s.handle),
-		StreamRequestBody:  true,
-		ErrorHandler:       s.parseError,
-		Name:               "stallfree",
-		ReadTimeout:        30 * time.Second,
-		WriteTimeout:       60 * time.Second,
+		Handler:           s.recovering(s.handle),
+		StreamRequestBody: true,
+		ErrorHandler:      s.parseError,
+		Name:              "stallfree",
+		ReadTimeout:       30 * time.Second,
+		// No WriteTimeout: a response's deadline moves with its progress
+		// (gatherConn.progress), as a request body's does; a total time
+		// would cut off a large checkpoint part on a slow link.
 		IdleTimeout:        2 * time.Minute,
 		MaxRequestBodySize: MaxBodySize,
 		// A multipart body would be read (into memory and temporary files)
@@ -122,7 +125,7 @@ func (s *Server) Serve(ln net.Listener) error {
 		s.waiting = semaphore.NewWeighted(int64(max(s.MaxGroupWaits, 1)))
 	})
 	guarded := listen.Guard(ln, listen.Options{Name: "http", MaxConns: s.MaxConns, Refuse: refuseConn, Log: s.log})
-	return s.srv.Serve(gatherListener{Listener: guarded, sendBuffer: s.SendBuffer})
+	return s.srv.Serve(gatherListener{Listener: guarded, sendBuffer: s.SendBuffer, idle: s.IdleTimeout})
 }
 
 // refuseConn answers a connection over MaxConns before closing it.

@@ -105,7 +105,7 @@ func run(args []string) error {
 	groupLinger := fs.Duration("group-linger", groups.DefaultLinger, "how long a dropped staged batch's file stays in --shm-dir, for a job on this host that was told its path and has not opened it yet")
 	shmDir := fs.String("shm-dir", defaultShmDir(), `keep staged batches (coordinated prep) and checkpoint parts as files here (a tmpfs), which jobs on this host map instead of reading them over a socket ("" = in the node's own memory)`)
 	shareItems := fs.Bool("share-items", true, "keep the item cache in a memfd that loaders on this host map read-only (DeviceLoader copies a batch's items from it: POST …/batch?map=1 over --socket); false: anonymous memory, items only through the socket")
-	idleTimeout := fs.Duration("idle-timeout", httpapi.DefaultIdleTimeout, "cut off a request whose headers or body make no progress for this long (a body's total time is not bounded)")
+	idleTimeout := fs.Duration("idle-timeout", httpapi.DefaultIdleTimeout, "cut off a request whose headers or body, or a response whose client takes nothing, make no progress for this long (a body's total time is not bounded)")
 	maxItem := fs.String("max-item-bytes", "64MiB", "largest PUT body: a staged group batch, or an item a loader writes to a derived dataset (at most 64MiB there)")
 	// Kubernetes (docs/kubernetes.md): a StatefulSet's pods share one spec, so
 	// which of them bootstraps is decided from the pod name.
