@@ -69,6 +69,17 @@ def _crc32c():
     return crc32c
 
 
+def _fast_crc32c():
+    """The crc32c module when it uses the CPU's CRC instruction, or None.
+    A software crc32c (Debian's python3-crc32c 2.3 is built without SSE4.2)
+    sums at about sha256's speed and holds the GIL for the whole sum, so
+    summing a part in save()'s background thread stops the training loop's
+    thread that long, where hashlib's sha256 lets it run. Parts summed with
+    crc32c are still checked with it (_Summer.for_header)."""
+    crc = _crc32c()
+    return crc if crc is not None and getattr(crc, "hardware_based", False) else None
+
+
 class _Summer:
     """An incremental checksum of one algorithm; ``header()`` is its
     X-Checksum value (``crc32c:<8 hex>`` or a bare 64-hex sha256, the form
@@ -113,11 +124,13 @@ _warned_no_crc32c = []
 def _checksum_algo(requested):
     if requested not in ("crc32c", "sha256"):
         raise ValueError(f"checksum={requested!r}: want 'crc32c' or 'sha256'")
-    if requested == "crc32c" and _crc32c() is None:
+    if requested == "crc32c" and _fast_crc32c() is None:
         if not _warned_no_crc32c:
             _warned_no_crc32c.append(True)
-            warnings.warn("stallfree.checkpoint: no crc32c module (Debian: python3-crc32c); "
-                          "checkpoint parts are checked with sha256 instead", RuntimeWarning, stacklevel=3)
+            why = ("no crc32c module (Debian: python3-crc32c)" if _crc32c() is None else
+                   "the crc32c module here is not hardware-based (it would hold the GIL while it sums)")
+            warnings.warn(f"stallfree.checkpoint: {why}; checkpoint parts are checked with sha256 instead",
+                          RuntimeWarning, stacklevel=3)
         return "sha256"
     return requested
 

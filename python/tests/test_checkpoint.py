@@ -177,18 +177,27 @@ class CheckpointTest(ClusterCase):
         ck.close()
 
     def test_checksum_algorithms(self):
-        """crc32c by default (sha256 on request), named per part in the
-        listing; a wrong value of each kind stores nothing."""
+        """crc32c by default where it is fast (here: the crc32c module
+        installed, taken as fast, so that its sums meet the node's), sha256
+        on request; named per part in the listing; a wrong value of each
+        kind stores nothing."""
+        import stallfree.checkpoint as ckmod
         state = {"w": torch.arange(100_000, dtype=torch.float32)}
-        for algo in ("crc32c", "sha256"):
-            ck = Checkpointer(self.url, "sum-" + algo, checksum=algo)
-            self.assertEqual(ck.checksum, algo)
-            ck.save(1, state).result(60)
-            step = Client(self.url).json("GET", f"/v1/checkpoints/sum-{algo}")["steps"][-1]
-            self.assertEqual([c["checksum"] for c in step["checksums"]], [algo])
-            self.assertTrue(torch.equal(ck.load()["w"], state["w"]))
-            ck.close()
-        self.assertEqual(Checkpointer(self.url, "default").checksum, "crc32c")
+        algos = ("sha256",) if ckmod._crc32c() is None else ("crc32c", "sha256")
+        saved = ckmod._fast_crc32c
+        ckmod._fast_crc32c = ckmod._crc32c
+        try:
+            for algo in algos:
+                ck = Checkpointer(self.url, "sum-" + algo, checksum=algo)
+                self.assertEqual(ck.checksum, algo)
+                ck.save(1, state).result(60)
+                step = Client(self.url).json("GET", f"/v1/checkpoints/sum-{algo}")["steps"][-1]
+                self.assertEqual([c["checksum"] for c in step["checksums"]], [algo])
+                self.assertTrue(torch.equal(ck.load()["w"], state["w"]))
+                ck.close()
+            self.assertEqual(Checkpointer(self.url, "default").checksum, algos[0])
+        finally:
+            ckmod._fast_crc32c = saved
         body = b"x" * 1000
         client = Client(self.url)
         for wrong in ("crc32c:00000000", "sha256:" + "0" * 64, "0" * 64, "crc32c:XYZ", "md5:" + "0" * 32):
@@ -231,6 +240,34 @@ class ChecksumFallbackTest(unittest.TestCase):
                 self.assertEqual(ckmod._checksum_algo("crc32c"), "sha256")
             self.assertEqual(len([x for x in w if "crc32c" in str(x.message)]), 1)
             self.assertIsNone(ckmod._Summer.for_header("crc32c:00000000"))
+        finally:
+            ckmod._crc32c, ckmod._warned_no_crc32c[:] = saved[0], saved[1]
+
+    def test_a_software_crc32c_is_not_the_default(self):
+        """crc32c only where the module is hardware-based: a software one
+        holds the GIL while it sums (sha256 instead, said once); parts
+        summed with crc32c are still checked with it."""
+        import types
+        import warnings
+        import stallfree.checkpoint as ckmod
+        real = ckmod._crc32c() or types.SimpleNamespace(crc32c=lambda data, value=0: 0)
+        saved = ckmod._crc32c, list(ckmod._warned_no_crc32c)
+        try:
+            for hardware, want in ((True, "crc32c"), (False, "sha256")):
+                module = types.SimpleNamespace(crc32c=real.crc32c, hardware_based=hardware)
+                ckmod._crc32c, ckmod._warned_no_crc32c[:] = (lambda: module), []
+                with warnings.catch_warnings(record=True) as w:
+                    warnings.simplefilter("always")
+                    self.assertEqual(ckmod._checksum_algo("crc32c"), want)
+                    self.assertEqual(ckmod._checksum_algo("crc32c"), want)
+                    self.assertEqual(ckmod._checksum_algo("sha256"), "sha256")
+                said = [str(x.message) for x in w if "crc32c" in str(x.message)]
+                self.assertEqual(len(said), 0 if hardware else 1, said)
+                if not hardware:
+                    self.assertIn("not hardware-based", said[0])
+                summer = ckmod._Summer.for_header("crc32c:00000000")
+                self.assertIsNotNone(summer)
+                self.assertEqual(summer.algo, "crc32c")
         finally:
             ckmod._crc32c, ckmod._warned_no_crc32c[:] = saved[0], saved[1]
 

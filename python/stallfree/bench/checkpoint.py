@@ -214,7 +214,8 @@ def replication(nodes, nbytes, repeat):
     once both hold it; the checksum is computed beforehand (not timed). Each
     PUT alternates with one raw loopback TCP stream of the same bytes, so
     both meet the same moments of a shared machine. Measured with each
-    checksum algorithm (crc32c, Checkpointer's default, and sha256), with
+    checksum algorithm (crc32c, Checkpointer's default where the crc32c
+    module is hardware-based, and sha256), with
     the CPU seconds per GB each of the two nodes spent."""
     url = nodes.urls[0]
     body = os.urandom(1 << 20) * (nbytes >> 20)
