@@ -67,7 +67,8 @@ type gatherConn struct {
 	held     []byte
 	// vec is reused for every writev, so a hit allocates nothing; sending
 	// consumes out, a copy of it (a local copy would escape to the heap),
-	// one run at a time (run, also reused, and sending, its copy).
+	// one run at a time (run, also reused, and sending, the copy of it that
+	// WriteTo consumes).
 	vec, out, run, sending net.Buffers
 	idle                   time.Duration
 	moved                  time.Time // when the write deadline was last set
@@ -140,9 +141,10 @@ func (c *gatherConn) writeBuffersAfter(bw *bufio.Writer, bufs ...[]byte) (int64,
 	c.vec = append(append(c.vec[:0], c.held), bufs...)
 	c.out = c.vec
 	n, err := c.send()
-	clear(c.vec) // hold no item memory past the response
+	// Hold no item memory past the response: WriteTo drops what it sent,
+	// and a failed write leaves the rest of its run.
+	clear(c.vec)
 	clear(c.run)
-	clear(c.sending)
 	c.held = c.held[:0]
 	return max(n-int64(head), 0), err
 }

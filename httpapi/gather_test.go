@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
 	"io"
@@ -108,5 +109,40 @@ func TestWriteDeadlineMovesWithProgress(t *testing.T) {
 		}
 	case <-time.After(20 * idle):
 		t.Fatal("a write nobody takes still blocks after 20 idle timeouts")
+	}
+}
+
+// A response's buffers (items' memory) are not kept past it, whether it
+// was sent whole or its client went away halfway.
+func TestSentBuffersAreNotKept(t *testing.T) {
+	for _, taken := range []int64{-1, 3 << 19} { // all; 1.5 MiB, then the client closes
+		server, client := net.Pipe()
+		go func() {
+			if taken < 0 {
+				io.Copy(io.Discard, client)
+			} else {
+				io.CopyN(io.Discard, client, taken)
+			}
+			client.Close()
+		}()
+		c := &gatherConn{Conn: server, idle: time.Minute}
+		var bufs [][]byte
+		for range 40 { // 2.5 MiB: runs of 17, 17 and 8 pieces
+			bufs = append(bufs, make([]byte, 64<<10))
+		}
+		bw := bufio.NewWriter(c)
+		bw.WriteString("HTTP/1.1 200 OK\r\n\r\n")
+		n, err := c.writeBuffersAfter(bw, bufs...)
+		if (taken < 0) != (err == nil) || (taken < 0 && n != 40*64<<10) {
+			t.Fatalf("client taking %d bytes: sent %d, %v", taken, n, err)
+		}
+		for name, kept := range map[string]net.Buffers{"vec": c.vec, "run": c.run} {
+			for i, b := range kept[:cap(kept)] {
+				if b != nil {
+					t.Fatalf("client taking %d bytes: %s[%d] still refers to %d bytes after the response", taken, name, i, len(b))
+				}
+			}
+		}
+		c.Close()
 	}
 }
