@@ -82,6 +82,8 @@ func TestWriteDeadlineMovesWithProgress(t *testing.T) {
 		_, err := c.Write(body)
 		done <- err
 	}()
+	// A broken writer fails the test instead of leaving its reader blocked.
+	client.SetReadDeadline(time.Now().Add(20 * idle))
 	got := make([]byte, 0, len(body))
 	piece := make([]byte, 256<<10)
 	for len(got) < len(body) {
