@@ -86,30 +86,27 @@ func (c *gatherConn) Close() error {
 	return c.Conn.Close()
 }
 
-// Write passes through in chunks, except the one write writeAfter asks to
-// hold.
+// Write sends p in runs as writeBuffersAfter does, except the one write
+// writeAfter asks to hold.
 func (c *gatherConn) Write(p []byte) (int, error) {
 	if c.hold {
 		c.hold = false
 		c.held = append(c.held[:0], p...)
 		return len(p), nil
 	}
-	n := 0
-	for {
-		c.progress()
-		m, err := c.Conn.Write(p[n:min(len(p), n+sendChunk)])
-		n += m
-		if err != nil || n == len(p) {
-			return n, err
-		}
-	}
+	c.vec = append(c.vec[:0], p)
+	c.out = c.vec
+	n, err := c.send()
+	clear(c.vec)
+	clear(c.run)
+	return int(n), err
 }
 
-// progress gives the next chunk at least the idle timeout from now. Setting
-// a deadline costs a few hundred ns, reading the clock a tenth of that: a
-// deadline set less than idle/4 ago is kept, and each is set idle/4 beyond
-// the idle timeout, so a silent client is cut off between 1 and 5/4 idle
-// timeouts after its last progress.
+// progress gives the next chunk at least the idle timeout from now.
+// Setting a deadline costs more than reading the clock, so a deadline set
+// less than idle/4 ago is kept, and each is set idle/4 beyond the idle
+// timeout: a silent client is cut off between 1 and 5/4 idle timeouts
+// after its last progress.
 func (c *gatherConn) progress() {
 	if c.idle <= 0 {
 		return
