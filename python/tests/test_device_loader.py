@@ -86,6 +86,52 @@ class FramingTest(unittest.TestCase):
             _Rows(pool, 9, prep=True).read(cut, range(9), None)
 
 
+@unittest.skipIf(A is None, "no torchvision")
+class BatchedDecodeTest(unittest.TestCase):
+    """decode="jpeg" hands a whole batch to one decode_jpeg call where
+    torchvision takes lists (0.19 on; on CUDA nvjpeg then decodes the batch
+    as one), one call per image before, onto the loader's own device."""
+
+    def decode_with(self, version, device):
+        import types
+        from unittest import mock
+        import torchvision
+        import torchvision.io
+        from stallfree.torch.device import DeviceLoader as Loader
+
+        calls = []
+
+        def fake_decode_jpeg(data, mode, device):
+            calls.append((data, mode, device))
+            return [d + 1 for d in data] if isinstance(data, list) else data + 1
+
+        images = [torch.full((3,), k, dtype=torch.uint8) for k in range(4)]
+        loader = types.SimpleNamespace(_cuda=device.type == "cuda", device=device)
+        with mock.patch.object(torchvision, "__version__", version), \
+                mock.patch.object(torchvision.io, "decode_jpeg", fake_decode_jpeg):
+            got = Loader._decode(loader, images)
+        self.assertEqual([t.tolist() for t in got], [[k + 1] * 3 for k in range(4)])
+        return calls
+
+    def test_one_call_a_batch_where_lists_are_taken(self):
+        from torchvision.io import ImageReadMode
+        for version in ("0.19.0", "0.26.0+cu128", "1.0.0"):
+            calls = self.decode_with(version, torch.device("cuda", 1))
+            self.assertEqual(len(calls), 1, version)
+            self.assertEqual(len(calls[0][0]), 4)
+            self.assertEqual(calls[0][1:], (ImageReadMode.RGB, torch.device("cuda", 1)), "the loader's own GPU")
+
+    def test_one_call_an_image_before(self):
+        for version in ("0.14.1a0", "0.18.1+cpu", "unknown"):
+            calls = self.decode_with(version, torch.device("cpu"))
+            self.assertEqual(len(calls), 4, version)
+            self.assertTrue(all(c[2] == "cpu" for c in calls))
+
+    def test_a_cpu_loader_decodes_on_the_cpu(self):
+        calls = self.decode_with("0.20.0", torch.device("cpu"))
+        self.assertEqual([c[2] for c in calls], ["cpu"])
+
+
 class DeviceLoaderTest(ClusterCase):
     def setUp(self):
         self.make_tmp("stallfree-dev")

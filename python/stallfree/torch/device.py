@@ -121,7 +121,11 @@ class DeviceLoader(BatchLoader):
 
     def _decode(self, data):
         from torchvision.io import decode_jpeg, ImageReadMode
-        device = "cuda" if self._cuda else "cpu"
+        device = self.device if self._cuda else "cpu"
+        if _decodes_lists():
+            # One call for the whole batch: on CUDA, nvjpeg decodes it as a
+            # batch, where one call per image pays a launch and a sync each.
+            return list(decode_jpeg(list(data), mode=ImageReadMode.RGB, device=device))
         return [decode_jpeg(d, mode=ImageReadMode.RGB, device=device) for d in data]
 
     # -- in the loop's thread: onto the device ----------------------------------
@@ -144,3 +148,15 @@ class DeviceLoader(BatchLoader):
             if self._cuda:  # pinned, so that the copy waits for nothing queued on the device
                 y = y.pin_memory().to(self.device, non_blocking=True)
         return x, y
+
+
+def _decodes_lists():
+    """Whether this torchvision's ``decode_jpeg`` takes a list of images
+    (0.19 and later); earlier ones take one image a call."""
+    import torchvision
+
+    try:
+        major, minor = (int(p) for p in torchvision.__version__.split("+")[0].split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (0, 19)
