@@ -139,7 +139,9 @@ class DeviceLoader(BatchLoader):
                 host = x
                 x = host.to(self.device, non_blocking=True)
                 ev = torch.cuda.Event()
-                ev.record()
+                # On the stream the copy went to: the target device's, which
+                # is not the current device's when the loader's is cuda:1.
+                ev.record(torch.cuda.current_stream(self.device))
                 self._buffers.busy_until(host, ev)
             if self.augment is not None:
                 x = self.augment(x, idx, epoch=self.epoch, seed=self.seed)
