@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"sync"
@@ -228,19 +229,43 @@ type settled func(partKey) (sum string, committed bool)
 // with another sum, or a commit has counted other bytes under it
 // (countedFor). Checked under mu, with the catalog read there, so no store
 // slips between a commit's count and the part's replacement.
+//
+// A settled part this node holds is never replaced, even by bytes with its
+// sum: a crc32c is no proof against bytes made to match it. Bytes equal to
+// the held ones leave it as it is (a retry, or a repair that raced a copy
+// already here); any others are a conflict. Only a settled part this node
+// lacks, or holds with another sum (a stale copy), takes bytes with the
+// settled sum: the repair of a lost copy.
 func (m *memory) store(k partKey, b []byte, sum string, settledSum settled) error {
 	h := &held{data: b, sum: sum, mem: m}
 	h.refs.Store(1)
 	m.mu.Lock()
-	if want, committed := settledSum(k); committed && want != sum {
+	want, committed := settledSum(k)
+	if committed && want != sum {
 		m.mu.Unlock()
 		return fmt.Errorf("%w: checkpoint %s step %d is committed (immutable)", catalog.ErrConflict, k.name, k.step)
 	}
-	if c, ok := m.counted[k]; ok && time.Now().Before(c.until) && c.sum != sum {
+	c, counting := m.counted[k]
+	counting = counting && time.Now().Before(c.until)
+	if counting && c.sum != sum {
 		m.mu.Unlock()
 		return fmt.Errorf("%w: checkpoint %s step %d part %s is being committed with other bytes", catalog.ErrConflict, k.name, k.step, k.part)
 	}
 	old := m.parts[k]
+	if old != nil && (committed || counting) && old.sum == sum {
+		// Settled and held: compared outside the lock (a part can be
+		// gigabytes), under a reference that keeps the held bytes alive.
+		old.refs.Add(1)
+		m.mu.Unlock()
+		same := bytes.Equal(old.data, b)
+		old.release()
+		if !same { // b stays the caller's to free, as on every refusal
+			return fmt.Errorf("%w: checkpoint %s step %d part %s is settled with other bytes of the same sum (immutable)",
+				catalog.ErrConflict, k.name, k.step, k.part)
+		}
+		h.release() // the held copy stays; this buffer goes back
+		return nil
+	}
 	m.parts[k] = h
 	m.mu.Unlock()
 	if old != nil {

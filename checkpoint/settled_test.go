@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"hash/crc32"
 	"io"
 	"log/slog"
 	"os"
@@ -120,6 +122,124 @@ func TestCommitDuringABodyKeepsTheCommittedBytes(t *testing.T) {
 	// A part the commit did not list cannot join the step.
 	if err := putReplica(t, s, 7, "9", bytes.NewReader(late), late); !errors.Is(err, catalog.ErrConflict) {
 		t.Fatalf("a new part in a committed step: %v", err)
+	}
+}
+
+// forgeCRC32C returns prefix and four bytes more, whose crc32c is target's:
+// crc32c is linear, so anyone can match a part's sum with other bytes. The
+// table is walked back from the target register to find the four table
+// rows the appended bytes must select, then forward from prefix's register
+// to find the bytes that select them.
+func forgeCRC32C(prefix []byte, target uint32) []byte {
+	table := crc32.MakeTable(crc32.Castagnoli)
+	var rowOfTop [256]byte
+	for i, v := range table {
+		rowOfTop[v>>24] = byte(i)
+	}
+	var rows [4]byte
+	x := ^target
+	for i := 3; i >= 0; i-- {
+		rows[i] = rowOfTop[x>>24]
+		x = (x ^ table[rows[i]]) << 8
+	}
+	r := ^crc32.Checksum(prefix, table)
+	out := append([]byte(nil), prefix...)
+	for _, row := range rows {
+		b := byte(r) ^ row
+		out = append(out, b)
+		r = r>>8 ^ table[row]
+	}
+	return out
+}
+
+// A part settled by a commit is never replaced, even by a body whose crc32c
+// matches the committed one: the attack of stop 57 started such a body
+// before the commit and finished it after, and the late bytes were served.
+func TestSettledPartKeepsItsBytesAgainstAForgedSum(t *testing.T) {
+	cat := &stepCatalog{}
+	s := newTestService(t, cat)
+	committed := bytes.Repeat([]byte("A"), 64<<10)
+	crc := crc32.Checksum(committed, crc32.MakeTable(crc32.Castagnoli))
+	forged := forgeCRC32C(bytes.Repeat([]byte("B"), 64<<10-4), crc)
+	if got := crc32.Checksum(forged, crc32.MakeTable(crc32.Castagnoli)); got != crc || len(forged) != len(committed) {
+		t.Fatalf("forged %08x over %d bytes; want %08x over %d", got, len(forged), crc, len(committed))
+	}
+	sumOf := fmt.Sprintf("crc32c:%08x", crc)
+	put := func(body []byte, repair bool) error {
+		return s.Put(bounded(t), PutRequest{Name: "job", Step: 7, Part: "0", Sum: sumOf, Size: int64(len(body)),
+			Replica: true, Repair: repair}, bytes.NewReader(body))
+	}
+	if err := put(committed, false); err != nil {
+		t.Fatal(err)
+	}
+	// Before any commit a part's last writer wins, forged or not.
+	if err := put(forged, false); err != nil {
+		t.Fatalf("replacing an unsettled part: %v", err)
+	}
+	if err := put(committed, false); err != nil {
+		t.Fatal(err)
+	}
+	held, _ := s.mem.get(partKey{"job", 7, "0"})
+	held.release()
+	s.Held("job", 7, true) // a commit counts it
+	if err := put(forged, false); !errors.Is(err, catalog.ErrConflict) {
+		t.Fatalf("forged bytes over a counted part: %v; want a conflict", err)
+	}
+	cat.commit("job", 7, catalog.CheckpointPart{Name: "0", Size: int64(len(committed)), Sum: sumOf, Holders: []string{"a"}})
+	if err := put(forged, true); !errors.Is(err, catalog.ErrConflict) {
+		t.Fatalf("a forged repair of a committed part: %v; want a conflict", err)
+	}
+	if got := localBytes(t, s, 7, "0"); !bytes.Equal(got, committed) {
+		t.Fatal("the settled part was rewritten by bytes of the same sum")
+	}
+	// The same bytes again change nothing: the held buffer stays, the new one
+	// goes back.
+	if err := put(committed, true); err != nil {
+		t.Fatalf("a repair's copy of the committed bytes: %v", err)
+	}
+	now, _ := s.mem.get(partKey{"job", 7, "0"})
+	now.release()
+	if now != held {
+		t.Fatal("an equal copy replaced the held part")
+	}
+	if used, parts := s.mem.usage(); used != uint64(len(committed)) || parts != 1 {
+		t.Fatalf("after the refusals and the equal copy: %d bytes in %d parts; want the committed part only", used, parts)
+	}
+	// A copy this node lost is repaired from bytes of the committed sum.
+	s.mem.drop(func(partKey) bool { return true })
+	if err := put(committed, true); err != nil {
+		t.Fatalf("repairing a lost copy: %v", err)
+	}
+	if got := localBytes(t, s, 7, "0"); !bytes.Equal(got, committed) {
+		t.Fatal("the repaired copy differs")
+	}
+}
+
+// A store over a stale copy (another sum than the committed one) replaces
+// it: that is how a repair mends a copy a bug left.
+func TestSettledStoreReplacesAStaleCopy(t *testing.T) {
+	m := newMemory(1 << 10)
+	t.Cleanup(m.dropAll)
+	k := partKey{"job", 1, "0"}
+	notSettled := func(partKey) (string, bool) { return "", false }
+	committed := func(partKey) (string, bool) { return "good", true }
+	stale, _ := m.reserve(4)
+	copy(stale, "old!")
+	if err := m.store(k, stale, "bad", notSettled); err != nil {
+		t.Fatal(err)
+	}
+	good, _ := m.reserve(4)
+	copy(good, "new!")
+	if err := m.store(k, good, "good", committed); err != nil {
+		t.Fatalf("the committed bytes over a stale copy: %v", err)
+	}
+	h, _ := m.get(k)
+	defer h.release()
+	if string(h.data) != "new!" || h.sum != "good" {
+		t.Fatalf("held %q (%s); want the committed bytes", h.data, h.sum)
+	}
+	if used, parts := m.usage(); used != 4 || parts != 1 {
+		t.Fatalf("%d bytes in %d parts; the stale copy's memory was not given back", used, parts)
 	}
 }
 
