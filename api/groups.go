@@ -23,6 +23,12 @@ const (
 	HeaderGroupMapSize = "X-Group-Map-Size"
 )
 
+// HeaderGroupVersion, on a batch answer, is the version of the group's
+// definition the batch was staged under: a node keeping a copy of a relayed
+// batch for its host keys the copy by it, so a redefined group never
+// serves a batch of the definition before.
+const HeaderGroupVersion = "X-Group-Version"
+
 // GroupSpec is the body of PUT /v1/groups/{g}.
 type GroupSpec struct {
 	Dataset   string `json:"dataset"`

@@ -25,18 +25,21 @@ type hostCopy struct {
 	until time.Time
 }
 
+// A copy is keyed by the version of the group's definition too: a group
+// deleted and defined again stages other batches under the same numbers.
 type copyKey struct {
-	group string
-	epoch uint64
-	index int
+	group   string
+	version uint64
+	epoch   uint64
+	index   int
 }
 
-// HostCopy is this node's copy of a batch it relayed before, if it still
-// has one.
-func (s *Service) HostCopy(group string, epoch uint64, index int) (Staged, bool) {
+// HostCopy is this node's copy of a batch of the group's definition version
+// that it relayed before, if it still has one.
+func (s *Service) HostCopy(group string, version, epoch uint64, index int) (Staged, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	c, ok := s.copies[copyKey{group, epoch, index}]
+	c, ok := s.copies[copyKey{group, version, epoch, index}]
 	if !ok || time.Now().After(c.until) {
 		return Staged{}, false
 	}
@@ -44,11 +47,12 @@ func (s *Service) HostCopy(group string, epoch uint64, index int) (Staged, bool)
 	return c.Staged, true
 }
 
-// KeepHostCopy keeps a batch relayed from its owner for the other jobs on
-// this host, and returns the copy; a batch over the bound is not kept
-// (false), one kept already is returned as it is.
-func (s *Service) KeepHostCopy(group string, epoch uint64, index int, data []byte) (Staged, bool) {
-	k := copyKey{group, epoch, index}
+// KeepHostCopy keeps a batch relayed from its owner (staged under the
+// group's definition version) for the other jobs on this host, and returns
+// the copy; a batch over the bound is not kept (false), one kept already is
+// returned as it is.
+func (s *Service) KeepHostCopy(group string, version, epoch uint64, index int, data []byte) (Staged, bool) {
+	k := copyKey{group, version, epoch, index}
 	s.mu.Lock()
 	old, had := s.copies[k]
 	room := s.copyBytes+int64(len(data)) <= maxHostCopyBytes
@@ -59,7 +63,7 @@ func (s *Service) KeepHostCopy(group string, epoch uint64, index int, data []byt
 	if !room {
 		return Staged{}, false
 	}
-	c := hostCopy{Staged: Staged{Size: int64(len(data))}, until: time.Now().Add(s.cfg.Linger)}
+	c := hostCopy{Staged: Staged{Size: int64(len(data)), Version: version}, until: time.Now().Add(s.cfg.Linger)}
 	if s.cfg.ShmDir != "" {
 		if path, err := s.writeShm(fmt.Sprintf("copy-%s", group), epoch<<20|uint64(index), data); err == nil {
 			c.Path = path

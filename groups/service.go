@@ -33,6 +33,9 @@ var (
 	ErrFull = errors.New("staging full")
 	// ErrTooLarge: a batch over --max-item-bytes (413).
 	ErrTooLarge = errors.New("batch too large")
+	// ErrStale: a read named a version of the group's definition that is
+	// not the owner's (a host copy of a batch from before a redefinition).
+	ErrStale = errors.New("stale group version")
 )
 
 // maxEpoch bounds epochs in requests, as for jobs.
@@ -141,6 +144,13 @@ func (s *Service) Close() {
 
 // Owner is where a group's batches are staged.
 func (s *Service) Owner(group string) (addr string, self bool) { return s.host.GroupOwner(group) }
+
+// Version is the version of the group's definition in this node's catalog
+// (false: the catalog does not show the group).
+func (s *Service) Version(group string) (uint64, bool) {
+	g, ok := s.host.Group(group)
+	return g.Version, ok
+}
 
 // MaxBatchBytes is the largest batch a PUT may carry.
 func (s *Service) MaxBatchBytes() int { return s.cfg.MaxBatchBytes }
@@ -344,6 +354,9 @@ type Batch struct {
 	// After is the raft index the node that relayed the request had
 	// applied (0: not relayed): the group it names is waited for that long.
 	After uint64
+	// Version, when not 0, is the definition the reader holds a batch of
+	// (a host copy): any other is refused (ErrStale) before the read counts.
+	Version uint64
 }
 
 // position checks the request against the group and returns the batch's
@@ -399,6 +412,9 @@ func (s *Service) GetStaged(ctx context.Context, b Batch, wait time.Duration) (_
 	if err != nil {
 		return Staged{}, -1, err
 	}
+	if b.Version != 0 && b.Version != st.spec.Version {
+		return Staged{}, -1, fmt.Errorf("%w: group %q is at version %d here, not %d", ErrStale, b.Group, st.spec.Version, b.Version)
+	}
 	pos, err := b.position(st)
 	if err != nil {
 		return Staged{}, -1, err
@@ -420,7 +436,7 @@ func (s *Service) GetStaged(ctx context.Context, b Batch, wait time.Duration) (_
 				bt.has[b.Job] = true
 				st.jobs[b.Job].served++
 			}
-			got := Staged{Data: bt.data, Path: bt.path, Size: int64(bt.len())}
+			got := Staged{Data: bt.data, Path: bt.path, Size: int64(bt.len()), Version: st.spec.Version}
 			if st.complete(bt) {
 				s.host.UnclaimMemory(st.drop(pos, bt))
 			}

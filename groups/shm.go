@@ -25,6 +25,9 @@ type Staged struct {
 	Data []byte
 	Path string
 	Size int64
+	// Version is the group definition's the batch was staged under (set on
+	// what GetStaged returns).
+	Version uint64
 }
 
 // Bytes are the batch's bytes (read from its file when it has one).

@@ -127,8 +127,13 @@ func (s *Server) groupBatch(ctx *fasthttp.RequestCtx, method, name, epochSeg, ba
 	epoch, eerr := strconv.ParseUint(epochSeg, 10, 64)
 	b, berr := strconv.Atoi(batchSeg)
 	job, jerr := strconv.Atoi(string(q.Peek("job")))
-	if err := errors.Join(werr, eerr, berr, jerr); err != nil {
-		writeError(ctx, fasthttp.StatusBadRequest, fmt.Sprintf("epoch %q, batch %q, ?job=K (the job's index) and ?wait=DURATION: %v", epochSeg, batchSeg, err))
+	var version uint64 // ?version=V: a relaying node's host copy is of V (relayRead)
+	var verr error
+	if v := q.Peek("version"); v != nil {
+		version, verr = strconv.ParseUint(string(v), 10, 64)
+	}
+	if err := errors.Join(werr, eerr, berr, jerr, verr); err != nil {
+		writeError(ctx, fasthttp.StatusBadRequest, fmt.Sprintf("epoch %q, batch %q, ?job=K (the job's index), ?wait=DURATION and ?version=V: %v", epochSeg, batchSeg, err))
 		return
 	}
 	if method == fasthttp.MethodGet && wait > 0 {
@@ -172,7 +177,7 @@ func (s *Server) groupBatch(ctx *fasthttp.RequestCtx, method, name, epochSeg, ba
 	}
 	rctx, cancel := reqContext(ctx, wait+time.Second)
 	defer cancel()
-	bt := groups.Batch{Group: name, Job: job, Epoch: epoch, Index: b, After: relayedIndex(ctx)}
+	bt := groups.Batch{Group: name, Job: job, Epoch: epoch, Index: b, After: relayedIndex(ctx), Version: version}
 	if method == fasthttp.MethodPut {
 		var created bool
 		var err error
@@ -197,6 +202,7 @@ func (s *Server) groupBatch(ctx *fasthttp.RequestCtx, method, name, epochSeg, ba
 		return
 	}
 	ctx.Response.Header.Set(api.HeaderGroupProducer, strconv.Itoa(producer))
+	ctx.Response.Header.Set(api.HeaderGroupVersion, strconv.FormatUint(staged.Version, 10))
 	if string(q.Peek("record")) == "1" {
 		// A relaying node holds this batch already (hostcopy.go): the read
 		// is counted, the bytes stay here.
@@ -266,27 +272,52 @@ func overUnixSocket(ctx *fasthttp.RequestCtx) bool {
 // the read: "record"), else relayed to the owner, keeping the batch it sends
 // back for the next jobs on this host. A batch thus crosses to this host
 // once, whatever the number of jobs here that read it.
+//
+// A host copy is of one version of the group's definition, and its record
+// read names that version: an owner whose definition is another (the group
+// was deleted and defined again, and this node's catalog lags) refuses it
+// with 412 before counting anything, and the read is relayed whole instead.
 func (s *Server) relayRead(ctx *fasthttp.RequestCtx, addr string, wait time.Duration, group string, epoch uint64, index int) {
-	mapIt := string(ctx.QueryArgs().Peek("map")) == "1"
-	if local, ok := s.groups.HostCopy(group, epoch, index); ok {
-		ctx.URI().QueryArgs().Set("record", "1")
-		s.relayToOwner(ctx, addr, wait)
-		if ctx.Response.StatusCode() == fasthttp.StatusOK {
-			producer := append([]byte(nil), ctx.Response.Header.Peek(api.HeaderGroupProducer)...)
-			ctx.Response.Reset()
-			ctx.Response.Header.SetBytesV(api.HeaderGroupProducer, producer)
-			serveStaged(ctx, local, mapIt)
+	q := ctx.URI().QueryArgs()
+	mapIt := string(q.Peek("map")) == "1"
+	if version, known := s.groups.Version(group); known {
+		if local, ok := s.groups.HostCopy(group, version, epoch, index); ok {
+			q.Set("record", "1")
+			q.Set("version", strconv.FormatUint(version, 10))
+			s.relayToOwner(ctx, addr, wait)
+			q.Del("record")
+			q.Del("version")
+			switch ctx.Response.StatusCode() {
+			case fasthttp.StatusOK:
+				producer := append([]byte(nil), ctx.Response.Header.Peek(api.HeaderGroupProducer)...)
+				ctx.Response.Reset()
+				ctx.Response.Header.SetBytesV(api.HeaderGroupProducer, producer)
+				ctx.Response.Header.Set(api.HeaderGroupVersion, strconv.FormatUint(version, 10))
+				serveStaged(ctx, local, mapIt)
+				return
+			case fasthttp.StatusPreconditionFailed: // the copy is of a definition before: read the batch whole
+				ctx.Response.Reset()
+			default:
+				return
+			}
 		}
-		return
 	}
 	s.relayToOwner(ctx, addr, wait)
-	if ctx.Response.StatusCode() == fasthttp.StatusOK && len(ctx.Response.Header.Peek(api.HeaderGroupMap)) == 0 {
-		if local, ok := s.groups.KeepHostCopy(group, epoch, index, ctx.Response.Body()); ok && mapIt && local.Path != "" && overUnixSocket(ctx) {
-			producer := append([]byte(nil), ctx.Response.Header.Peek(api.HeaderGroupProducer)...)
-			ctx.Response.Reset()
-			ctx.Response.Header.SetBytesV(api.HeaderGroupProducer, producer)
-			serveStaged(ctx, local, true)
-		}
+	if ctx.Response.StatusCode() != fasthttp.StatusOK || len(ctx.Response.Header.Peek(api.HeaderGroupMap)) > 0 {
+		return
+	}
+	// An owner from before versioned answers sends no version: its batches
+	// are relayed every time, never kept.
+	version, err := strconv.ParseUint(string(ctx.Response.Header.Peek(api.HeaderGroupVersion)), 10, 64)
+	if err != nil || version == 0 {
+		return
+	}
+	if local, ok := s.groups.KeepHostCopy(group, version, epoch, index, ctx.Response.Body()); ok && mapIt && local.Path != "" && overUnixSocket(ctx) {
+		producer := append([]byte(nil), ctx.Response.Header.Peek(api.HeaderGroupProducer)...)
+		ctx.Response.Reset()
+		ctx.Response.Header.SetBytesV(api.HeaderGroupProducer, producer)
+		ctx.Response.Header.Set(api.HeaderGroupVersion, strconv.FormatUint(version, 10))
+		serveStaged(ctx, local, true)
 	}
 }
 
@@ -351,6 +382,8 @@ func groupFail(ctx *fasthttp.RequestCtx, err error) {
 		ctx.Response.Header.Set("Retry-After", "1")
 	case errors.Is(err, groups.ErrTooLarge):
 		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, err.Error())
+	case errors.Is(err, groups.ErrStale):
+		writeError(ctx, fasthttp.StatusPreconditionFailed, err.Error())
 	default:
 		fail(ctx, err)
 	}

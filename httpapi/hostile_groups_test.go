@@ -2,9 +2,11 @@ package httpapi
 
 import (
 	"encoding/json"
+	"strconv"
 	"testing"
 	"time"
 
+	"stallfree/api"
 	"stallfree/groups"
 	"stallfree/node"
 )
@@ -59,5 +61,63 @@ func TestWaitingGroupReadsAreBounded(t *testing.T) {
 	}
 	if r := h.do("GET", "/v1/groups/g/epochs/0/batches/1?wait=1ms&job=2", nil); r.status != 404 {
 		t.Fatalf("a waiting read once the slots are back: %d %s", r.status, r.body)
+	}
+}
+
+// A record read (a relaying node's host copy answering a job) names the
+// version of the definition its copy is of: any other version is refused
+// with 412 before the read counts, and a read of the right one is counted
+// and answered without bytes. Every answer names the version.
+func TestRecordReadOfAnotherVersionCountsNothing(t *testing.T) {
+	dir, files := writeDataset(t, 8, 10)
+	h := startOn(t, dir, files, 1<<20, "lru", "", func(s *Server, n *node.Node) {
+		g := groups.New(n.GroupHost(), groups.Config{Timeout: time.Hour, MaxBatchBytes: 1 << 20, Relay: n.Control().Relay()})
+		t.Cleanup(g.Close)
+		s.EnableGroups(g)
+	})
+	if r := h.do("PUT", "/v1/groups/g", []byte(`{"dataset":"ds","seed":1,"batch_size":1,"jobs":3}`)); r.status != 201 {
+		t.Fatalf("group: %d %s", r.status, r.body)
+	}
+	var info struct {
+		Version uint64 `json:"version"`
+		Jobs    []struct {
+			Served int `json:"served"`
+		} `json:"jobs"`
+	}
+	served := func() []int {
+		json.Unmarshal(h.do("GET", "/v1/groups/g", nil).body, &info)
+		var n []int
+		for _, j := range info.Jobs {
+			n = append(n, j.Served)
+		}
+		return n
+	}
+	served()
+	version := strconv.FormatUint(info.Version, 10)
+	if r := h.do("PUT", "/v1/groups/g/epochs/0/batches/0?job=0", []byte("batch zero")); r.status != 201 {
+		t.Fatalf("staging: %d %s", r.status, r.body)
+	}
+	for _, bad := range []string{"&version=x", "&version=-1", "&version=18446744073709551616"} {
+		if r := h.do("GET", "/v1/groups/g/epochs/0/batches/0?job=1"+bad, nil); r.status != 400 {
+			t.Fatalf("%s: %d %s", bad, r.status, r.body)
+		}
+	}
+	stale := strconv.FormatUint(info.Version+1, 10)
+	if r := h.do("GET", "/v1/groups/g/epochs/0/batches/0?job=1&record=1&version="+stale, nil); r.status != 412 {
+		t.Fatalf("a record read of version %s: %d %s", stale, r.status, r.body)
+	}
+	if got := served(); got[1] != 0 {
+		t.Fatalf("a refused record read was counted: served %v", got)
+	}
+	r := h.do("GET", "/v1/groups/g/epochs/0/batches/0?job=1&record=1&version="+version, nil)
+	if r.status != 200 || len(r.body) != 0 || r.header.Get(api.HeaderGroupVersion) != version {
+		t.Fatalf("a record read of the current version: %d %q, version %q", r.status, r.body, r.header.Get(api.HeaderGroupVersion))
+	}
+	r = h.do("GET", "/v1/groups/g/epochs/0/batches/0?job=2", nil)
+	if r.status != 200 || string(r.body) != "batch zero" || r.header.Get(api.HeaderGroupVersion) != version {
+		t.Fatalf("a plain read: %d %q, version %q", r.status, r.body, r.header.Get(api.HeaderGroupVersion))
+	}
+	if got := served(); got[1] != 1 || got[2] != 1 {
+		t.Fatalf("served %v; want jobs 1 and 2 counted once", got)
 	}
 }
