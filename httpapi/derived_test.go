@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -90,10 +91,30 @@ func TestDerivedBatchWrites(t *testing.T) {
 		"a negative one":  pack([]api.ItemWrite{{Index: 1, Data: []byte("x")}, {Index: -1, Data: []byte("y")}}),
 		"trailing data":   append(pack([]api.ItemWrite{{Index: 1, Data: []byte("x")}}), 0xc0),
 		"over the limits": pack([]api.ItemWrite{{Index: 1, Data: []byte("x")}, {Index: 2, Data: make([]byte, 65<<20)}}),
-		"too many items":  pack(make([]api.ItemWrite, 4097)),
+		"too many items":  pack(slices.Repeat([]api.ItemWrite{{Index: 1, Data: []byte("x")}}, 4097)),
 	} {
 		if r := h.do("PUT", "/v1/datasets/dec/batch", body); r.status < 400 || r.status >= 500 {
 			t.Errorf("%s: %d %s; want a 4xx", name, r.status, r.body)
+		}
+	}
+	// Elements that lack a field, or whose index is no int, are refused
+	// whole: the attack round had them written as index 0 or as empty bytes.
+	for name, body := range map[string][]byte{
+		"no index":           pack([]map[string]any{{"index": 1, "data": []byte("x")}, {"data": []byte("zz")}}),
+		"no data":            pack([]map[string]any{{"index": 1, "data": []byte("x")}, {"index": 2}}),
+		"nil data":           pack([]map[string]any{{"index": 2, "data": nil}}),
+		"a nil element":      pack([]any{map[string]any{"index": 1, "data": []byte("x")}, nil}),
+		"a string index":     pack([]map[string]any{{"index": "2", "data": []byte("x")}}),
+		"a float index":      pack([]map[string]any{{"index": 2.0, "data": []byte("x")}}),
+		"an index past 2^63": pack([]map[string]any{{"index": uint64(1) << 63, "data": []byte("x")}}),
+		"a string element":   pack([]any{"index"}),
+	} {
+		r := h.do("PUT", "/v1/datasets/dec/batch", body)
+		if r.status != 400 {
+			t.Errorf("%s: %d %s; want 400", name, r.status, r.body)
+		}
+		if name == "an index past 2^63" && !bytes.Contains(r.body, []byte("9223372036854775808 is out of range")) {
+			t.Errorf("%s: %s; want the index as sent", name, r.body)
 		}
 	}
 	if n := written(); n != 0 {

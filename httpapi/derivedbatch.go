@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -47,16 +49,9 @@ func (r derivedRoutes) putBatch(ctx *fasthttp.RequestCtx, p params) {
 	if !ok {
 		return
 	}
-	var items []api.ItemWrite
-	body := bytes.NewReader(ctx.PostBody())
-	dec := msgpack.NewDecoder(body)
-	dec.DisallowUnknownFields(true)
-	if err := dec.Decode(&items); err != nil {
+	items, err := decodeItemWrites(ctx.PostBody())
+	if err != nil {
 		writeError(ctx, fasthttp.StatusBadRequest, "malformed msgpack body: want an array of {index, data}: "+err.Error())
-		return
-	}
-	if body.Len() > 0 {
-		writeError(ctx, fasthttp.StatusBadRequest, fmt.Sprintf("malformed msgpack body: %d bytes after the array", body.Len()))
 		return
 	}
 	if len(items) == 0 {
@@ -103,6 +98,80 @@ func (r derivedRoutes) putBatch(ctx *fasthttp.RequestCtx, p params) {
 	}
 	wg.Wait()
 	writeJSON(ctx, fasthttp.StatusOK, results)
+}
+
+// itemWire is an element of a batch write as sent: a field left out (or
+// nil) stays nil here, where decoding into api.ItemWrite would take it for
+// index 0 or empty bytes and write them.
+type itemWire struct {
+	Index any     `msgpack:"index"`
+	Data  *[]byte `msgpack:"data"`
+}
+
+// decodeItemWrites reads the body of a batch write: one msgpack array of
+// maps, each with an integer "index" and binary "data" and nothing else,
+// and no byte after the array.
+func decodeItemWrites(body []byte) ([]api.ItemWrite, error) {
+	r := bytes.NewReader(body)
+	dec := msgpack.NewDecoder(r)
+	dec.DisallowUnknownFields(true)
+	var wire []*itemWire
+	if err := dec.Decode(&wire); err != nil {
+		return nil, err
+	}
+	if r.Len() > 0 {
+		return nil, fmt.Errorf("%d bytes after the array", r.Len())
+	}
+	items := make([]api.ItemWrite, len(wire))
+	for j, w := range wire {
+		if w == nil {
+			return nil, fmt.Errorf("element %d is nil, not a map", j)
+		}
+		if w.Data == nil {
+			return nil, fmt.Errorf("element %d has no \"data\" (binary)", j)
+		}
+		index, err := wireInt(w.Index)
+		if err != nil {
+			return nil, fmt.Errorf("element %d: \"index\": %w", j, err)
+		}
+		items[j] = api.ItemWrite{Index: index, Data: *w.Data}
+	}
+	return items, nil
+}
+
+// wireInt is a decoded msgpack integer as an int: missing, not an integer,
+// or beyond an int is an error (a uint64 past 2^63 would wrap to a negative).
+func wireInt(v any) (int, error) {
+	var n int64
+	switch x := v.(type) {
+	case nil:
+		return 0, errors.New("missing")
+	case int8:
+		n = int64(x)
+	case int16:
+		n = int64(x)
+	case int32:
+		n = int64(x)
+	case int64:
+		n = x
+	case uint8:
+		n = int64(x)
+	case uint16:
+		n = int64(x)
+	case uint32:
+		n = int64(x)
+	case uint64:
+		if x > math.MaxInt64 {
+			return 0, fmt.Errorf("%d is out of range", x)
+		}
+		n = int64(x)
+	default:
+		return 0, fmt.Errorf("%v (%T) is not an integer", v, v)
+	}
+	if n > math.MaxInt || n < math.MinInt {
+		return 0, fmt.Errorf("%d is out of range", n)
+	}
+	return int(n), nil
 }
 
 // writeOne writes one item here and records its outcome.
