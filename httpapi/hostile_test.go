@@ -72,6 +72,60 @@ func TestUnauthorizedBodiesAreNotRead(t *testing.T) {
 	}
 }
 
+// "Expect: 100-continue" invites the body only from a caller with the
+// token: without it the node answers 401 at once, never 100 Continue, and
+// closes; with it, 100 Continue, then the body is read and stored.
+func TestContinueOnlyWithTheToken(t *testing.T) {
+	h := start(t, 4, 100, 1<<20, "lru", "tok")
+	if r := h.do("PUT", "/v1/datasets/dec", []byte(`{"derived_from":"ds","stage":"s"}`)); r.status != 201 {
+		t.Fatalf("derive: %d %s", r.status, r.body)
+	}
+	expect := func(method, path, auth string) (*bufio.Reader, net.Conn) {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(h.base, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		if auth != "" {
+			auth = "Authorization: " + auth + "\r\n"
+		}
+		fmt.Fprintf(conn, "%s %s HTTP/1.1\r\nHost: x\r\n%sContent-Length: 5\r\nExpect: 100-continue\r\n\r\n", method, path, auth)
+		conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		return bufio.NewReader(conn), conn
+	}
+	for _, c := range []struct{ method, path, auth string }{
+		{"PUT", "/v1/datasets/dec/index/0", ""},
+		{"PUT", "/v1/datasets/dec/index/0", "Bearer wrong"},
+		{"PUT", "/v1/checkpoints/c/steps/1/parts/0", "Bearer wrong"},
+		{"PUT", "/v1/no/such/route", ""},
+	} {
+		br, _ := expect(c.method, c.path, c.auth)
+		line, err := br.ReadString('\n')
+		if err != nil || !strings.HasPrefix(line, "HTTP/1.1 401") {
+			t.Fatalf("%s %s (auth %q): %q %v; want 401 before any 100 Continue", c.method, c.path, c.auth, line, err)
+		}
+	}
+	if r := h.do("GET", "/v1/datasets/dec/index/0", nil); r.status != 404 {
+		t.Fatalf("item 0 after the refusals: %d %s", r.status, r.body)
+	}
+	br, conn := expect("PUT", "/v1/datasets/dec/index/0", "Bearer tok")
+	line, err := br.ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "HTTP/1.1 100") {
+		t.Fatalf("with the token: %q %v; want 100 Continue", line, err)
+	}
+	if blank, err := br.ReadString('\n'); err != nil || blank != "\r\n" {
+		t.Fatalf("after 100 Continue: %q %v", blank, err)
+	}
+	conn.Write([]byte("hello"))
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != 201 {
+		t.Fatalf("the body after 100 Continue: %v %v", resp, err)
+	}
+	if r := h.do("GET", "/v1/datasets/dec/index/0", nil); r.status != 200 || string(r.body) != "hello" {
+		t.Fatalf("item 0: %d %q", r.status, r.body)
+	}
+}
+
 // Without the token every path answers alike, so statuses do not map the
 // routes; with it, an unknown route is a 404. The probes stay open.
 func TestUnauthorizedPathsAnswerAlike(t *testing.T) {

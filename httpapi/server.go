@@ -103,8 +103,11 @@ func New(n *node.Node, token string, log *slog.Logger) *Server {
 		// before the handler, so before the token is checked; no route
 		// takes one.
 		DisablePreParseMultipartForm: true,
-		NoDefaultDate:                true,
-		Logger:                       fasthttpLogger{r: redactor{token: []byte(token)}, log: log},
+		// "Expect: 100-continue" is answered only once the token is
+		// checked: the body is not invited from a caller without it.
+		ExpectHandler: s.expectBody,
+		NoDefaultDate: true,
+		Logger:        fasthttpLogger{r: redactor{token: []byte(token)}, log: log},
 	}
 	return s
 }
@@ -307,6 +310,23 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	rt.handle(ctx, p)
+}
+
+// expectBody decides a request's "Expect: 100-continue" from its headers,
+// as handle would: 100 (send the body) when the token and, for internal
+// routes, the member's key hold; else 401 or 403, and fasthttp closes the
+// connection without calling handle or reading a byte of the body.
+func (s *Server) expectBody(ctx *fasthttp.RequestCtx) int {
+	var segs [16]string
+	path, seg := splitPath(ctx.URI().PathOriginal(), segs[:0])
+	rt, _, _ := s.router.match(string(ctx.Method()), path, seg)
+	switch {
+	case (rt == nil || !rt.open) && !s.authorized(ctx):
+		return fasthttp.StatusUnauthorized
+	case rt != nil && !s.member(ctx, seg):
+		return fasthttp.StatusForbidden
+	}
+	return fasthttp.StatusContinue
 }
 
 // maxUnauthorizedDrain bounds what is read of a request refused for its
