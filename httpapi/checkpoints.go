@@ -47,22 +47,42 @@ func (s *Server) checkpointStats() *api.CheckpointStats {
 }
 
 // readBody reads a streamed request body whole, refusing one over the
-// server's limit with 413 as the parser did before bodies were streamed.
-func (s *Server) readBody(ctx *fasthttp.RequestCtx, limit int) bool {
+// route's limit with 413 as the parser did before bodies were streamed, and
+// one that MaxBodyBytes has no room for with 503, before reading it. The
+// caller calls release once done with the body.
+func (s *Server) readBody(ctx *fasthttp.RequestCtx, limit int) (release func(), ok bool) {
 	if !ctx.Request.IsBodyStream() {
-		return true
+		return func() {}, true
 	}
-	tooLarge := func() bool {
+	tooLarge := func() (func(), bool) {
 		// Read (and drop) what the client is still sending, up to a bound,
 		// before answering: a client still writing when the connection closes
 		// gets a reset instead of the 413.
 		io.Copy(io.Discard, io.LimitReader(ctx.RequestBodyStream(), maxTooLargeDrain))
 		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, fmt.Sprintf("request body over %d bytes", limit))
 		ctx.SetConnectionClose() // whatever is past the bound is never read
-		return false
+		return nil, false
 	}
 	if ctx.Request.Header.ContentLength() > limit {
 		return tooLarge()
+	}
+	// Charged before a byte is read: the body's length, or for a chunked
+	// one its route's limit, which is all it may grow to.
+	charge := int64(limit)
+	if n := ctx.Request.Header.ContentLength(); n >= 0 {
+		charge = int64(n)
+	}
+	charge = min(charge, s.MaxBodyBytes) // a body larger than the bound is read alone
+	if !s.bodies.TryAcquire(charge) {
+		writeError(ctx, fasthttp.StatusServiceUnavailable, fmt.Sprintf("request bodies of %d bytes in all are being read on this node (--max-body-bytes); retry", s.MaxBodyBytes))
+		ctx.Response.Header.Set("Retry-After", "1") // writeError resets the response
+		refuse(ctx, maxUnauthorizedDrain)
+		return nil, false
+	}
+	s.bodyBytes.Add(charge)
+	release = func() {
+		s.bodyBytes.Add(-charge)
+		s.bodies.Release(charge)
 	}
 	var (
 		b   []byte
@@ -79,15 +99,17 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, limit int) bool {
 		b, err = io.ReadAll(io.LimitReader(s.bodyStream(ctx), int64(limit)+1))
 	}
 	if err != nil {
+		release()
 		writeError(ctx, fasthttp.StatusBadRequest, "reading the request body: "+err.Error())
 		ctx.SetConnectionClose()
-		return false
+		return nil, false
 	}
 	if len(b) > limit {
+		release()
 		return tooLarge()
 	}
 	ctx.Request.SetBodyRaw(b)
-	return true
+	return release, true
 }
 
 // bodyStream is a streamed request body that fails when no byte arrives for

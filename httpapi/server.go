@@ -21,8 +21,10 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
@@ -68,11 +70,22 @@ type Server struct {
 	// Set it before Serve. New sets DefaultMaxGroupWaits.
 	MaxGroupWaits int
 	waiting       *semaphore.Weighted
-	settle        sync.Once       // Serve applies the settings above once
-	ckpt          Checkpoints     // checkpoints.go
-	groups        *groups.Service // coordinated prep (groups.go); nil: off
-	peers         *relay.Client   // the node's client to the other nodes: a group's batches are its owner's
-	relay         Relay           // this node's applied index, on relayed group requests
+	// MaxBodyBytes bounds the bytes of request bodies being read whole at
+	// once, over all connections (--max-body-bytes): a body is charged its
+	// Content-Length (its route's limit when chunked) before a byte of it
+	// is read, and given back when its handler returns; past the bound,
+	// 503 with Retry-After. Without it, a few token holders sending large
+	// bodies slowly made a node hold gigabytes. A body a route allows but
+	// that is larger than the bound is read alone (it is charged the whole
+	// bound). Set it before Serve (0: DefaultMaxBodyBytes).
+	MaxBodyBytes int64
+	bodies       *semaphore.Weighted
+	bodyBytes    atomic.Int64    // charged to bodies now (a gauge)
+	settle       sync.Once       // Serve applies the settings above once
+	ckpt         Checkpoints     // checkpoints.go
+	groups       *groups.Service // coordinated prep (groups.go); nil: off
+	peers        *relay.Client   // the node's client to the other nodes: a group's batches are its owner's
+	relay        Relay           // this node's applied index, on relayed group requests
 	// memberKey checks members' proofs on the internal routes (member),
 	// and liveMember whether the prover is a member gossip sees alive.
 	memberKey  []byte
@@ -85,6 +98,10 @@ func New(n *node.Node, token string, log *slog.Logger) *Server {
 		MaxGroupWaits: DefaultMaxGroupWaits,
 		memberKey:     n.MemberKey(), liveMember: func(name string) bool { return slices.Contains(n.MemberView().Members(), name) }}
 	s.metrics = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(n.Registry(), promhttp.HandlerOpts{}))
+	// One server per node; a second one (tests) keeps the first's gauge.
+	n.Registry().Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "stallfree_http_body_bytes",
+		Help: "Bytes of request bodies being read whole now, charged against --max-body-bytes."},
+		func() float64 { return float64(s.bodyBytes.Load()) }))
 	s.readers.New = func() any { return &itemReader{} }
 	s.relay, s.peers = n.Control(), n.Control().Relay()
 	s.router = newRouter(s.routes(n))
@@ -112,6 +129,9 @@ func New(n *node.Node, token string, log *slog.Logger) *Server {
 	return s
 }
 
+// DefaultMaxBodyBytes is MaxBodyBytes' default.
+const DefaultMaxBodyBytes = 512 << 20
+
 // DefaultMaxGroupWaits is MaxGroupWaits' default.
 const DefaultMaxGroupWaits = 1024
 
@@ -126,6 +146,10 @@ func (s *Server) Serve(ln net.Listener) error {
 			s.srv.ReadTimeout = s.IdleTimeout // the headers' (the body's: bodyStream)
 		}
 		s.waiting = semaphore.NewWeighted(int64(max(s.MaxGroupWaits, 1)))
+		if s.MaxBodyBytes <= 0 {
+			s.MaxBodyBytes = DefaultMaxBodyBytes
+		}
+		s.bodies = semaphore.NewWeighted(s.MaxBodyBytes)
 	})
 	guarded := listen.Guard(ln, listen.Options{Name: "http", MaxConns: s.MaxConns, Refuse: refuseConn, Log: s.log})
 	return s.srv.Serve(gatherListener{Listener: guarded, sendBuffer: s.SendBuffer, idle: s.IdleTimeout})
@@ -302,9 +326,11 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	if rt.limit != nil {
 		limit = rt.limit()
 	}
-	if !s.readBody(ctx, limit) {
+	release, ok := s.readBody(ctx, limit)
+	if !ok {
 		return
 	}
+	defer release()
 	if err := p.decodeNames(); err != nil {
 		writeError(ctx, fasthttp.StatusBadRequest, err.Error())
 		return

@@ -78,6 +78,7 @@ func run(args []string) error {
 		fast      = fs.Bool("fast-timers", false, "the same as --timing local (kept for existing scripts)")
 		peerWait  = fs.Duration("peer-timeout", 2*time.Second, "longest wait for a peer before reading storage instead")
 		storeWait = fs.Duration("storage-timeout", 30*time.Second, "bound on every storage read (a hung mount answers 504 after it)")
+		bodyBytes = fs.String("max-body-bytes", "", "bound on request body bytes being read whole at once, over all connections (derived items, batch writes, staged batches); beyond it 503 with Retry-After before the body is read (default: a quarter of --memory, at least 512MiB)")
 		inflight  = fs.String("max-inflight-bytes", "", "bound on response bytes being assembled at once (batches, peer answers); beyond it 503 with Retry-After (default: a quarter of --memory, at least 256MiB)")
 		s3Endpt   = fs.String("s3-endpoint", "", "S3-compatible endpoint URL for s3:// datasets, e.g. http://127.0.0.1:9000 (default AWS; path-style addressing when set)")
 		s3Region  = fs.String("s3-region", "us-east-1", "S3 region")
@@ -177,6 +178,12 @@ func run(args []string) error {
 	var maxInflight uint64
 	if *inflight != "" {
 		if maxInflight, err = parseSize("max-inflight-bytes", *inflight, minMemory, math.MaxInt64, "a size of at least 1MiB, such as 512MiB"); err != nil {
+			return err
+		}
+	}
+	maxBodyBytes := max(mem/4, httpapi.DefaultMaxBodyBytes)
+	if *bodyBytes != "" {
+		if maxBodyBytes, err = parseSize("max-body-bytes", *bodyBytes, minMemory, math.MaxInt64, "a size of at least 1MiB, such as 1GiB"); err != nil {
 			return err
 		}
 	}
@@ -357,6 +364,7 @@ func run(args []string) error {
 	// Half the descriptors for clients, a fifth for peers: a flood on one
 	// port leaves the rest (storage reads, raft, gossip) room to work.
 	srv.MaxConns = max(64, files/2)
+	srv.MaxBodyBytes = int64(maxBodyBytes)
 	serveErr := make(chan error, 2)
 	go func() { serveErr <- srv.Serve(ln) }()
 	if sockLn != nil { // loader fast path

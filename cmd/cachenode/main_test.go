@@ -45,6 +45,7 @@ func TestBadFlagsFailBeforeStarting(t *testing.T) {
 		{"--max-item-bytes 2GiB", `--max-item-bytes "2GiB": want a size up to 1GiB`},
 		{"--timing wan", `--timing: timing "wan": want lan or local`},
 		{"--max-inflight-bytes 12", `--max-inflight-bytes "12": want a size of at least 1MiB`},
+		{"--max-body-bytes 12", `--max-body-bytes "12": want a size of at least 1MiB`},
 		{"--gossip 0.0.0.0:0", "--gossip 0.0.0.0:0: binding gossip, peer or raft beyond loopback needs --cluster-key-file"},
 		{"--peer 0.0.0.0:0", "--peer 0.0.0.0:0: binding gossip, peer or raft beyond loopback needs --cluster-key-file"},
 		{"--raft 0.0.0.0:0", "--raft 0.0.0.0:0: binding gossip, peer or raft beyond loopback needs --cluster-key-file"},
