@@ -51,8 +51,12 @@ func whatIfCurves(m stall.Model) []curve {
 	return out
 }
 
-// drawWhatIf writes the two terminal charts (stall, epoch time) to w.
-func drawWhatIf(w io.Writer, m stall.Model) {
+// drawWhatIf writes the two terminal charts (stall, epoch time) to w, in
+// colour with a legend when colour is set (w a terminal, not cachectl's
+// safeWriter, which would show the escape codes as text; the chart holds
+// only numbers and policy names cachectl made), else plain, the policies
+// named in a line.
+func drawWhatIf(w io.Writer, m stall.Model, colour bool) {
 	curves := whatIfCurves(m)
 	for _, metric := range []struct {
 		title string
@@ -68,9 +72,15 @@ func drawWhatIf(w io.Writer, m stall.Model) {
 			legends = append(legends, c.policy)
 		}
 		fmt.Fprintln(w)
-		fmt.Fprintln(w, asciigraph.PlotMany(series, asciigraph.Height(10), asciigraph.Width(chartSteps),
-			asciigraph.Precision(2), asciigraph.Caption(metric.title+" vs cache size"),
-			asciigraph.SeriesColors(asciigraph.Blue, asciigraph.Red), asciigraph.SeriesLegends(legends...)))
+		opts := []asciigraph.Option{asciigraph.Height(10), asciigraph.Width(chartSteps), asciigraph.Precision(2),
+			asciigraph.Caption(metric.title + " vs cache size")}
+		if colour {
+			opts = append(opts, asciigraph.SeriesColors(asciigraph.Blue, asciigraph.Red), asciigraph.SeriesLegends(legends...))
+		}
+		fmt.Fprintln(w, asciigraph.PlotMany(series, opts...))
+		if !colour {
+			fmt.Fprintf(w, "%12sone line each: %s\n", "", strings.Join(legends, ", "))
+		}
 		fmt.Fprintf(w, "%12s0%%%s100%% of %s cached\n", "", strings.Repeat(" ", chartSteps-6), humanize.IBytes(uint64(max(m.Bytes, 0))))
 	}
 	fmt.Fprintln(w, "(clairvoyant reads what MinIO reads, only ahead of the loader: on storage bound by its bandwidth the lines coincide)")

@@ -36,7 +36,15 @@ func TestWhatIfChart(t *testing.T) {
 		}
 	}
 	var out bytes.Buffer
-	drawWhatIf(&out, m)
+	drawWhatIf(safeWriter{&out}, m, false) // as cachectl prints it off a terminal
+	if bytes.Contains(out.Bytes(), []byte(`\x1b`)) || bytes.ContainsRune(out.Bytes(), 0x1b) {
+		t.Errorf("the chart carries escape codes, which cachectl's stdout shows as text:\n%s", out.String())
+	}
+	var tty bytes.Buffer
+	drawWhatIf(&tty, m, true) // on a terminal, straight to it
+	if !bytes.Contains(tty.Bytes(), []byte("\x1b[94m")) || !bytes.Contains(tty.Bytes(), []byte("\x1b[91m")) {
+		t.Errorf("no colours on a terminal:\n%q", tty.String())
+	}
 	for _, want := range []string{"stall per epoch (s) vs cache size", "epoch time (s) vs cache size", "minio", "clairvoyant", "100% of 1.0 GiB cached"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("the chart lacks %q:\n%s", want, out.String())

@@ -99,7 +99,11 @@ func (a *app) analyze(ctx context.Context, args []string) error {
 				s.EpochSeconds, s.StallSeconds, pct(s))
 		}
 	})
-	drawWhatIf(a.out, m)
+	if sw, ok := a.out.(safeWriter); ok && a.tty {
+		drawWhatIf(sw.w, m, true)
+	} else {
+		drawWhatIf(a.out, m, false)
+	}
 	if *svg != "" {
 		fmt.Fprintf(a.out, "chart written to %s\n", *svg)
 	}
