@@ -25,7 +25,11 @@ type progress struct {
 
 	start, last time.Time
 	lastTenth   int64
+	drawn       time.Time // the bar's last frame
 }
+
+// barEvery is the shortest time between two frames of the bar.
+const barEvery = 100 * time.Millisecond
 
 // plainEvery is the longest a plain progress stays silent.
 const plainEvery = 5 * time.Second
@@ -41,7 +45,7 @@ func newProgress(w io.Writer, tty bool, what, unit string, total int64) *progres
 	p.start, p.last = p.now(), p.now()
 	if tty {
 		opts := []progressbar.Option{progressbar.OptionSetDescription(what), progressbar.OptionSetWriter(w),
-			progressbar.OptionThrottle(100 * time.Millisecond)}
+			progressbar.OptionThrottle(0)} // Update throttles
 		if total >= 0 {
 			opts = append(opts, progressbar.OptionShowCount(), progressbar.OptionShowIts(), progressbar.OptionSetItsString(unit),
 				progressbar.OptionSetPredictTime(true), progressbar.OptionFullWidth())
@@ -58,6 +62,15 @@ func (p *progress) Update(done, bytes int64, detail string) {
 		if detail == "" && bytes >= 0 {
 			detail = humanize.IBytes(uint64(bytes))
 		}
+		// Throttled here, not by the bar: Describe and Set64 each draw a
+		// frame, and under the bar's own throttle the second was dropped,
+		// so a frame showed the new bytes beside the previous count. Here
+		// both draw, and the last frame holds both.
+		now := p.now()
+		if now.Sub(p.drawn) < barEvery && done != p.total {
+			return
+		}
+		p.drawn = now
 		if detail != "" {
 			p.bar.Describe(p.what + " (" + detail + ")")
 		}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -48,5 +49,34 @@ func TestPlainProgressLines(t *testing.T) {
 	}
 	if !strings.HasPrefix(out.String(), "listing s3: 4 objects, 5.0s\n") {
 		t.Errorf("got %q", out.String())
+	}
+}
+
+// On a terminal each frame shows the count and the bytes of one update:
+// the bytes were drawn at once and the count with the next frame.
+func TestBarFramesAgree(t *testing.T) {
+	var out bytes.Buffer
+	p := newProgress(&out, true, "warm-up imgs", "items", 2000)
+	clock := time.Unix(1000, 0)
+	p.now = func() time.Time { return clock }
+	for _, done := range []int64{25, 50, 75} {
+		clock = clock.Add(barEvery)
+		out.Reset()
+		p.Update(done, done<<20, "")
+		frames := strings.Split(out.String(), "\r")
+		last := frames[len(frames)-1]
+		if want := fmt.Sprintf("(%d MiB)", done); !strings.Contains(last, want) || !strings.Contains(last, fmt.Sprintf("(%d/2000", done)) {
+			t.Fatalf("frame after update %d: %q; want %s and the count %d", done, last, want, done)
+		}
+	}
+	out.Reset()
+	clock = clock.Add(barEvery / 2)
+	p.Update(80, 80<<20, "")
+	if out.Len() != 0 {
+		t.Fatalf("a frame %v after the last: %q", barEvery/2, out.String())
+	}
+	p.Update(2000, 2000<<20, "")
+	if !strings.Contains(out.String(), "(2000/2000") {
+		t.Fatalf("the last update was not drawn at once: %q", out.String())
 	}
 }
