@@ -76,7 +76,7 @@ image:
 	rm -rf deploy/rootfs && mkdir -p deploy/rootfs/tmp deploy/rootfs/var/lib/stallfree
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o deploy/rootfs/ ./cmd/cachenode ./cmd/cachectl
 	chmod 1777 deploy/rootfs/tmp
-	-@docker image rm $(IMAGE) >/dev/null 2>&1  # no dangling image left behind by a rebuild
+	@docker image rm $(IMAGE) >/dev/null 2>&1 || true  # no dangling image left behind by a rebuild
 	docker build -q -t $(IMAGE) deploy
 	@docker image inspect $(IMAGE) --format 'image $(IMAGE): {{.Size}} bytes'
 
@@ -108,7 +108,7 @@ cluster-up-s3: cluster-up minio-image
 
 cluster-down:
 	$(COMPOSE) --profile scale --profile s3 down -v --remove-orphans
-	-docker image rm $(IMAGE) $(MINIO_IMAGE) 2>/dev/null
+	@docker image rm $(IMAGE) $(MINIO_IMAGE) >/dev/null 2>&1 || true  # either may be absent
 	rm -rf deploy/rootfs deploy/minio-rootfs
 
 MINIO_IMAGE := stallfree-minio:local
@@ -116,7 +116,7 @@ minio-image:
 	rm -rf deploy/minio-rootfs && mkdir -p deploy/minio-rootfs/tmp deploy/minio-rootfs/var/lib/minio
 	cp "$$(./scripts/minio.sh)" deploy/minio-rootfs/minio
 	chmod 1777 deploy/minio-rootfs/tmp
-	-@docker image rm $(MINIO_IMAGE) >/dev/null 2>&1
+	@docker image rm $(MINIO_IMAGE) >/dev/null 2>&1 || true
 	docker build -q -t $(MINIO_IMAGE) -f deploy/Dockerfile.minio deploy
 
 test-docker:

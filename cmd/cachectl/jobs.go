@@ -39,7 +39,7 @@ func (a *app) jobs(ctx context.Context, args []string) error {
 		if a.json {
 			return a.printJSON(got)
 		}
-		fmt.Fprintf(a.out, "job %s: dataset %s, seed %d, %d ranks of batch %d\n", esc(got.Name), esc(got.Dataset), got.Seed, got.WorldSize, got.BatchSize)
+		fmt.Fprintf(a.out, "job %s: dataset %s, seed %d, %s of batch %d\n", esc(got.Name), esc(got.Dataset), got.Seed, plural(got.WorldSize, "rank"), got.BatchSize)
 		return nil
 	case "resize":
 		fs := flag.NewFlagSet("jobs resize", flag.ContinueOnError)
@@ -162,4 +162,12 @@ func (a *app) positions(ctx context.Context, js []api.Job) map[string]string {
 		}
 	}
 	return out
+}
+
+// plural is "1 rank", "3 ranks".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
