@@ -151,8 +151,12 @@ def main(argv=None):
                           "stall_s": round(meter.wait_seconds, 3), "stall_pct": round(100 * meter.wait_seconds / elapsed, 1),
                           "seconds": round(elapsed, 2)}), flush=True)
         # [/readme:epoch]
-        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                    "sampler": {**sampler.state_dict(consumed=seen), "epoch": epoch + 1, "position": 0}}, args.checkpoint)
+        state = {**sampler.state_dict(consumed=seen), "epoch": epoch + 1, "position": 0}
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "sampler": state}, args.checkpoint)
+        sampler.report(state)                    # jobs ls: the next epoch, from its start
+    if start_epoch >= args.epochs:
+        print(f"nothing left to do: {args.checkpoint} has finished {start_epoch} epochs of --epochs {args.epochs}; "
+              "raise --epochs, or delete it to start over", flush=True)
     return 0
 
 

@@ -17,6 +17,7 @@ from stallfree import Client
 from stallfree.torch import CachedDataset, LocalitySampler
 
 TRAIN = os.path.join(ROOT, "python", "examples", "train.py")
+JOB = "train-example"  # train.py's --job default
 
 
 class TrainExampleTest(ClusterCase):
@@ -65,8 +66,14 @@ class TrainExampleTest(ClusterCase):
         # The stall meter reported to the node.
         metrics = Client(self.url).request("GET", "/metrics")[1].decode()
         self.assertIn('stallfree_loader_wait_seconds_total', metrics)
-        # Run again when done: nothing left to train.
-        self.assertEqual(self.train(), ["resumed from " + os.path.join(self.tmp, "ckpt.pt") + ": epoch 3, position 0"])
+        # The end of the last epoch was reported: jobs ls shows the next one.
+        positions = Client(self.url).json("GET", f"/v1/jobs/{JOB}/positions")
+        self.assertEqual([(p["epoch"], p["position"]) for p in positions], [(3, 0)])
+        # Run again when done: nothing left to train, and it says so.
+        ckpt = os.path.join(self.tmp, "ckpt.pt")
+        self.assertEqual(self.train(), [f"resumed from {ckpt}: epoch 3, position 0",
+                                        f"nothing left to do: {ckpt} has finished 3 epochs of --epochs 3; "
+                                        "raise --epochs, or delete it to start over"])
         # Another job's run on this checkpoint says what to do, not a traceback.
         out = subprocess.run([sys.executable, TRAIN, "--url", self.url, "--dataset", "imgs", "--job", "another",
                               "--checkpoint", os.path.join(self.tmp, "ckpt.pt")], capture_output=True, text=True, timeout=300)
