@@ -53,6 +53,12 @@ func TestCachectl(t *testing.T) {
 	if out := must(n2, "datasets", "add", "ds", dir); !strings.Contains(out, "120 items") {
 		t.Fatalf("datasets add: %s", out)
 	}
+	// A tar dataset counts samples, its members beside them.
+	wds := filepath.Join(t.TempDir(), "wds")
+	must(n1, "gendata", wds, "--format", "tar", "--items", "30", "--shard-samples", "10", "--size", "1KiB")
+	if out := must(n1, "datasets", "add", "wds", "tar+dir://"+wds); !strings.Contains(out, "dataset wds: 30 samples (90 members),") {
+		t.Fatalf("datasets add of a tar dataset: %s", out)
+	}
 	if out := must(n1, "datasets", "ls"); !strings.Contains(out, "ds") || !strings.Contains(out, "dir://"+dir) {
 		t.Fatalf("datasets ls: %s", out)
 	}

@@ -211,7 +211,11 @@ func (a *app) datasets(ctx context.Context, args []string) error {
 		if a.json {
 			return a.printJSON(d)
 		}
-		fmt.Fprintf(a.out, "dataset %s: %d items, %s from %s (version %d)\n", esc(d.Name), d.Items, humanize.IBytes(uint64(d.Bytes)), esc(d.Source), d.Version)
+		count := fmt.Sprintf("%d items", d.Items)
+		if d.Samples > 0 { // a tar dataset: its items are the samples' members
+			count = fmt.Sprintf("%d samples (%d members)", d.Samples, d.Items)
+		}
+		fmt.Fprintf(a.out, "dataset %s: %s, %s from %s (version %d)\n", esc(d.Name), count, humanize.IBytes(uint64(d.Bytes)), esc(d.Source), d.Version)
 		return nil
 	case args[0] == "ls" && len(args) == 1:
 		ds, err := a.c.Datasets(ctx)
