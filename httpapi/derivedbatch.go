@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -142,36 +143,22 @@ func decodeItemWrites(body []byte) ([]api.ItemWrite, error) {
 // wireInt is a decoded msgpack integer as an int: missing, not an integer,
 // or beyond an int is an error (a uint64 past 2^63 would wrap to a negative).
 func wireInt(v any) (int, error) {
-	var n int64
-	switch x := v.(type) {
-	case nil:
+	if v == nil {
 		return 0, errors.New("missing")
-	case int8:
-		n = int64(x)
-	case int16:
-		n = int64(x)
-	case int32:
-		n = int64(x)
-	case int64:
-		n = x
-	case uint8:
-		n = int64(x)
-	case uint16:
-		n = int64(x)
-	case uint32:
-		n = int64(x)
-	case uint64:
-		if x > math.MaxInt64 {
-			return 0, fmt.Errorf("%d is out of range", x)
+	}
+	switch x := reflect.ValueOf(v); {
+	case x.CanInt():
+		if n := x.Int(); n >= math.MinInt && n <= math.MaxInt {
+			return int(n), nil
 		}
-		n = int64(x)
-	default:
-		return 0, fmt.Errorf("%v (%T) is not an integer", v, v)
+		return 0, fmt.Errorf("%d is out of range", x.Int())
+	case x.CanUint():
+		if n := x.Uint(); n <= math.MaxInt {
+			return int(n), nil
+		}
+		return 0, fmt.Errorf("%d is out of range", x.Uint())
 	}
-	if n > math.MaxInt || n < math.MinInt {
-		return 0, fmt.Errorf("%d is out of range", n)
-	}
-	return int(n), nil
+	return 0, fmt.Errorf("%v (%T) is not an integer", v, v)
 }
 
 // writeOne writes one item here and records its outcome.
