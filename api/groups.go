@@ -21,6 +21,11 @@ const HeaderGroupProducer = "X-Group-Producer"
 const (
 	HeaderGroupMap     = "X-Group-Map"
 	HeaderGroupMapSize = "X-Group-Map-Size"
+	// HeaderGroupMapIno is the file's inode when the node answered: the
+	// job checks the file it opened against it, since a handed-over batch's
+	// path (/proc/PID/fd/N) names whatever the node holds as descriptor N
+	// by the time the job opens it.
+	HeaderGroupMapIno = "X-Group-Map-Ino"
 )
 
 // HeaderGroupVersion, on a batch answer, is the version of the group's

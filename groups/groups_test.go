@@ -458,3 +458,19 @@ func TestBatchesInSharedMemory(t *testing.T) {
 		t.Fatalf("another node's file was removed: %v", err)
 	}
 }
+
+// A group's version is its definition's in this node's catalog; a group it
+// does not show has none (a relayed read of a deleted group asked it, and a
+// nil definition was read).
+func TestVersionOfAGroup(t *testing.T) {
+	s, h := newService(t, 1<<20, 2, 4)
+	if v, ok := s.Version("g"); !ok || v != h.version {
+		t.Fatalf("version of g: %d %v; want %d", v, ok, h.version)
+	}
+	if err := s.host.DeleteGroup(context.Background(), "g"); err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := s.Version("g"); ok || v != 0 {
+		t.Fatalf("version of a deleted group: %d %v", v, ok)
+	}
+}

@@ -149,7 +149,10 @@ func (s *Service) Owner(group string) (addr string, self bool) { return s.host.G
 // (false: the catalog does not show the group).
 func (s *Service) Version(group string) (uint64, bool) {
 	g, ok := s.host.Group(group)
-	return g.Version, ok
+	if !ok {
+		return 0, false
+	}
+	return g.Version, true
 }
 
 // MaxBatchBytes is the largest batch a PUT may carry.

@@ -101,6 +101,10 @@ func TestHandedOverBatchOverTheSocket(t *testing.T) {
 	if got, err := os.ReadFile(path); err != nil || !bytes.Equal(got, data) {
 		t.Fatalf("the handed-over file reads %q, %v; want %q", got, err, data)
 	}
+	// The inode the job checks its open file against: the writer's memfd's.
+	if got := r.header.Get(api.HeaderGroupMapIno); got != fmt.Sprint(ino) {
+		t.Fatalf("%s %q; want the handed-over file's inode %d", api.HeaderGroupMapIno, got, ino)
+	}
 }
 
 // unsealable is a PUT naming a memfd made without MFD_ALLOW_SEALING.

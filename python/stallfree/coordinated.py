@@ -410,11 +410,20 @@ class _Answer(Exception):
         self.status, self.message, self.producer = status, message, producer_hint
 
 
-def _map_file(path):
+class _Reused(Exception):
+    """The path a node answered names another file by the time it is
+    opened (a handed-over batch's /proc/PID/fd/N, reused after the batch's
+    linger): not this batch."""
+
+
+def _map_file(path, ino=None):
     """A staged batch's shared-memory file, mapped copy-on-write: shared with
-    the node and the other jobs on this host until a job writes to it."""
+    the node and the other jobs on this host until a job writes to it. ino,
+    the inode the node named, is checked against the file opened."""
     fd = os.open(path, os.O_RDONLY)
     try:
+        if ino is not None and os.fstat(fd).st_ino != ino:
+            raise _Reused(f"{path} is inode {os.fstat(fd).st_ino}, not the batch's {ino}")
         return _map_fd(fd)
     finally:
         os.close(fd)  # the mapping stays
@@ -928,17 +937,20 @@ class CoordinatedLoader:
         path = f"{self._gpath}/epochs/{int(epoch)}/batches/{int(b)}?job={self.job}&wait={wait}s{query}"
         if method == "GET" and self._map:
             got = self._request(method, path + "&map=1", body, wait)
-            if not isinstance(got, str):
+            if not isinstance(got, tuple):
                 return got
             try:
-                return _map_file(got)
+                return _map_file(*got)
+            except _Reused:
+                pass  # this job was too slow to open it: the bytes, while the node still has them
             except OSError:
                 # Not ours to open (another user's node): read it instead.
                 self._map = False
         return self._request(method, path, body, wait)
 
     def _request(self, method, path, body, wait):
-        """The answer's body (a bytearray), or a mapped batch's path (str)."""
+        """The answer's body (a bytearray), or a mapped batch's (path, inode
+        or None)."""
         h = {"Connection": "keep-alive"}
         if self.token:
             h["Authorization"] = "Bearer " + self.token
@@ -953,7 +965,8 @@ class CoordinatedLoader:
                 r = c.getresponse()
                 if r.status == 200 and r.getheader("X-Group-Map"):
                     r.read()
-                    return r.getheader("X-Group-Map")
+                    ino = r.getheader("X-Group-Map-Ino")
+                    return r.getheader("X-Group-Map"), int(ino) if ino and ino.isdigit() else None
                 if r.status == 200 and r.length is not None:
                     # Read into a buffer of our own: the arrays decoded from
                     # it are writable views, not copies.
