@@ -190,8 +190,34 @@ func (c *Control) PinEpoch(ctx context.Context, job string, epoch uint64) error 
 	return c.Leader().PinEpoch(ctx, job, epoch)
 }
 
+// CheckRank refuses a rank (and, when batch ≥ 0 is given, a minibatch)
+// outside the job's layout from this node's catalog, before anything is
+// planned or pinned: a malformed read changes nothing. A job or dataset
+// this node does not know yet is left to Plan, which waits for it.
+func (c *Control) CheckRank(job string, rank, batch int) error {
+	j, ok := c.cat.Job(job)
+	if !ok {
+		return nil
+	}
+	d, ok := c.cat.Dataset(j.Dataset)
+	if !ok {
+		return nil
+	}
+	ranks, batches := locality.Shape(j, d)
+	if rank < 0 || rank >= ranks {
+		return fmt.Errorf("%w: rank %d: want an integer in [0,%d)", ErrBadRequest, rank, ranks)
+	}
+	if batch >= 0 && batch >= batches {
+		return fmt.Errorf("%w: batch %d: want an integer in [0,%d)", ErrBadRequest, batch, batches)
+	}
+	return nil
+}
+
 // RankOrder is a rank's order for an epoch, as the API answers it.
 func (c *Control) RankOrder(ctx context.Context, job string, epoch uint64, rank int) (api.RankOrder, error) {
+	if err := c.CheckRank(job, rank, -1); err != nil {
+		return api.RankOrder{}, err
+	}
 	ep, err := c.Plan(ctx, job, epoch)
 	if err != nil {
 		return api.RankOrder{}, err

@@ -511,3 +511,30 @@ func FuzzKeyPath(f *testing.F) {
 		}
 	})
 }
+
+// A job read refused for its rank or batch pins nothing: the attack round
+// asked epoch 1000000 of a new job with rank 99, got 400, and epoch 0 was
+// "over" from then on.
+func TestRefusedJobReadsPinNothing(t *testing.T) {
+	h := start(t, 10, 10, 1<<20, "lru", "")
+	if r := h.do("PUT", "/v1/jobs/fresh", []byte(`{"dataset":"ds","seed":7,"world_size":2,"batch_size":2}`)); r.status/100 != 2 {
+		t.Fatalf("job: %d %s", r.status, r.body)
+	}
+	for _, target := range []string{
+		"/v1/jobs/fresh/epochs/1000000/ranks/99",
+		"/v1/jobs/fresh/epochs/1000000/ranks/-1",
+		"/v1/jobs/fresh/epochs/1000000/ranks/2/batches/0",
+		"/v1/jobs/fresh/epochs/1000000/ranks/0/batches/3", // 10 items, 2 ranks of batch 2: batches 0..2
+		"/v1/jobs/fresh/epochs/1000000/ranks/0/batches/-1",
+	} {
+		if got := h.raw("GET", target, ""); got != 400 {
+			t.Errorf("GET %s: %d, want 400", target, got)
+		}
+	}
+	if r := h.do("GET", "/v1/jobs/fresh/epochs/0/ranks/1", nil); r.status != 200 {
+		t.Fatalf("epoch 0 after the refused reads: %d %s", r.status, r.body)
+	}
+	if r := h.do("GET", "/v1/jobs/fresh/epochs/0/ranks/1/batches/2", nil); r.status != 200 {
+		t.Fatalf("the last batch of epoch 0: %d %s", r.status, r.body)
+	}
+}

@@ -43,12 +43,27 @@ var ErrInvalidJob = fmt.Errorf("invalid job")
 // PlanEpoch computes job j's order for epoch over the ring of members. It is
 // a pure function of its arguments, so every node computes the same order.
 func PlanEpoch(j *catalog.Job, d *catalog.Dataset, epoch uint64, members []string) (*EpochPlan, error) {
-	// A tar dataset is sampled by WebDataset sample, each owned whole.
-	units := d.Manifest.Len()
+	return assignEpoch(j, d, epoch, members, Permutation(units(d), j.Seed, epoch))
+}
+
+// units is what a job over d samples: its items, or a tar dataset's
+// WebDataset samples, each owned whole.
+func units(d *catalog.Dataset) int {
 	if d.Manifest.IsTar() {
-		units = d.Manifest.Samples()
+		return d.Manifest.Samples()
 	}
-	return assignEpoch(j, d, epoch, members, Permutation(units, j.Seed, epoch))
+	return d.Manifest.Len()
+}
+
+// Shape is the ranks and the minibatches per rank that every epoch plan of j
+// over d has (Assign's), known without planning an epoch: a request naming a
+// rank or batch outside it is refused before it pins anything.
+func Shape(j *catalog.Job, d *catalog.Dataset) (ranks, batches int) {
+	if j.WorldSize < 1 || j.BatchSize < 1 {
+		return 0, 0
+	}
+	per := units(d) / j.WorldSize
+	return j.WorldSize, (per + j.BatchSize - 1) / j.BatchSize
 }
 
 // assignEpoch assigns the units of perm, in that order, to j's ranks.

@@ -353,3 +353,26 @@ func TestByOwner(t *testing.T) {
 		}
 	}
 }
+
+// Shape is what every epoch plan has, so a rank or batch can be refused
+// before an epoch is planned or pinned.
+func TestShapeIsThePlans(t *testing.T) {
+	for _, d := range []*catalog.Dataset{fileDataset(10), fileDataset(97), fileDataset(3), tarDataset(5)} {
+		for _, world := range []int{1, 2, 3, 4} {
+			for _, batch := range []int{1, 2, 5, 64} {
+				j := &catalog.Job{Name: "j", Dataset: d.Name, Seed: 3, WorldSize: world, BatchSize: batch}
+				ep, err := PlanEpoch(j, d, 1, threeNodes)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if ranks, batches := Shape(j, d); ranks != len(ep.Ranks) || batches != ep.Batches() {
+					t.Errorf("%s, world %d, batch %d: shape %d ranks × %d batches; the plan has %d × %d",
+						d.Name, world, batch, ranks, batches, len(ep.Ranks), ep.Batches())
+				}
+			}
+		}
+	}
+	if r, b := Shape(&catalog.Job{WorldSize: 0, BatchSize: 1}, fileDataset(4)); r != 0 || b != 0 {
+		t.Errorf("a job without ranks: %d × %d", r, b)
+	}
+}

@@ -15,6 +15,12 @@ import (
 // On a tar dataset the batch is of samples: spans groups the items by sample
 // (nil otherwise).
 func (n *Node) JobBatch(ctx context.Context, job string, epoch uint64, rank, b int) (items []Item, spans []SampleSpan, err error) {
+	if b < 0 {
+		return nil, nil, fmt.Errorf("%w: batch %d: want a non-negative integer", ErrBadRequest, b)
+	}
+	if err := n.ctl.CheckRank(job, rank, b); err != nil {
+		return nil, nil, err
+	}
 	ep, err := n.ctl.Plan(ctx, job, epoch)
 	if err != nil {
 		return nil, nil, err
