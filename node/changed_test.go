@@ -99,6 +99,50 @@ func TestChangedSourceItemsAreNotServed(t *testing.T) {
 	})
 }
 
+// A held item whose file was deleted, and a missed one replaced by a
+// symlink out of the dataset, are changed sources too: the warm-up drops the
+// first and names it, and both reads answer source changed (the attack
+// round: a warm-up that kept serving them, reads that answered 500).
+func TestGoneSourceItemsAreNotServed(t *testing.T) {
+	n, d, _ := startNodeWith(t, 4, 1<<10, 64<<20, false, "minio")
+	dir := strings.TrimPrefix(d.Source, "dir://")
+	ctx := context.Background()
+	held, missed := d.Manifest.Key(2), d.Manifest.Key(3)
+	it, err := n.Get(ctx, d, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	it.Release()
+	if err := os.Remove(filepath.Join(dir, filepath.FromSlash(held))); err != nil {
+		t.Fatal(err)
+	}
+	n.StartWarmup(d)
+	awaitWarmup(t, n, d)
+	if p := n.WarmupProgress(d); !strings.Contains(p.Error, "source changed: "+held) {
+		t.Fatalf("warm-up over a deleted held item: %+v; want its error to name %s", p, held)
+	}
+	if n.store.Contains(store.MakeKey(d.ID, 2)) {
+		t.Fatal("the warm-up kept the bytes of a deleted item")
+	}
+	_, err = n.Get(ctx, d, 2)
+	wantChanged(t, "read of the deleted item", err, held)
+
+	n.store.Delete(store.MakeKey(d.ID, 3))
+	outside := filepath.Join(t.TempDir(), "elsewhere")
+	if err := os.WriteFile(outside, make([]byte, 1<<10), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, filepath.FromSlash(missed))
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, path); err != nil {
+		t.Fatal(err)
+	}
+	_, err = n.Get(ctx, d, 3)
+	wantChanged(t, "a miss on an item replaced by a symlink out of the dataset", err, missed)
+}
+
 // A plan that names a derived dataset (its loaders reported on it) applies
 // to the others: a derived dataset takes no quota (issue 46), and refusing
 // it must not leave the rest of the split unapplied.

@@ -100,3 +100,62 @@ func TestTarNoticesAShardRewrittenAtTheSameSize(t *testing.T) {
 		t.Fatalf("read %q, err %v: want ErrChanged", b, err)
 	}
 }
+
+// A file that is no longer there as a file inside the dataset is a changed
+// source, not a failing read: deleted, its directory replaced by a file, a
+// symlink leading out of the dataset or looping in its place. Each read and
+// check says ErrChanged (409, and a warm-up drops the held copy); the
+// attack round had 500 for each and a warm-up that kept serving them.
+func TestDirFilesGoneSinceListingAreChanged(t *testing.T) {
+	root := t.TempDir()
+	for _, name := range []string{"deleted.bin", "escaped.bin", "looped.bin", "sub/inner.bin"} {
+		path := filepath.Join(root, filepath.FromSlash(name))
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte("bytes"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	outside := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(outside, []byte("bytes"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d, err := OpenDir(root, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	ctx := context.Background()
+	entries, err := d.List(ctx)
+	if err != nil || len(entries) != 4 {
+		t.Fatalf("listing %+v, %v", entries, err)
+	}
+	for _, change := range []func() error{
+		func() error { return os.Remove(filepath.Join(root, "deleted.bin")) },
+		func() error {
+			os.Remove(filepath.Join(root, "escaped.bin"))
+			return os.Symlink(outside, filepath.Join(root, "escaped.bin"))
+		},
+		func() error {
+			os.Remove(filepath.Join(root, "looped.bin"))
+			return os.Symlink("looped.bin", filepath.Join(root, "looped.bin"))
+		},
+		func() error {
+			os.RemoveAll(filepath.Join(root, "sub"))
+			return os.WriteFile(filepath.Join(root, "sub"), []byte("a file now"), 0o644)
+		},
+	} {
+		if err := change(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, e := range entries {
+		if b, err := d.Read(ctx, e, nil); !errors.Is(err, ErrChanged) {
+			t.Errorf("read of %s: %q, %v; want ErrChanged", e.Key, b, err)
+		}
+		if err := d.Check(ctx, e); !errors.Is(err, ErrChanged) {
+			t.Errorf("check of %s: %v; want ErrChanged", e.Key, err)
+		}
+	}
+}

@@ -258,6 +258,9 @@ func (d *Dir) openRegular(key string) (*os.File, os.FileInfo, error) {
 	// not block; it is refused below. The root keeps the open inside the
 	// dataset, symlinks included.
 	f, err := d.root.OpenFile(filepath.FromSlash(key), os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if gone(err) {
+		return nil, nil, fmt.Errorf("read %s: %w: %w", key, ErrChanged, err)
+	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("read %s: %w", key, err)
 	}
@@ -271,6 +274,21 @@ func (d *Dir) openRegular(key string) (*os.File, os.FileInfo, error) {
 		return nil, nil, fmt.Errorf("read %s: %w: no longer a regular file (%v)", key, ErrChanged, fi.Mode().Type())
 	}
 	return f, fi, nil
+}
+
+// gone reports whether an open failed because the registered file is no
+// longer there as a file inside the dataset: deleted, a directory on its
+// path replaced by a file, or a symlink put in its place that loops or leads
+// out of the dataset (os.Root refuses it). That is a changed source (409,
+// and a warm-up drops the held copy), not a failing one; other errors (too
+// many open files, permissions) are the machine's, and a held copy stays.
+func gone(err error) bool {
+	if err == nil {
+		return false
+	}
+	var pe *os.PathError
+	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) || errors.Is(err, syscall.ELOOP) ||
+		errors.As(err, &pe) && pe.Err.Error() == "path escapes from parent" // os.Root's, unexported
 }
 
 // openShard opens a shard file that must still be the size it was indexed
