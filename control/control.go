@@ -136,8 +136,15 @@ func Resolve(prefixes []string) ([]string, error) {
 	return out, nil
 }
 
+// MaxSourceLen bounds a source's spelling: a path (PATH_MAX is 4096) or
+// bucket and prefix with its scheme.
+const MaxSourceLen = 4096 + 64
+
 // CheckSource normalizes spec and applies --allow-source.
 func (c *Control) CheckSource(spec string) (string, error) {
+	if len(spec) > MaxSourceLen {
+		return "", fmt.Errorf("%w: a source of %d bytes: at most %d", ErrBadRequest, len(spec), MaxSourceLen)
+	}
 	norm, err := source.Normalize(spec)
 	if err != nil {
 		return "", fmt.Errorf("%w: %w", ErrBadRequest, err)

@@ -176,12 +176,42 @@ type registration struct {
 	err      string
 }
 
+// Bounds of what a node keeps of the listings it ran, which any token
+// holder starts by asking to register a name: every failed one was kept
+// with its whole error (which quotes the source) for as long as the node
+// ran, and 300 requests with 1 MiB sources held a gigabyte.
+const (
+	maxRegistrations = 1024 // names; past it the oldest finished listing is forgotten
+	maxRegErrorLen   = 1024 // bytes of a listing's error kept
+)
+
 func (c *Control) startRegistration(name string) *registration {
 	r := &registration{start: time.Now()}
 	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, again := c.registrations[name]; !again && len(c.registrations) >= maxRegistrations {
+		c.forgetOldestRegistration()
+	}
 	c.registrations[name] = r
-	c.mu.Unlock()
 	return r
+}
+
+// forgetOldestRegistration drops the finished listing that started first
+// (none while all are running: those are bounded by the requests running).
+// Caller holds c.mu.
+func (c *Control) forgetOldestRegistration() {
+	oldest, at := "", time.Time{}
+	for name, r := range c.registrations {
+		r.mu.Lock()
+		ended, start := r.ended, r.start
+		r.mu.Unlock()
+		if ended && (oldest == "" || start.Before(at)) {
+			oldest, at = name, start
+		}
+	}
+	if oldest != "" {
+		delete(c.registrations, oldest)
+	}
 }
 
 func (r *registration) end(err error) {
@@ -190,6 +220,9 @@ func (r *registration) end(err error) {
 	r.ended, r.took = true, time.Since(r.start)
 	if err != nil {
 		r.err = err.Error()
+		if len(r.err) > maxRegErrorLen {
+			r.err = strings.ToValidUTF8(r.err[:maxRegErrorLen], "") + "…"
+		}
 	}
 }
 

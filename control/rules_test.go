@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -190,6 +191,46 @@ func TestRegistration(t *testing.T) {
 	tinfo, created, err := c.PutDataset(bg, "tar", "tar+dir://"+shards)
 	if err != nil || !created || tinfo.Shards != 1 || tinfo.Items != 2 || tinfo.Samples != 1 || tinfo.LeftOut != 2 {
 		t.Fatalf("a tar dataset: %+v, %v", tinfo, err)
+	}
+}
+
+// What a node keeps of failed listings is bounded: a source longer than a
+// path is refused before any listing, a long error is cut, and past
+// maxRegistrations names the oldest finished listing is forgotten (the
+// attack round held a gigabyte with 300 failed registrations of 1 MiB
+// sources, each error kept whole under its own name forever).
+func TestFailedRegistrationsAreBounded(t *testing.T) {
+	c := openLeader(t)
+	if _, _, err := c.PutDataset(bg, "long", "/"+strings.Repeat("a", MaxSourceLen)); !errors.Is(err, ErrBadRequest) {
+		t.Fatalf("a source past MaxSourceLen: %v", err)
+	}
+	if _, ok := c.Registration("long"); ok {
+		t.Fatal("a source refused before listing left a listing report")
+	}
+	deep := filepath.Join(t.TempDir(), strings.Repeat("d", 200), strings.Repeat("e", 200), strings.Repeat("f", 200), "gone")
+	if _, _, err := c.PutDataset(bg, "first", deep); !errors.Is(err, ErrBadRequest) {
+		t.Fatalf("a missing directory: %v", err)
+	}
+	r, ok := c.Registration("first")
+	if !ok || r.Error == "" || len(r.Error) > maxRegErrorLen+len("…") {
+		t.Fatalf("a failed listing's report: %d bytes of error (%v)", len(r.Error), ok)
+	}
+	for i := range maxRegistrations {
+		if _, _, err := c.PutDataset(bg, fmt.Sprintf("n%d", i), deep); !errors.Is(err, ErrBadRequest) {
+			t.Fatal(err)
+		}
+	}
+	c.mu.Lock()
+	kept := len(c.registrations)
+	c.mu.Unlock()
+	if kept != maxRegistrations {
+		t.Fatalf("%d listings kept; want %d", kept, maxRegistrations)
+	}
+	if _, ok := c.Registration("first"); ok {
+		t.Fatal("the oldest listing was kept past the bound")
+	}
+	if r, ok := c.Registration(fmt.Sprintf("n%d", maxRegistrations-1)); !ok || r.Error == "" {
+		t.Fatalf("the newest listing: %+v %v", r, ok)
 	}
 }
 
