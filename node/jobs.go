@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -86,9 +87,13 @@ func (n *Node) GetSamplesFor(ctx context.Context, d *catalog.Dataset, samples []
 	return items, spans, nil
 }
 
-// jobMetrics counts what each rank of each job was served.
+// jobMetrics counts what each rank of each job was served. A job's series go
+// with the job (forgetGone): they were kept for every job ever served, and
+// each job has up to ranks × 3 × 2 of them.
 type jobMetrics struct {
 	items, bytes *prometheus.CounterVec
+	mu           sync.Mutex
+	jobs         map[string]bool // the jobs with series
 }
 
 func newJobMetrics(reg *prometheus.Registry) *jobMetrics {
@@ -97,6 +102,7 @@ func newJobMetrics(reg *prometheus.Registry) *jobMetrics {
 			Help: "Items served per job and rank, by where they came from (local, peer, miss)."}, []string{"job", "rank", "result"}),
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "stallfree_job_bytes_total",
 			Help: "Item bytes served per job and rank, by where they came from."}, []string{"job", "rank", "result"}),
+		jobs: map[string]bool{},
 	}
 	reg.MustRegister(m.items, m.bytes)
 	return m
@@ -104,6 +110,11 @@ func newJobMetrics(reg *prometheus.Registry) *jobMetrics {
 
 // record counts items served to a job's rank.
 func (m *jobMetrics) record(job string, rank int, items []Item) {
+	// Under mu, so that forgetGone cannot drop the job between the mark and
+	// the counts and leave series nobody would drop.
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.jobs[job] = true
 	r := strconv.Itoa(rank)
 	for i := range items {
 		res := "local"
@@ -115,5 +126,19 @@ func (m *jobMetrics) record(job string, rank int, items []Item) {
 		}
 		m.items.WithLabelValues(job, r, res).Inc()
 		m.bytes.WithLabelValues(job, r, res).Add(float64(len(items[i].Data)))
+	}
+}
+
+// forgetGone drops the series of the jobs that live no longer knows (the
+// catalog's jobs: deleted ones go).
+func (m *jobMetrics) forgetGone(live func(job string) bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for job := range m.jobs {
+		if !live(job) {
+			m.items.DeletePartialMatch(prometheus.Labels{"job": job})
+			m.bytes.DeletePartialMatch(prometheus.Labels{"job": job})
+			delete(m.jobs, job)
+		}
 	}
 }
