@@ -325,18 +325,12 @@ func setRing(ctx *fasthttp.RequestCtx, v uint64) {
 func (r itemRoutes) serveUncached(ctx *fasthttp.RequestCtx, d *catalog.Dataset, i int) {
 	rctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	data, sum, err := r.items.ReadUncached(rctx, d, i)
+	it, err := r.items.ReadUncached(rctx, d, i)
 	if err != nil {
 		fail(ctx, err)
 		return
 	}
-	h := &ctx.Response.Header
-	h.Set("X-Cache", "miss")
-	h.Set("X-Key", d.Manifest.Key(i))
-	h.Set("ETag", `"`+strconv.FormatUint(sum, 16)+`"`)
-	ctx.SetContentType("application/octet-stream")
-	r.items.ServedBytes(len(data))
-	ctx.Response.SetBodyRaw(data)
+	r.streamItem(ctx, it)
 }
 
 func (r itemRoutes) serveItem(ctx *fasthttp.RequestCtx, d *catalog.Dataset, i int) {
@@ -346,8 +340,14 @@ func (r itemRoutes) serveItem(ctx *fasthttp.RequestCtx, d *catalog.Dataset, i in
 		fail(ctx, err)
 		return
 	}
-	h := &ctx.Response.Header
 	setRing(ctx, r.items.RingVersion())
+	r.streamItem(ctx, it)
+}
+
+// streamItem answers one item; it is released (its pin, its buffer, its
+// in-flight charge) once the last byte is written.
+func (r itemRoutes) streamItem(ctx *fasthttp.RequestCtx, it node.Item) {
+	h := &ctx.Response.Header
 	h.Set("X-Cache", string(it.Cache))
 	h.Set("X-Key", it.Key)
 	var etag [18]byte // built on the stack: a hit allocates nothing

@@ -74,7 +74,7 @@ type Items interface {
 	GetManyPartial(ctx context.Context, d *catalog.Dataset, indices []int, job string) ([]node.Item, error)
 	LocateMany(d *catalog.Dataset, indices []int, job string) (node.Located, bool, error)
 	GetSamplesFor(ctx context.Context, d *catalog.Dataset, samples []int, job string) ([]node.Item, []node.SampleSpan, error)
-	ReadUncached(ctx context.Context, d *catalog.Dataset, index int) ([]byte, uint64, error)
+	ReadUncached(ctx context.Context, d *catalog.Dataset, index int) (node.Item, error)
 	Owners(d *catalog.Dataset) api.Owners
 }
 

@@ -42,6 +42,14 @@ func (b *inflight) take(n uint64) error {
 	return nil
 }
 
+// takeItem charges one item's fresh buffer, never more than the whole
+// budget: an item larger than the budget (an item may be up to 1 GiB) is
+// served alone rather than never. It returns what was charged.
+func (b *inflight) takeItem(n uint64) (uint64, error) {
+	n = min(n, b.limit)
+	return n, b.take(n)
+}
+
 func (b *inflight) give(n uint64) {
 	b.mu.Lock()
 	b.used -= n

@@ -433,20 +433,84 @@ func TestClairvoyantReadsTheJobAhead(t *testing.T) {
 // counted as a storage read and leaves nothing in memory.
 func TestReadUncached(t *testing.T) {
 	n, d, files := startNode(t, 4, 64, 1<<20, false)
-	b, sum, err := n.ReadUncached(context.Background(), d, 2)
-	if err != nil || !bytes.Equal(b, files[d.Manifest.Key(2)]) || sum != xxhash.Sum64(b) {
+	it, err := n.ReadUncached(context.Background(), d, 2)
+	if err != nil || !bytes.Equal(it.Data, files[d.Manifest.Key(2)]) || it.Sum != xxhash.Sum64(it.Data) || it.Key != d.Manifest.Key(2) {
 		t.Fatalf("ReadUncached: %v", err)
 	}
+	it.Release()
 	if st := n.Stats(); n.Split().Holds(d, 2) || st.SourceReads != 1 || st.Misses != 0 {
 		t.Fatalf("held %v, stats %+v", n.Split().Holds(d, 2), st)
 	}
-	if b, _, err := n.ReadUncached(context.Background(), d, 0); err != nil || !bytes.Equal(b, files[d.Manifest.Key(0)]) {
+	if it, err := n.ReadUncached(context.Background(), d, 0); err != nil || !bytes.Equal(it.Data, files[d.Manifest.Key(0)]) {
 		t.Fatalf("the first item: %v", err)
+	} else {
+		it.Release()
 	}
 	for _, i := range []int{-1, 4} {
-		if _, _, err := n.ReadUncached(context.Background(), d, i); !errors.Is(err, ErrBadRequest) {
+		if _, err := n.ReadUncached(context.Background(), d, i); !errors.Is(err, ErrBadRequest) {
 			t.Fatalf("index %d: %v", i, err)
 		}
+	}
+}
+
+// A single item read into a fresh buffer (a miss, a peer's copy, a read
+// that bypasses the cache) is charged to --max-inflight-bytes until it is
+// released, as a batch's items are; a hit, which pins store memory, is not.
+// Past the bound: ErrBusy (503). An item larger than the whole bound is read
+// alone. The attack round held 2 GB with 16 slow readers of a 120 MiB item.
+func TestSingleItemReadsAreCharged(t *testing.T) {
+	n, d, _ := startNodeWith(t, 6, 64, 1<<20, false, "lru", func(c *Config) { c.MaxInflightBytes = 150 })
+	ctx := context.Background()
+	first, err := n.Get(ctx, d, 0) // a miss: 64 bytes charged
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := n.ReadUncached(ctx, d, 1) // 128
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.Get(ctx, d, 2); !errors.Is(err, ErrBusy) {
+		t.Fatalf("a third miss past the bound: %v; want ErrBusy", err)
+	}
+	if _, err := n.ReadUncached(ctx, d, 3); !errors.Is(err, ErrBusy) {
+		t.Fatalf("a bypassing read past the bound: %v; want ErrBusy", err)
+	}
+	hit, err := n.Get(ctx, d, 0) // held since the miss: no charge
+	if err != nil || hit.Cache != Hit {
+		t.Fatalf("a hit with the bound taken: %v %v", hit.Cache, err)
+	}
+	hit.Release()
+	first.Release()
+	third, err := n.Get(ctx, d, 2)
+	if err != nil {
+		t.Fatalf("a miss once a charge came back: %v", err)
+	}
+	third.Release()
+	second.Release()
+	n.inflight.mu.Lock()
+	used := n.inflight.used
+	n.inflight.mu.Unlock()
+	if used != 0 {
+		t.Fatalf("%d bytes still charged after every release", used)
+	}
+}
+
+// An item larger than the whole in-flight bound is still served, alone.
+func TestAnItemOverTheBoundIsReadAlone(t *testing.T) {
+	n, d, _ := startNodeWith(t, 2, 256, 1<<20, false, "lru", func(c *Config) { c.MaxInflightBytes = 100 })
+	ctx := context.Background()
+	it, err := n.Get(ctx, d, 0)
+	if err != nil || len(it.Data) != 256 {
+		t.Fatalf("an item over the bound: %d bytes, %v", len(it.Data), err)
+	}
+	if _, err := n.ReadUncached(ctx, d, 1); !errors.Is(err, ErrBusy) {
+		t.Fatalf("a second one beside it: %v; want ErrBusy", err)
+	}
+	it.Release()
+	if it, err := n.ReadUncached(ctx, d, 1); err != nil {
+		t.Fatalf("alone: %v", err)
+	} else {
+		it.Release()
 	}
 }
 

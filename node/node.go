@@ -427,12 +427,20 @@ func (n *Node) Get(ctx context.Context, d *catalog.Dataset, index int) (Item, er
 		n.counters.hitsLocal.Add(1)
 		return Item{Key: key, Data: ref.Data, Sum: ref.Sum, Cache: Hit, ref: ref}, nil
 	}
-	f, err := n.fetch(ctx, d, index)
+	// A fetched item is a fresh buffer held until the response is sent, to
+	// a reader as slow as it likes: charged to --max-inflight-bytes as a
+	// batch's are (16 slow readers of a 120 MiB item held 2 GB before).
+	charged, err := n.inflight.takeItem(uint64(d.Manifest.Size(index)))
 	if err != nil {
 		return Item{}, err
 	}
+	f, err := n.fetch(ctx, d, index)
+	if err != nil {
+		n.inflight.give(charged)
+		return Item{}, err
+	}
 	n.counters.count(f.cache)
-	return Item{Key: key, Data: f.data, Sum: f.sum, Cache: f.cache, recycle: f.recycle}, nil
+	return Item{Key: key, Data: f.data, Sum: f.sum, Cache: f.cache, recycle: f.recycle, charged: charged, budget: &n.inflight}, nil
 }
 
 func (c *counters) count(from Cache) {
@@ -555,14 +563,21 @@ func (f filled) done() {
 
 // ReadUncached reads an item from storage and neither admits it nor counts
 // it as a loader miss (it does count as a storage read).
-func (n *Node) ReadUncached(ctx context.Context, d *catalog.Dataset, index int) ([]byte, uint64, error) {
+func (n *Node) ReadUncached(ctx context.Context, d *catalog.Dataset, index int) (Item, error) {
 	if index < 0 || index >= d.Manifest.Len() {
-		return nil, 0, fmt.Errorf("%w: index %d out of range", ErrBadRequest, index)
+		return Item{}, fmt.Errorf("%w: index %d out of range", ErrBadRequest, index)
 	}
-	// Not recycled: the caller hands these bytes to the response, which keeps
-	// them after this returns; the pooled buffer is left to the collector.
+	charged, err := n.inflight.takeItem(uint64(d.Manifest.Size(index))) // as Get's misses
+	if err != nil {
+		return Item{}, err
+	}
 	f, err := n.readSource(ctx, d, index, false)
-	return f.data, f.sum, err
+	if err != nil {
+		n.inflight.give(charged)
+		return Item{}, err
+	}
+	return Item{Key: d.Manifest.Key(index), Data: f.data, Sum: f.sum, Cache: Miss, recycle: f.recycle,
+		charged: charged, budget: &n.inflight}, nil
 }
 
 // readSource reads one item from storage and admits it when cache is set.
