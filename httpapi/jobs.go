@@ -24,6 +24,13 @@ type jobRoutes struct {
 type Stall interface {
 	JobStall(ctx context.Context, job string) []api.RankStall
 	StallWindows(job string) []split.RankWindow
+	ActiveStallWindows() map[string][]split.RankWindow
+}
+
+// localActiveStall is the internal route a scrape of /metrics asks each
+// member once: this node's windows of every job that reported lately.
+func (r jobRoutes) localActiveStall(ctx *fasthttp.RequestCtx, _ params) {
+	writeJSON(ctx, 200, r.stall.ActiveStallWindows())
 }
 
 // localStall is the internal route: this node's windows of a job's ranks.

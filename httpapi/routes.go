@@ -193,6 +193,7 @@ func (s *Server) routes(n *node.Node) []route {
 		{method: put, pattern: "/v1/internal/checkpoints/{checkpoint}/steps/{step}/parts/{part}", handle: ck.served(ck.putReplica), stream: true},
 		{method: get, pattern: "/v1/internal/checkpoints/{checkpoint}/steps/{step}/parts/{part}", handle: ck.served(ck.getLocal)},
 		{method: get, pattern: "/v1/internal/jobs/{job}/stall", handle: jb.localStall},
+		{method: get, pattern: "/v1/internal/stall", handle: jb.localActiveStall},
 		{method: post, pattern: "/v1/internal/checkpoints/{checkpoint}/steps/{step}/parts/{part}/copy", handle: ck.served(ck.copy)},
 	}
 }

@@ -24,40 +24,72 @@ func (m MemorySplit) StallWindows(job string) []split.RankWindow {
 	return w
 }
 
+// ActiveStallWindows is what this node heard from the ranks of every job
+// that reported within the window, by job (at most MaxRankSeries ranks).
+func (m MemorySplit) ActiveStallWindows() map[string][]split.RankWindow {
+	return m.n.split.book.ActiveJobs(m.n.cfg.Name, MaxRankSeries)
+}
+
 // stallWait bounds how long the other members' stall figures are waited
 // for: a member that does not answer is left out, not waited for.
 const stallWait = 2 * time.Second
 
-// JobStall is a job's per-rank stall figures, cluster-wide: what every live
-// member heard from its ranks over the last minute, merged.
-func (m MemorySplit) JobStall(ctx context.Context, job string) []api.RankStall {
+// askMembers calls ask for every other live member at once, each with its
+// HTTP address, under one stallWait deadline.
+func (m MemorySplit) askMembers(ctx context.Context, ask func(ctx context.Context, name, addr string)) {
 	n := m.n
-	windows := m.StallWindows(job)
-	var (
-		mu sync.Mutex
-		wg sync.WaitGroup
-	)
 	ctx, cancel := context.WithTimeout(ctx, stallWait)
 	defer cancel()
+	var wg sync.WaitGroup
 	view := n.MemberView()
 	for _, name := range view.Members() {
 		addr, ok := view.MemberHTTP(name)
 		if name == n.cfg.Name || !ok {
 			continue
 		}
-		wg.Go(func() {
-			var got []split.RankWindow
-			path := "/v1/internal/jobs/" + url.PathEscape(job) + "/stall"
-			if _, err := n.ctl.Relay().JSON(ctx, http.MethodGet, addr, path, nil, &got, nil, 4<<20); err != nil {
-				n.log.Debug("stall figures: a member did not answer", "member", name, "err", err)
-				return
-			}
-			mu.Lock()
-			windows = append(windows, got...)
-			mu.Unlock()
-		})
+		wg.Go(func() { ask(ctx, name, addr) })
 	}
 	wg.Wait()
+}
+
+// clusterStall is every member's windows of the jobs that reported lately,
+// by job: one request per member, however many jobs.
+func (m MemorySplit) clusterStall(ctx context.Context) map[string][]split.RankWindow {
+	n := m.n
+	all := m.ActiveStallWindows()
+	var mu sync.Mutex
+	m.askMembers(ctx, func(ctx context.Context, name, addr string) {
+		var got map[string][]split.RankWindow
+		if _, err := n.ctl.Relay().JSON(ctx, http.MethodGet, addr, "/v1/internal/stall", nil, &got, nil, 16<<20); err != nil {
+			n.log.Debug("stall figures: a member did not answer", "member", name, "err", err)
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for job, ws := range got {
+			all[job] = append(all[job], ws...)
+		}
+	})
+	return all
+}
+
+// JobStall is a job's per-rank stall figures, cluster-wide: what every live
+// member heard from its ranks over the last minute, merged.
+func (m MemorySplit) JobStall(ctx context.Context, job string) []api.RankStall {
+	n := m.n
+	windows := m.StallWindows(job)
+	var mu sync.Mutex
+	m.askMembers(ctx, func(ctx context.Context, name, addr string) {
+		var got []split.RankWindow
+		path := "/v1/internal/jobs/" + url.PathEscape(job) + "/stall"
+		if _, err := n.ctl.Relay().JSON(ctx, http.MethodGet, addr, path, nil, &got, nil, 4<<20); err != nil {
+			n.log.Debug("stall figures: a member did not answer", "member", name, "err", err)
+			return
+		}
+		mu.Lock()
+		windows = append(windows, got...)
+		mu.Unlock()
+	})
 	return split.MergeStall(windows, time.Now())
 }
 
@@ -69,9 +101,16 @@ const MaxRankSeries = 512
 // node (each rank's series come from one node), labelled by job and rank;
 // stragglers are judged against the job's ranks cluster-wide.
 type rankCollector struct {
-	split     MemorySplit
-	book      *split.Book
-	node      string
+	split MemorySplit
+	node  string
+	// The cluster's windows, fetched at most once per stallReuse: /metrics
+	// needs no token, and each scrape asked every member once per job
+	// (512 jobs: 512 requests per member and up to 2 s each).
+	mu      sync.Mutex
+	fetched time.Time
+	windows map[string][]split.RankWindow
+	fetch   func(context.Context) map[string][]split.RankWindow // split.clusterStall
+
 	share     *prometheus.Desc
 	step      *prometheus.Desc
 	rate      *prometheus.Desc
@@ -80,7 +119,7 @@ type rankCollector struct {
 
 func newRankCollector(m MemorySplit) *rankCollector {
 	labels := []string{"job", "rank"}
-	return &rankCollector{split: m, book: m.n.split.book, node: m.n.cfg.Name,
+	return &rankCollector{split: m, node: m.n.cfg.Name, fetch: m.clusterStall,
 		share: prometheus.NewDesc("stallfree_rank_wait_share", "Share of the last minute a rank's loop waited for data.", labels, nil),
 		step:  prometheus.NewDesc("stallfree_rank_step_seconds", "A rank's mean step time per batch over the last minute.", labels, nil),
 		rate:  prometheus.NewDesc("stallfree_rank_samples_per_second", "Samples per second a rank consumed over the last minute.", labels, nil),
@@ -96,9 +135,25 @@ func (c *rankCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.straggler
 }
 
+// stallReuse is how long one fetch of the cluster's windows serves scrapes.
+const stallReuse = time.Second
+
+// cluster returns the cluster's windows by job, fetched again only when the
+// last fetch is older than stallReuse; scrapes at once share one fetch.
+func (c *rankCollector) cluster() map[string][]split.RankWindow {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.windows == nil || time.Since(c.fetched) > stallReuse {
+		c.windows, c.fetched = c.fetch(context.Background()), time.Now()
+	}
+	return c.windows
+}
+
 func (c *rankCollector) Collect(ch chan<- prometheus.Metric) {
-	for job := range c.book.ActiveJobs(c.node, MaxRankSeries) {
-		for _, r := range c.split.JobStall(context.Background(), job) {
+	all := c.cluster()
+	now := time.Now()
+	for job := range c.split.ActiveStallWindows() { // the jobs whose ranks report here
+		for _, r := range split.MergeStall(all[job], now) {
 			if r.Node != c.node {
 				continue // another node exports it
 			}

@@ -64,15 +64,19 @@ type Book struct {
 	MaxAge time.Duration
 	// MaxJobs bounds the jobs kept (0: DefaultMaxJobs); a new job past it
 	// takes the place of the one idle longest. Ranks per job are bounded by
-	// MaxRanks alike, so reports cannot grow the book without bound.
-	MaxJobs, MaxRanks int
-	now               func() time.Time
+	// MaxRanks alike, and ranks over all jobs by MaxRanksTotal (a rank keeps
+	// up to keptReports reports, ~8 KiB: the per-job bounds alone allowed
+	// 4M ranks, tens of GB), so reports cannot grow the book without bound.
+	MaxJobs, MaxRanks, MaxRanksTotal int
+	now                              func() time.Time
+	ranks                            int // over all jobs
 }
 
 // The book's default bounds.
 const (
-	DefaultMaxJobs  = 1024
-	DefaultMaxRanks = 4096
+	DefaultMaxJobs       = 1024
+	DefaultMaxRanks      = 4096
+	DefaultMaxRanksTotal = 1 << 16
 )
 
 // NewBook returns an empty book on the wall clock.
@@ -92,18 +96,27 @@ func (b *Book) Add(r Report, srcBytes uint64) {
 	j := b.jobs[r.Job]
 	if j == nil || (r.Dataset != "" && j.dataset != r.Dataset) {
 		if j == nil && len(b.jobs) >= bound(b.MaxJobs, DefaultMaxJobs) {
-			delete(b.jobs, b.idlest())
+			b.dropJob(b.idlest(""))
 		}
+		b.dropJob(r.Job) // another dataset under the name: a new job
 		j = &job{dataset: r.Dataset, ranks: map[int]*rank{}}
 		b.jobs[r.Job] = j
 	}
 	rk := j.ranks[r.Rank]
 	if rk == nil {
 		if len(j.ranks) >= bound(b.MaxRanks, DefaultMaxRanks) {
-			delete(j.ranks, idlestRank(j))
+			b.dropRank(j, idlestRank(j))
+		}
+		for b.ranks >= bound(b.MaxRanksTotal, DefaultMaxRanksTotal) {
+			if other := b.idlest(r.Job); other != "" {
+				b.dropJob(other)
+			} else {
+				b.dropRank(j, idlestRank(j))
+			}
 		}
 		rk = &rank{}
 		j.ranks[r.Rank] = rk
+		b.ranks++
 	}
 	rk.seen = b.now()
 	rk.remember(r, rk.seen)
@@ -130,18 +143,38 @@ func bound(v, def int) int {
 	return def
 }
 
-// idlest is the job whose last report is the oldest. Caller holds b.mu.
-func (b *Book) idlest() string {
+// idlest is the job whose last report is the oldest, but for except ("":
+// none of them). Caller holds b.mu.
+func (b *Book) idlest(except string) string {
 	var (
 		name string
 		when time.Time
 	)
 	for n, j := range b.jobs {
+		if n == except {
+			continue
+		}
 		if seen := j.lastSeen(); name == "" || seen.Before(when) {
 			name, when = n, seen
 		}
 	}
 	return name
+}
+
+// dropJob forgets a job and its ranks (none: nothing). Caller holds b.mu.
+func (b *Book) dropJob(name string) {
+	if j, ok := b.jobs[name]; ok {
+		b.ranks -= len(j.ranks)
+		delete(b.jobs, name)
+	}
+}
+
+// dropRank forgets rank r of j. Caller holds b.mu.
+func (b *Book) dropRank(j *job, r int) {
+	if _, ok := j.ranks[r]; ok {
+		delete(j.ranks, r)
+		b.ranks--
+	}
 }
 
 func (j *job) lastSeen() time.Time {
@@ -209,7 +242,7 @@ func (b *Book) Jobs() []JobStats {
 			st.Last.MissBytes = max(st.Last.MissBytes, rk.last.MissBytes)
 		}
 		if now.Sub(st.Seen) > maxAge {
-			delete(b.jobs, name)
+			b.dropJob(name)
 			continue
 		}
 		if done > 0 {

@@ -192,6 +192,48 @@ func TestBookBoundsJobsAndRanks(t *testing.T) {
 	}
 }
 
+// Ranks over all jobs are bounded too (MaxRanksTotal): a new rank past it
+// takes the place of the idlest other job, and of its own job's idlest rank
+// when there is no other. The per-job bounds alone let 1024 jobs of 4096
+// ranks grow the book to tens of GB.
+func TestBookBoundsRanksOverAllJobs(t *testing.T) {
+	c := newClock()
+	b := bookOn(c)
+	b.MaxRanksTotal = 5
+	ranksOf := func() map[string]int {
+		out := map[string]int{}
+		for _, j := range b.Jobs() {
+			out[j.Job] = j.Ranks
+		}
+		return out
+	}
+	for r := range 3 {
+		b.Add(Report{Job: "old", Rank: r, Batches: 1}, 0)
+		c.advance(time.Second)
+	}
+	for r := range 2 {
+		b.Add(Report{Job: "mid", Rank: r, Batches: 1}, 0)
+		c.advance(time.Second)
+	}
+	b.Add(Report{Job: "new", Rank: 0, Batches: 1}, 0) // a sixth rank: old, the idlest, goes whole
+	if got := ranksOf(); len(got) != 2 || got["mid"] != 2 || got["new"] != 1 {
+		t.Fatalf("ranks kept: %v; want mid 2, new 1", got)
+	}
+	for r := 1; r < 8; r++ {
+		c.advance(time.Second)
+		b.Add(Report{Job: "new", Rank: r, Batches: 1}, 0)
+	}
+	if got := ranksOf(); len(got) != 1 || got["new"] != 5 {
+		t.Fatalf("ranks kept: %v; want new's 5 latest only", got)
+	}
+	b.mu.Lock()
+	counted := b.ranks
+	b.mu.Unlock()
+	if counted != 5 {
+		t.Fatalf("the book counts %d ranks; holds 5", counted)
+	}
+}
+
 // A job's stall: each rank's reports over the last 60 s, merged across the
 // nodes that heard them (the latest report wins), with the rank whose step
 // time is over 1.2× the median marked.
