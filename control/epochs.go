@@ -369,6 +369,25 @@ func (c *Control) ReportPosition(job string, p api.RankPosition) error {
 	return nil
 }
 
+// ForgetGoneJobs drops what this node keeps of jobs the catalog no longer
+// has (deleted): their ranks' positions and their active re-split plans.
+// A job made and deleted over and over left its positions behind each time.
+func (c *Control) ForgetGoneJobs() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for job := range c.positions {
+		if _, ok := c.cat.Job(job); !ok {
+			delete(c.positions, job)
+		}
+	}
+	for job, k := range c.active {
+		if _, ok := c.cat.Job(job); !ok {
+			delete(c.active, job)
+			delete(c.resumed, k)
+		}
+	}
+}
+
 // RankPositions lists the positions reported to this node for job, by rank.
 func (c *Control) RankPositions(job string) []api.RankPosition {
 	c.mu.Lock()

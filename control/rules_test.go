@@ -660,6 +660,22 @@ func TestPositions(t *testing.T) {
 	if got := c.RankPositions("j"); len(got) != 1 || got[0].Rank != 100 {
 		t.Fatalf("past the bound: %+v", got)
 	}
+	// A deleted job's positions go once the node forgets gone jobs (its
+	// catalog watcher does, on every change); a live job's stay.
+	c.ForgetGoneJobs()
+	if got := c.RankPositions("j"); len(got) != 1 {
+		t.Fatalf("a live job's positions after ForgetGoneJobs: %+v", got)
+	}
+	if err := c.DeleteJob(bg, "j"); err != nil {
+		t.Fatal(err)
+	}
+	c.ForgetGoneJobs()
+	c.mu.Lock()
+	kept := len(c.positions)
+	c.mu.Unlock()
+	if kept != 0 {
+		t.Fatalf("positions of %d deleted jobs kept", kept)
+	}
 }
 
 // A leader's catalog is ready once it has applied its own log.

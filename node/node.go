@@ -327,6 +327,7 @@ func (n *Node) watchCatalog() {
 		n.foresight.Refresh() // a newly pinned epoch: start reading ahead now
 		n.prep.Sync()
 		n.jobMetrics.forgetGone(func(job string) bool { _, ok := n.cat.Job(job); return ok })
+		n.ctl.ForgetGoneJobs()
 		live := map[uint32]bool{}
 		for _, d := range n.cat.Datasets() {
 			live[d.ID] = true
