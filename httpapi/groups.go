@@ -204,9 +204,10 @@ func (s *Server) groupBatch(ctx *fasthttp.RequestCtx, method, name, epochSeg, ba
 	}
 	ctx.Response.Header.Set(api.HeaderGroupProducer, strconv.Itoa(producer))
 	ctx.Response.Header.Set(api.HeaderGroupVersion, strconv.FormatUint(staged.Version, 10))
-	if string(q.Peek("record")) == "1" {
+	if string(q.Peek("record")) == "1" && relayed(ctx) {
 		// A relaying node holds this batch already (hostcopy.go): the read
-		// is counted, the bytes stay here.
+		// is counted, the bytes stay here. Only a node's relay is answered
+		// so: a client's record=1 gets the bytes like any read.
 		ctx.SetStatusCode(fasthttp.StatusOK)
 		return
 	}
@@ -287,6 +288,11 @@ func overUnixSocket(ctx *fasthttp.RequestCtx) bool {
 func (s *Server) relayRead(ctx *fasthttp.RequestCtx, addr string, wait time.Duration, group string, epoch uint64, index int) {
 	q := ctx.URI().QueryArgs()
 	mapIt := string(q.Peek("map")) == "1"
+	// The record read and its version are this node's to send: a client's
+	// record=1 relayed as it came got an empty answer, kept here as the
+	// batch for every job on this host.
+	q.Del("record")
+	q.Del("version")
 	if version, known := s.groups.Version(group); known {
 		if local, ok := s.groups.HostCopy(group, version, epoch, index); ok {
 			q.Set("record", "1")

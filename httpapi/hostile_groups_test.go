@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"stallfree/api"
+	"stallfree/clusterauth"
 	"stallfree/groups"
 	"stallfree/node"
 )
@@ -102,16 +103,26 @@ func TestRecordReadOfAnotherVersionCountsNothing(t *testing.T) {
 			t.Fatalf("%s: %d %s", bad, r.status, r.body)
 		}
 	}
+	// A record read is a member's relay: signed as node t1.
+	asMember := func(target string) reply {
+		proof := clusterauth.SignRequest(h.node.MemberKey(), "GET", target, "t1", time.Now())
+		return h.do("GET", target, nil, api.HeaderForwarded, "t1", clusterauth.HeaderMember, proof)
+	}
 	stale := strconv.FormatUint(info.Version+1, 10)
-	if r := h.do("GET", "/v1/groups/g/epochs/0/batches/0?job=1&record=1&version="+stale, nil); r.status != 412 {
+	if r := asMember("/v1/groups/g/epochs/0/batches/0?job=1&record=1&version=" + stale); r.status != 412 {
 		t.Fatalf("a record read of version %s: %d %s", stale, r.status, r.body)
 	}
 	if got := served(); got[1] != 0 {
 		t.Fatalf("a refused record read was counted: served %v", got)
 	}
-	r := h.do("GET", "/v1/groups/g/epochs/0/batches/0?job=1&record=1&version="+version, nil)
+	r := asMember("/v1/groups/g/epochs/0/batches/0?job=1&record=1&version=" + version)
 	if r.status != 200 || len(r.body) != 0 || r.header.Get(api.HeaderGroupVersion) != version {
 		t.Fatalf("a record read of the current version: %d %q, version %q", r.status, r.body, r.header.Get(api.HeaderGroupVersion))
+	}
+	// A client's record=1 is a plain read: the bytes (a relaying node kept
+	// an empty answer to one as the batch for its whole host).
+	if r := h.do("GET", "/v1/groups/g/epochs/0/batches/0?job=1&record=1", nil); r.status != 200 || string(r.body) != "batch zero" {
+		t.Fatalf("a client's record read: %d %q", r.status, r.body)
 	}
 	r = h.do("GET", "/v1/groups/g/epochs/0/batches/0?job=2", nil)
 	if r.status != 200 || string(r.body) != "batch zero" || r.header.Get(api.HeaderGroupVersion) != version {

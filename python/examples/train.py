@@ -151,7 +151,10 @@ def main(argv=None):
                           "stall_s": round(meter.wait_seconds, 3), "stall_pct": round(100 * meter.wait_seconds / elapsed, 1),
                           "seconds": round(elapsed, 2)}), flush=True)
         # [/readme:epoch]
+        # The next epoch from its start: not resumed from an old generation,
+        # whatever this one was.
         state = {**sampler.state_dict(consumed=seen), "epoch": epoch + 1, "position": 0}
+        state.pop("resumed_from", None)
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "sampler": state}, args.checkpoint)
         sampler.report(state)                    # jobs ls: the next epoch, from its start
     if start_epoch >= args.epochs:
