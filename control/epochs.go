@@ -191,11 +191,11 @@ func (c *Control) PinEpoch(ctx context.Context, job string, epoch uint64) error 
 }
 
 // CheckRank refuses a rank (and, when batch ≥ 0 is given, a minibatch)
-// outside the job's layout from this node's catalog, before anything is
-// planned or pinned: a malformed read changes nothing. A job or dataset
-// this node does not know yet is left to Plan, which waits for it.
-func (c *Control) CheckRank(job string, rank, batch int) error {
-	j, ok := c.cat.Job(job)
+// outside the job's layout, before anything is planned or pinned: a
+// malformed read changes nothing. A job made through another node a moment
+// ago is waited for, as Plan would; one still unknown is left to Plan (404).
+func (c *Control) CheckRank(ctx context.Context, job string, rank, batch int) error {
+	j, ok := c.lookupJob(ctx, job)
 	if !ok {
 		return nil
 	}
@@ -215,7 +215,7 @@ func (c *Control) CheckRank(job string, rank, batch int) error {
 
 // RankOrder is a rank's order for an epoch, as the API answers it.
 func (c *Control) RankOrder(ctx context.Context, job string, epoch uint64, rank int) (api.RankOrder, error) {
-	if err := c.CheckRank(job, rank, -1); err != nil {
+	if err := c.CheckRank(ctx, job, rank, -1); err != nil {
 		return api.RankOrder{}, err
 	}
 	ep, err := c.Plan(ctx, job, epoch)
@@ -251,6 +251,13 @@ func orderOf(ep *locality.EpochPlan, rank, start int, epoch uint64) api.RankOrde
 // current layout (locality.ResumeEpoch): each remaining sample exactly once,
 // equal lengths. Like every order, a pure function of the catalog.
 func (c *Control) ResumedOrder(ctx context.Context, job string, epoch uint64, rank int, from uint64, position int) (api.RankOrder, error) {
+	// The rank and the generation are checked before the epoch is pinned.
+	if err := c.CheckRank(ctx, job, rank, -1); err != nil {
+		return api.RankOrder{}, err
+	}
+	if j, ok := c.lookupJob(ctx, job); ok && from != j.Version && (j.Prev == nil || from != j.Prev.Version) {
+		return api.RankOrder{}, fmt.Errorf("%w: generation %d is neither job %s's current one (%d) nor the one it replaced", catalog.ErrConflict, from, job, j.Version)
+	}
 	cur, err := c.Plan(ctx, job, epoch) // pins the epoch's members for the current generation
 	if err != nil {
 		return api.RankOrder{}, err

@@ -526,10 +526,14 @@ func TestRefusedJobReadsPinNothing(t *testing.T) {
 		"/v1/jobs/fresh/epochs/1000000/ranks/2/batches/0",
 		"/v1/jobs/fresh/epochs/1000000/ranks/0/batches/3", // 10 items, 2 ranks of batch 2: batches 0..2
 		"/v1/jobs/fresh/epochs/1000000/ranks/0/batches/-1",
+		"/v1/jobs/fresh/epochs/1000000/ranks/99?from_generation=1&position=0", // the resumed order's route too
 	} {
 		if got := h.raw("GET", target, ""); got != 400 {
 			t.Errorf("GET %s: %d, want 400", target, got)
 		}
+	}
+	if got := h.raw("GET", "/v1/jobs/fresh/epochs/1000000/ranks/0?from_generation=999999&position=0", ""); got != 409 {
+		t.Errorf("a resumed order of a generation the job never had: %d, want 409", got)
 	}
 	if r := h.do("GET", "/v1/jobs/fresh/epochs/0/ranks/1", nil); r.status != 200 {
 		t.Fatalf("epoch 0 after the refused reads: %d %s", r.status, r.body)

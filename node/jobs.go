@@ -19,7 +19,7 @@ func (n *Node) JobBatch(ctx context.Context, job string, epoch uint64, rank, b i
 	if b < 0 {
 		return nil, nil, fmt.Errorf("%w: batch %d: want a non-negative integer", ErrBadRequest, b)
 	}
-	if err := n.ctl.CheckRank(job, rank, b); err != nil {
+	if err := n.ctl.CheckRank(ctx, job, rank, b); err != nil {
 		return nil, nil, err
 	}
 	ep, err := n.ctl.Plan(ctx, job, epoch)
