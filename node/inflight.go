@@ -50,6 +50,21 @@ func (b *inflight) takeItem(n uint64) (uint64, error) {
 	return n, b.take(n)
 }
 
+// topUp raises a charge made on a manifest's size to the bytes actually
+// held: a derived dataset's manifest is its parent's, so a derived item is
+// charged its parent item's size first. Never past the whole budget (a
+// response larger than it is read alone). It returns the charge now.
+func (b *inflight) topUp(charged, actual uint64) (uint64, error) {
+	want := min(actual, b.limit)
+	if want <= charged {
+		return charged, nil
+	}
+	if err := b.take(want - charged); err != nil {
+		return charged, err
+	}
+	return want, nil
+}
+
 func (b *inflight) give(n uint64) {
 	b.mu.Lock()
 	b.used -= n

@@ -18,6 +18,7 @@ import (
 	"stallfree/catalog"
 	"stallfree/control"
 	"stallfree/internal/testutil"
+	"stallfree/store"
 )
 
 func putJob(t *testing.T, n *Node, j api.Job) api.Job {
@@ -487,6 +488,48 @@ func TestSingleItemReadsAreCharged(t *testing.T) {
 	}
 	third.Release()
 	second.Release()
+	n.inflight.mu.Lock()
+	used := n.inflight.used
+	n.inflight.mu.Unlock()
+	if used != 0 {
+		t.Fatalf("%d bytes still charged after every release", used)
+	}
+}
+
+// A derived dataset's manifest is its parent's, so its items were charged
+// their parent items' sizes: 1 KiB results over 64-byte parents were charged
+// 64 bytes each. A batch's charge is raised to the bytes it holds.
+func TestDerivedBatchesAreChargedTheirOwnSize(t *testing.T) {
+	n, _, _ := startNodeWith(t, 4, 64, 1<<20, false, "lru", func(c *Config) { c.MaxInflightBytes = 1500 })
+	ctx := context.Background()
+	if _, _, err := n.Control().Leader().DeriveDataset(ctx, "dec", "ds", "decode"); err != nil {
+		t.Fatal(err)
+	}
+	dec, err := n.Control().Dataset(ctx, "dec")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		b := bytes.Repeat([]byte{byte('a' + i)}, 1<<10)
+		if err := n.store.Put(store.MakeKey(dec.ID, uint32(i)), b, xxhash.Sum64(b)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held, err := n.GetManyFor(ctx, dec, []int{0}, "")
+	if err != nil || len(held[0].Data) != 1<<10 {
+		t.Fatalf("a derived item: %v", err)
+	}
+	if _, err := n.GetManyFor(ctx, dec, []int{1}, ""); !errors.Is(err, ErrBusy) {
+		t.Fatalf("a second 1 KiB derived item beside the first, under a 1500-byte bound: %v; want ErrBusy", err)
+	}
+	held[0].Release()
+	again, err := n.GetManyFor(ctx, dec, []int{0, 1}, "") // 2 KiB over the bound: read alone
+	if err != nil {
+		t.Fatalf("both alone: %v", err)
+	}
+	for i := range again {
+		again[i].Release()
+	}
 	n.inflight.mu.Lock()
 	used := n.inflight.used
 	n.inflight.mu.Unlock()
