@@ -74,9 +74,13 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, limit int) (release func(), 
 	}
 	charge = min(charge, s.MaxBodyBytes) // a body larger than the bound is read alone
 	if !s.bodies.TryAcquire(charge) {
+		// Drained into nothing (no memory held), as a body too large is,
+		// so that a client still sending reads the 503 and its Retry-After
+		// rather than a reset; past the bound the connection is closed.
+		io.Copy(io.Discard, io.LimitReader(ctx.RequestBodyStream(), maxTooLargeDrain))
 		writeError(ctx, fasthttp.StatusServiceUnavailable, fmt.Sprintf("request bodies of %d bytes in all are being read on this node (--max-body-bytes); retry", s.MaxBodyBytes))
 		ctx.Response.Header.Set("Retry-After", "1") // writeError resets the response
-		refuse(ctx, maxUnauthorizedDrain)
+		ctx.SetConnectionClose()
 		return nil, false
 	}
 	s.bodyBytes.Add(charge)
