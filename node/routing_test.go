@@ -40,6 +40,7 @@ type twoMembers struct {
 	// onHandoff, when set, runs as t1 asks t2 for an item it took over.
 	onHandoff func(d *catalog.Dataset, i int)
 	others    []api.Member // when set, the other members Describe shows
+	http      string       // when set, t2's HTTP address
 
 	single, batches, handoffs atomic.Int64
 }
@@ -121,9 +122,14 @@ func (p *twoMembers) FromOwners(_ context.Context, d *catalog.Dataset, indices [
 	return got, found
 }
 
-func (p *twoMembers) Joined() bool                     { return true }
-func (p *twoMembers) Members() []string                { return p.Ring().Members() }
-func (p *twoMembers) HTTPAddr(m string) (string, bool) { return m + ".example:7070", m == "t2" }
+func (p *twoMembers) Joined() bool      { return true }
+func (p *twoMembers) Members() []string { return p.Ring().Members() }
+func (p *twoMembers) HTTPAddr(m string) (string, bool) {
+	if p.http != "" && m == "t2" {
+		return p.http, true
+	}
+	return m + ".example:7070", m == "t2"
+}
 
 // setRing replaces the ring with one of members, while the node runs.
 func (p *twoMembers) setRing(t *testing.T, members ...string) {

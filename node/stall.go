@@ -25,9 +25,11 @@ func (m MemorySplit) StallWindows(job string) []split.RankWindow {
 }
 
 // ActiveStallWindows is what this node heard from the ranks of every job
-// that reported within the window, by job (at most MaxRankSeries ranks).
+// that reported within the window, by job: every rank the book keeps (the
+// other members judge stragglers over all of a job's ranks; only /metrics
+// exports at most MaxRankSeries).
 func (m MemorySplit) ActiveStallWindows() map[string][]split.RankWindow {
-	return m.n.split.book.ActiveJobs(m.n.cfg.Name, MaxRankSeries)
+	return m.n.split.book.ActiveJobs(m.n.cfg.Name, split.DefaultMaxRanksTotal)
 }
 
 // stallWait bounds how long the other members' stall figures are waited
@@ -52,25 +54,50 @@ func (m MemorySplit) askMembers(ctx context.Context, ask func(ctx context.Contex
 	wg.Wait()
 }
 
-// clusterStall is every member's windows of the jobs that reported lately,
-// by job: one request per member, however many jobs.
+// clusterStall is every member's windows of the jobs whose ranks report to
+// this node, by job: one request per member, however many jobs (a member
+// from before that route answers 404 and is asked job by job). Nothing is
+// asked when no rank reports here.
 func (m MemorySplit) clusterStall(ctx context.Context) map[string][]split.RankWindow {
 	n := m.n
 	all := m.ActiveStallWindows()
+	if len(all) == 0 {
+		return all
+	}
 	var mu sync.Mutex
 	m.askMembers(ctx, func(ctx context.Context, name, addr string) {
-		var got map[string][]split.RankWindow
-		if _, err := n.ctl.Relay().JSON(ctx, http.MethodGet, addr, "/v1/internal/stall", nil, &got, nil, 16<<20); err != nil {
+		got := map[string][]split.RankWindow{}
+		resp, err := n.ctl.Relay().JSON(ctx, http.MethodGet, addr, "/v1/internal/stall", nil, &got, nil, 64<<20)
+		if resp != nil && resp.StatusCode == http.StatusNotFound {
+			got, err = m.askJobByJob(ctx, addr, all), nil
+		}
+		if err != nil {
 			n.log.Debug("stall figures: a member did not answer", "member", name, "err", err)
 			return
 		}
 		mu.Lock()
 		defer mu.Unlock()
 		for job, ws := range got {
-			all[job] = append(all[job], ws...)
+			if _, here := all[job]; here {
+				all[job] = append(all[job], ws...)
+			}
 		}
 	})
 	return all
+}
+
+// askJobByJob asks a member for its windows of each of jobs, one request a
+// job (the route of members from before /v1/internal/stall).
+func (m MemorySplit) askJobByJob(ctx context.Context, addr string, jobs map[string][]split.RankWindow) map[string][]split.RankWindow {
+	got := map[string][]split.RankWindow{}
+	for job := range jobs {
+		var ws []split.RankWindow
+		path := "/v1/internal/jobs/" + url.PathEscape(job) + "/stall"
+		if _, err := m.n.ctl.Relay().JSON(ctx, http.MethodGet, addr, path, nil, &ws, nil, 4<<20); err == nil {
+			got[job] = ws
+		}
+	}
+	return got
 }
 
 // JobStall is a job's per-rank stall figures, cluster-wide: what every live
@@ -152,7 +179,8 @@ func (c *rankCollector) cluster() map[string][]split.RankWindow {
 func (c *rankCollector) Collect(ch chan<- prometheus.Metric) {
 	all := c.cluster()
 	now := time.Now()
-	for job := range c.split.ActiveStallWindows() { // the jobs whose ranks report here
+	// The jobs whose ranks report here, at most MaxRankSeries ranks.
+	for job := range c.split.n.split.book.ActiveJobs(c.node, MaxRankSeries) {
 		for _, r := range split.MergeStall(all[job], now) {
 			if r.Node != c.node {
 				continue // another node exports it

@@ -2,7 +2,11 @@ package node
 
 import (
 	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -50,5 +54,35 @@ func TestStallScrapesShareOneFetch(t *testing.T) {
 	scrape()
 	if fetches != 2 {
 		t.Fatalf("a scrape after stallReuse fetched %d times in all; want 2", fetches)
+	}
+}
+
+// A member from before /v1/internal/stall answers it 404: it is asked job
+// by job instead, for the jobs that report here, and its ranks count.
+func TestStallFromAMemberOfBefore(t *testing.T) {
+	n, _, _, p := withTwoMembers(t, 40, 8)
+	var perJob atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/internal/jobs/a/stall" {
+			http.NotFound(w, r)
+			return
+		}
+		perJob.Add(1)
+		json.NewEncoder(w).Encode([]split.RankWindow{{Rank: 1, Node: "t2", WaitS: 3, StepS: 1, Batches: 1, Items: 4,
+			LastUnixMs: time.Now().UnixMilli()}})
+	}))
+	defer srv.Close()
+	p.http = strings.TrimPrefix(srv.URL, "http://")
+	n.split.book.Add(split.Report{Job: "a", Rank: 0, WaitS: 1, StepS: 3, Batches: 1, Items: 4}, 0)
+	got := n.Split().clusterStall(context.Background())
+	if len(got["a"]) != 2 || perJob.Load() != 1 {
+		t.Fatalf("job a's windows %+v (%d per-job requests); want rank 0 here and rank 1 from t2, in one request", got["a"], perJob.Load())
+	}
+	// Nothing reports here: nothing is asked.
+	perJob.Store(0)
+	n2, _, _, p2 := withTwoMembers(t, 40, 8)
+	p2.http = p.http
+	if got := n2.Split().clusterStall(context.Background()); len(got) != 0 || perJob.Load() != 0 {
+		t.Fatalf("with no rank reporting here: %v, %d requests", got, perJob.Load())
 	}
 }
