@@ -110,47 +110,25 @@ func (t *Tar) List(ctx context.Context) ([]Entry, error) {
 	return out, nil
 }
 
-// dropClashes leaves out (and counts in left) a member whose key an earlier
-// shard's member already has. Keys are SHARD/NAME, so they clash only where
-// one shard's key lies under another's (S3 can hold objects d.tar and
-// d.tar/x.tar; a directory cannot): member x.tar/a.jpg of the first and a.jpg
-// of the second are both d.tar/x.tar/a.jpg, and a key must name one item.
-// Only such nested shards' members are compared.
+// dropClashes leaves out (and counts in left) every member of a shard whose
+// key lies under another shard's: S3 can hold objects d.tar and d.tar/x.tar
+// (a directory cannot), and keys are SHARD/NAME, so member x.tar/a.jpg of
+// the first and a.jpg of the second would both be d.tar/x.tar/a.jpg; their
+// samples' keys could clash too (x.tar/c.cls and c.jpg are both sample
+// d.tar/x.tar/c). A key must name one item, a sample key one sample.
 func dropClashes(shards []Entry, members [][]Entry, left []int) {
-	index := make(map[string]int, len(shards))
-	for s, shard := range shards {
-		index[shard.Key] = s
+	isShard := make(map[string]bool, len(shards))
+	for _, shard := range shards {
+		isShard[shard.Key] = true
 	}
-	nested := make([]bool, len(shards)) // under another shard, or another under it
-	found := false
 	for s, shard := range shards {
 		for i := range len(shard.Key) {
-			if shard.Key[i] != '/' {
-				continue
-			}
-			if outer, ok := index[shard.Key[:i]]; ok {
-				nested[s], nested[outer], found = true, true, true
+			if shard.Key[i] == '/' && isShard[shard.Key[:i]] {
+				left[s] += len(members[s])
+				members[s] = nil
+				break
 			}
 		}
-	}
-	if !found {
-		return
-	}
-	seen := map[string]bool{}
-	for s := range shards {
-		if !nested[s] {
-			continue
-		}
-		kept := members[s][:0]
-		for _, m := range members[s] {
-			if seen[m.Key] {
-				left[s]++
-				continue
-			}
-			seen[m.Key] = true
-			kept = append(kept, m)
-		}
-		members[s] = kept
 	}
 }
 
