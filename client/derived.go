@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -38,6 +39,16 @@ func (c *Client) PutItem(ctx context.Context, dataset string, i int, data []byte
 // each, in order. An error means none was written (a bad batch) or no
 // answer came.
 func (c *Client) PutItems(ctx context.Context, dataset string, items []api.ItemWrite) ([]api.WriteResult, error) {
+	if slices.ContainsFunc(items, func(it api.ItemWrite) bool { return it.Data == nil }) {
+		// A nil []byte is msgpack's nil, which the node refuses as no data:
+		// an empty item is sent as empty bytes.
+		items = slices.Clone(items)
+		for i := range items {
+			if items[i].Data == nil {
+				items[i].Data = []byte{}
+			}
+		}
+	}
 	body, err := msgpack.Marshal(items)
 	if err != nil {
 		return nil, err
