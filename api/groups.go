@@ -26,6 +26,9 @@ const (
 	// path (/proc/PID/fd/N) names whatever the node holds as descriptor N
 	// by the time the job opens it.
 	HeaderGroupMapIno = "X-Group-Map-Ino"
+	// HeaderGroupMapDev is the file's device: an inode number is unique
+	// only within one.
+	HeaderGroupMapDev = "X-Group-Map-Dev"
 )
 
 // HeaderGroupVersion, on a batch answer, is the version of the group's

@@ -233,6 +233,7 @@ func serveStaged(ctx *fasthttp.RequestCtx, staged groups.Staged, mapIt bool) {
 		ctx.Response.Header.Set(api.HeaderGroupMap, staged.Path)
 		ctx.Response.Header.Set(api.HeaderGroupMapSize, strconv.FormatInt(staged.Size, 10))
 		ctx.Response.Header.Set(api.HeaderGroupMapIno, strconv.FormatUint(st.Ino, 10))
+		ctx.Response.Header.Set(api.HeaderGroupMapDev, strconv.FormatUint(uint64(st.Dev), 10))
 	default:
 		f, err := os.Open(staged.Path)
 		if err != nil {

@@ -105,6 +105,10 @@ func TestHandedOverBatchOverTheSocket(t *testing.T) {
 	if got := r.header.Get(api.HeaderGroupMapIno); got != fmt.Sprint(ino) {
 		t.Fatalf("%s %q; want the handed-over file's inode %d", api.HeaderGroupMapIno, got, ino)
 	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(w.Fd()), &st); err != nil || r.header.Get(api.HeaderGroupMapDev) != fmt.Sprint(st.Dev) {
+		t.Fatalf("%s %q; want the handed-over file's device %d (%v)", api.HeaderGroupMapDev, r.header.Get(api.HeaderGroupMapDev), st.Dev, err)
+	}
 }
 
 // unsealable is a PUT naming a memfd made without MFD_ALLOW_SEALING.

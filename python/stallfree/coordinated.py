@@ -416,14 +416,16 @@ class _Reused(Exception):
     linger): not this batch."""
 
 
-def _map_file(path, ino=None):
+def _map_file(path, ino=None, dev=None):
     """A staged batch's shared-memory file, mapped copy-on-write: shared with
-    the node and the other jobs on this host until a job writes to it. ino,
-    the inode the node named, is checked against the file opened."""
+    the node and the other jobs on this host until a job writes to it. ino
+    and dev, the inode and device the node named, are checked against the
+    file opened."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        if ino is not None and os.fstat(fd).st_ino != ino:
-            raise _Reused(f"{path} is inode {os.fstat(fd).st_ino}, not the batch's {ino}")
+        st = os.fstat(fd)
+        if (ino is not None and st.st_ino != ino) or (dev is not None and st.st_dev != dev):
+            raise _Reused(f"{path} is inode {st.st_ino} on device {st.st_dev}, not the batch's {ino} on {dev}")
         return _map_fd(fd)
     finally:
         os.close(fd)  # the mapping stays
@@ -949,8 +951,8 @@ class CoordinatedLoader:
         return self._request(method, path, body, wait)
 
     def _request(self, method, path, body, wait):
-        """The answer's body (a bytearray), or a mapped batch's (path, inode
-        or None)."""
+        """The answer's body (a bytearray), or a mapped batch's (path, inode,
+        device; None where the node named none)."""
         h = {"Connection": "keep-alive"}
         if self.token:
             h["Authorization"] = "Bearer " + self.token
@@ -965,8 +967,9 @@ class CoordinatedLoader:
                 r = c.getresponse()
                 if r.status == 200 and r.getheader("X-Group-Map"):
                     r.read()
-                    ino = r.getheader("X-Group-Map-Ino")
-                    return r.getheader("X-Group-Map"), int(ino) if ino and ino.isdigit() else None
+                    ino, dev = (r.getheader(h) for h in ("X-Group-Map-Ino", "X-Group-Map-Dev"))
+                    return (r.getheader("X-Group-Map"), int(ino) if ino and ino.isdigit() else None,
+                            int(dev) if dev and dev.isdigit() else None)
                 if r.status == 200 and r.length is not None:
                     # Read into a buffer of our own: the arrays decoded from
                     # it are writable views, not copies.

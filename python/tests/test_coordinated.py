@@ -279,15 +279,17 @@ class SharedMemoryTest(GroupCase):
         self.assertEqual((r.status, r.read()), (200, b""))
         path = r.getheader("X-Group-Map")
         self.assertRegex(path, r"^/proc/\d+/fd/\d+$")
-        ino = int(r.getheader("X-Group-Map-Ino"))
-        got = decode_batch(_map_file(path, ino))
+        ino, dev = int(r.getheader("X-Group-Map-Ino")), int(r.getheader("X-Group-Map-Dev"))
+        got = decode_batch(_map_file(path, ino, dev))
         self.assertTrue(np.array_equal(got["x"], batch["x"]) and np.array_equal(got["i"], batch["i"]))
         self.assertEqual(bytes(memoryview(_map_file(path))), body)
         # A path that names another file by the time it is opened (the
         # node's descriptor reused after the batch's linger) is not mapped.
         from stallfree.coordinated import _Reused
         with self.assertRaises(_Reused):
-            _map_file(path, ino + 1)
+            _map_file(path, ino + 1, dev)
+        with self.assertRaises(_Reused):
+            _map_file(path, ino, dev + 1)
         conn.close()
 
 
