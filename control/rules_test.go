@@ -207,13 +207,17 @@ func TestFailedRegistrationsAreBounded(t *testing.T) {
 	if _, ok := c.Registration("long"); ok {
 		t.Fatal("a source refused before listing left a listing report")
 	}
-	deep := filepath.Join(t.TempDir(), strings.Repeat("d", 200), strings.Repeat("e", 200), strings.Repeat("f", 200), "gone")
+	var segs []string
+	for range 12 {
+		segs = append(segs, strings.Repeat("d", 250)) // 3 KB: under MaxSourceLen, its error over maxRegErrorLen
+	}
+	deep := filepath.Join(append([]string{t.TempDir()}, append(segs, "gone")...)...)
 	if _, _, err := c.PutDataset(bg, "first", deep); !errors.Is(err, ErrBadRequest) {
 		t.Fatalf("a missing directory: %v", err)
 	}
 	r, ok := c.Registration("first")
-	if !ok || r.Error == "" || len(r.Error) > maxRegErrorLen+len("…") {
-		t.Fatalf("a failed listing's report: %d bytes of error (%v)", len(r.Error), ok)
+	if !ok || len(r.Error) != maxRegErrorLen+len("…") || !strings.HasSuffix(r.Error, "…") {
+		t.Fatalf("a failed listing's report: %d bytes of error (%v); want it cut at %d", len(r.Error), ok, maxRegErrorLen)
 	}
 	for i := range maxRegistrations {
 		if _, _, err := c.PutDataset(bg, fmt.Sprintf("n%d", i), deep); !errors.Is(err, ErrBadRequest) {
