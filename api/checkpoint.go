@@ -15,6 +15,13 @@ const HeaderChecksum = "X-Checksum"
 const (
 	HeaderCheckpointMap     = "X-Checkpoint-Map"
 	HeaderCheckpointMapSize = "X-Checkpoint-Map-Size"
+	// HeaderCheckpointMapIno and HeaderCheckpointMapDev are the file's inode
+	// and device when the node answered: the rank checks the file it opens
+	// against them. A part dropped between the answer and the open leaves its
+	// name free in a directory others may write (/dev/shm), and a file
+	// planted there must not be loaded as the checkpoint.
+	HeaderCheckpointMapIno = "X-Checkpoint-Map-Ino"
+	HeaderCheckpointMapDev = "X-Checkpoint-Map-Dev"
 )
 
 // CommitCheckpoint is the body of POST /v1/checkpoints/{name}/steps/{step}/commit.

@@ -10,6 +10,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -276,10 +277,17 @@ func getPart(ctx *fasthttp.RequestCtx, ck Checkpoints, name string, step uint64,
 			ctx.SetStatusCode(fasthttp.StatusNoContent)
 			return
 		}
+		var st syscall.Stat_t
+		if err := syscall.Stat(m.Path, &st); err != nil { // dropped since: fetch it
+			ctx.SetStatusCode(fasthttp.StatusNoContent)
+			return
+		}
 		ctx.Response.Header.Set(api.HeaderChecksum, m.Sum)
 		ctx.Response.Header.Set("X-Checkpoint-From", "memory")
 		ctx.Response.Header.Set(api.HeaderCheckpointMap, m.Path)
 		ctx.Response.Header.Set(api.HeaderCheckpointMapSize, strconv.FormatInt(m.Size, 10))
+		ctx.Response.Header.Set(api.HeaderCheckpointMapIno, strconv.FormatUint(st.Ino, 10))
+		ctx.Response.Header.Set(api.HeaderCheckpointMapDev, strconv.FormatUint(uint64(st.Dev), 10))
 		ctx.SetStatusCode(fasthttp.StatusOK)
 		return
 	}

@@ -30,13 +30,18 @@ from .prep import MAGIC, _HEAD
 _ORDERED = {"x86_64", "AMD64", "i686", "i386"}
 
 
-def map_readonly(path, size=None):
+def map_readonly(path, size=None, ident=None):
     """A file of the node's (its item arena, a checkpoint part), mapped
-    read-only and shared: ``size`` bytes, or the whole file. OSError when it
-    cannot be opened or mapped, ValueError when it is not ``size`` bytes."""
+    read-only and shared: ``size`` bytes, or the whole file. ``ident``, the
+    (device, inode) the node named, must be the opened file's. OSError when
+    it cannot be opened or mapped, ValueError when it is not ``size`` bytes
+    or not that file."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        have = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        if ident is not None and (st.st_dev, st.st_ino) != tuple(ident):
+            raise ValueError(f"{path}: device {st.st_dev} inode {st.st_ino}, not the node's {ident}")
+        have = st.st_size
         if size is not None and have != size:
             raise ValueError(f"{path}: {have} bytes, not {size}")
         return mmap.mmap(fd, have if size is None else size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)

@@ -195,13 +195,15 @@ class _ChainFile(_ViewFile):
         return self._pos
 
 
-def _map_readonly(path, size):
+def _map_readonly(path, size, ident=None):
     """A part's file in the node's shared memory, mapped read-only; None when
-    it is gone (dropped since) or not the size the node said."""
+    it is gone (dropped since), not the size the node said, or not the file
+    it named (ident: device and inode; another's file put under the name of
+    a part dropped since the node answered, which torch.load would unpickle)."""
     if size == 0:
         return None
     try:
-        return map_readonly(path, size)
+        return map_readonly(path, size, ident)
     except (OSError, ValueError):
         return None
 
@@ -426,10 +428,12 @@ class Checkpointer:
                 conn.request("GET", self._path(f"/steps/{step}/parts/{p}") + "?map=1", headers=headers)
                 r = conn.getresponse()
                 path = r.getheader("X-Checkpoint-Map")
+                ino, dev = r.getheader("X-Checkpoint-Map-Ino", ""), r.getheader("X-Checkpoint-Map-Dev", "")
                 r.read()  # empty: a 204 (nothing to map here) or the map's headers
                 if r.status != 200 or not path:
                     break  # not held here in shared memory: the rest is fetched
-                out[i] = _map_readonly(path, sizes[p])
+                ident = (int(dev), int(ino)) if ino.isdigit() and dev.isdigit() else None
+                out[i] = _map_readonly(path, sizes[p], ident)
         except (OSError, http.client.HTTPException):
             pass  # the socket is an optimisation: what is not mapped is fetched
         finally:

@@ -163,6 +163,23 @@ class CheckpointTest(ClusterCase):
         self.assertTrue(all(m is not None for m in maps), "every part of step 1 mapped")
         for m in maps:
             m.close()
+        # The answer names the file's device and inode, and a file of the
+        # same name and size that is not it (another user's, put there after
+        # the node dropped the part) is not mapped: torch.load would unpickle
+        # it.
+        r, _ = Client(self.url).request("GET", f"/v1/checkpoints/mapped/steps/1/parts/{parts[0]}?map=1")
+        path, size = r.getheader("X-Checkpoint-Map"), int(r.getheader("X-Checkpoint-Map-Size"))
+        st = os.stat(path)
+        self.assertEqual((int(r.getheader("X-Checkpoint-Map-Dev")), int(r.getheader("X-Checkpoint-Map-Ino"))),
+                         (st.st_dev, st.st_ino))
+        from stallfree.checkpoint import _map_readonly
+        planted = os.path.join(self.tmp, "planted")
+        with open(planted, "wb") as f:
+            f.write(b"\0" * size)
+        self.assertIsNone(_map_readonly(planted, size, (st.st_dev, st.st_ino)), "another file under the name")
+        m = _map_readonly(path, size, (st.st_dev, st.st_ino))
+        self.assertIsNotNone(m, "the node's own file")
+        m.close()
         # The node's files themselves: step 1's are removed once
         # --checkpoint-keep 2 drops it, and only then.
         import glob
