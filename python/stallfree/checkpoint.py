@@ -498,14 +498,25 @@ class Checkpointer:
             pass
         finally:
             conn.close()
-        data = self._get(step, part)  # another node, through the client's fail-over
+        data = self._get(step, part, len(out))  # another node, through the client's fail-over
         if len(data) != len(out):
             raise StallfreeError(502, f"checkpoint {self.name} step {step} part {part}: {len(data)} bytes, "
                                       f"want {len(out)}")
         out[:] = data
 
-    def _get(self, step, part):
-        r, data = self._client.request("GET", self._path(f"/steps/{step}/parts/{part}"))
+    def _get(self, step, part, size=None):
+        """A part's bytes, checked against the answer's checksum; no more than
+        size bytes and one are read (the listed size: a node answering more
+        is wrong, and an endless answer would fill this process's memory)."""
+        def bounded(r):
+            data = r.read(size + 1)
+            if len(data) > size:  # raised inside the read: the client drops the connection, body unread
+                raise StallfreeError(502, f"checkpoint {self.name} step {step} part {part}: more than its "
+                                          f"{size} bytes")
+            return data
+
+        r, data = self._client.request("GET", self._path(f"/steps/{step}/parts/{part}"),
+                                       reader=None if size is None else bounded)
         want = r.getheader("X-Checksum")
         h = _Summer.for_header(want)
         if h is not None:

@@ -331,3 +331,53 @@ class ChainFileTest(unittest.TestCase):
             self.assertEqual(f.tell(), ref.tell())
         f.seek(0)
         self.assertEqual(f.read(), whole)
+
+
+class HostileNodeTest(unittest.TestCase):
+    """A restore reads no more of a part than its listed size, whatever the
+    node sends: the third attack round had a fake node answer a 1000-byte
+    part with a 1.5 GB body, and the restoring process grew to 3.2 GB."""
+
+    def test_a_part_longer_than_listed_is_refused_unread(self):
+        import http.server
+        import threading
+
+        sent = []
+
+        class Endless(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self):
+                if not self.path.endswith("/parts/0"):
+                    body = b'{"error":"no such route"}'
+                    self.send_response(404)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                self.send_response(200)
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                chunk = b"x" * (1 << 16)
+                try:
+                    for _ in range(4096):  # up to 256 MiB, unless the reader stops
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                        sent.append(len(chunk))
+                except OSError:
+                    pass  # the reader hung up: that is the point
+
+            def log_message(self, *a):
+                pass
+
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Endless)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        try:
+            ck = Checkpointer(f"http://127.0.0.1:{srv.server_address[1]}", "hostile")
+            with self.assertRaises(StallfreeError) as e:
+                ck._get(1, "0", 1000)
+            self.assertIn("more than its 1000 bytes", str(e.exception))
+            ck.close()
+        finally:
+            srv.shutdown()
+            srv.server_close()
+        self.assertLess(sum(sent), 64 << 20, "the node was read to the end")
