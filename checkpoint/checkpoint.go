@@ -87,6 +87,11 @@ type Config struct {
 	DeadGrace time.Duration
 	// Tick paces persistence retries, repair and cleanup (default 1 s).
 	Tick time.Duration
+	// PeerIdle is how long a part's body read from a peer may make no
+	// progress before it is given up (default replicaIdle, 30 s): a frozen
+	// peer (SIGSTOP, a paused VM) held a restore, the leader's persisting
+	// and a node's shutdown for as long as it stayed frozen.
+	PeerIdle time.Duration
 	// ShmDir, when set, is a directory in shared memory (--shm-dir, a tmpfs
 	// such as /dev/shm) where parts are held as files, which a rank
 	// restoring on this host maps instead of reading (shm.go). "":
@@ -129,6 +134,9 @@ func New(cfg Config, cat Catalog, members Members) (*Service, error) {
 	}
 	if cfg.Tick <= 0 {
 		cfg.Tick = time.Second
+	}
+	if cfg.PeerIdle <= 0 {
+		cfg.PeerIdle = replicaIdle
 	}
 	if cfg.DeadGrace <= 0 {
 		cfg.DeadGrace = time.Minute

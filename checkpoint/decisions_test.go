@@ -1209,3 +1209,45 @@ func TestRepairFromAFailingSurvivor(t *testing.T) {
 		t.Fatalf("c was asked %v", c.requests())
 	}
 }
+
+// A peer that stops sending a part's body halfway (frozen: SIGSTOP, a
+// paused VM) fails the read after PeerIdle without a byte, instead of holding
+// it, the leader's persisting and the node's shutdown for as long as it
+// stays frozen; a peer that keeps sending, however slowly, is read whole.
+func TestAFrozenPeersBodyFailsAfterIdle(t *testing.T) {
+	body := bytes.Repeat([]byte("part bytes "), 1000)
+	release := make(chan struct{})
+	frozen := newPeer(t, func(w http.ResponseWriter, r *http.Request, _ []byte) {
+		w.Header().Set(api.HeaderChecksum, sum(body))
+		w.Header().Set("Content-Length", fmt.Sprint(len(body)))
+		w.Write(body[:100])
+		w.(http.Flusher).Flush()
+		<-release // frozen, the connection open
+	})
+	t.Cleanup(func() { close(release) }) // before the server's Close, which waits for the frozen handler
+	slow := newPeer(t, func(w http.ResponseWriter, r *http.Request, _ []byte) {
+		w.Header().Set(api.HeaderChecksum, sum(body))
+		w.Header().Set("Content-Length", fmt.Sprint(len(body)))
+		for off := 0; off < len(body); off += 2500 {
+			w.Write(body[off:min(off+2500, len(body))])
+			w.(http.Flusher).Flush()
+			time.Sleep(60 * time.Millisecond) // longer in all than PeerIdle, never idle that long
+		}
+	})
+	for name, c := range map[string]*peer{"frozen": frozen, "slow": slow} {
+		cat := newCkCatalog(true, ckOf("job", &catalog.CheckpointStep{Step: 1, Parts: []catalog.CheckpointPart{partOf("0", body, "c")}}))
+		s := newDecisionService(t, cat, newCluster([]string{"a", "c"}, map[string]*peer{"c": c}))
+		s.cfg.PeerIdle = 100 * time.Millisecond
+		p, err := s.Open(bounded(t), "job", 1, "0", false)
+		if err != nil {
+			t.Fatalf("%s: open: %v", name, err)
+		}
+		got, err := readAll(t, p)
+		switch {
+		case name == "frozen" && err == nil:
+			t.Fatalf("a frozen peer's body read %d bytes and no error", len(got))
+		case name == "slow" && (err != nil || !bytes.Equal(got, body)):
+			t.Fatalf("a slow peer's body: %d bytes, %v", len(got), err)
+		}
+	}
+}

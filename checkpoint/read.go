@@ -168,7 +168,12 @@ func (s *Service) openPeer(ctx context.Context, m, name string, step uint64, par
 		cancel()
 		return nil, fmt.Errorf("%s holds another version of the part", m)
 	}
-	body := &cancelOnClose{ReadCloser: resp.Body, cancel: cancel}
+	idle := s.cfg.PeerIdle
+	if idle <= 0 {
+		idle = replicaIdle
+	}
+	body := &cancelOnClose{ReadCloser: resp.Body, cancel: cancel, idle: idle}
+	body.stall = time.AfterFunc(body.idle, cancel) // no byte for idle: the read fails
 	return &Part{ReadCloser: newVerifier(body, resp.ContentLength, sum), Size: resp.ContentLength, Sum: sum, From: "peer"}, nil
 }
 
@@ -184,12 +189,31 @@ func (p *Part) WriteTo(w io.Writer) (int64, error) {
 // writerOnly hides a ReadFrom, so io.CopyBuffer uses the buffer it is given.
 type writerOnly struct{ io.Writer }
 
+// cancelOnClose is a peer's answer body: closing it ends its request, and so
+// does idle without a byte read (stall, when set), whatever else waits.
 type cancelOnClose struct {
 	io.ReadCloser
 	cancel context.CancelFunc
+	stall  *time.Timer
+	idle   time.Duration
 }
 
-func (c *cancelOnClose) Close() error { err := c.ReadCloser.Close(); c.cancel(); return err }
+func (c *cancelOnClose) Read(p []byte) (int, error) {
+	n, err := c.ReadCloser.Read(p)
+	if n > 0 && c.stall != nil {
+		c.stall.Reset(c.idle)
+	}
+	return n, err
+}
+
+func (c *cancelOnClose) Close() error {
+	if c.stall != nil {
+		c.stall.Stop()
+	}
+	err := c.ReadCloser.Close()
+	c.cancel()
+	return err
+}
 
 // heldReader reads a held part and releases it on Close.
 type heldReader struct {
