@@ -95,6 +95,10 @@ type checkpointCmd struct {
 	// Keep is the committing leader's --checkpoint-keep, carried in the
 	// command so every member drops the same steps.
 	Keep int `msgpack:"keep,omitempty"`
+	// Version, on a persisted mark, is the commit the persisted bytes are of
+	// (0, in entries from before it: any): a step deleted and committed
+	// again under its number is another step.
+	Version uint64 `msgpack:"version,omitempty"`
 }
 
 func (st *state) applyCheckpoint(index uint64, c *checkpointCmd) any {
@@ -141,6 +145,10 @@ func (st *state) applyCheckpoint(index uint64, c *checkpointCmd) any {
 		}
 		ns := *s
 		if c.Op == ckptPersisted {
+			if c.Version != 0 && c.Version != s.Version {
+				return fmt.Errorf("%w: checkpoint %s step %d is commit %d now, not %d: the persisted bytes are another's",
+					ErrConflict, c.Name, c.Step, s.Version, c.Version)
+			}
 			ns.Persisted = true
 		} else {
 			ns.Parts = slices.Clone(s.Parts)
@@ -194,10 +202,12 @@ func (c *Catalog) CommitCheckpoint(name string, step uint64, parts []CheckpointP
 	return res.(*CheckpointStep), nil
 }
 
-// MarkCheckpointPersisted records that a step's parts are all in the
-// persistent store.
-func (c *Catalog) MarkCheckpointPersisted(name string, step uint64) error {
-	_, err := c.apply(&command{Op: opCheckpoint, Checkpoint: &checkpointCmd{Op: ckptPersisted, Name: name, Step: step}})
+// MarkCheckpointPersisted records that a step's parts, as committed at
+// version (the commit's raft index), are all in the persistent store;
+// ErrConflict when the step under that number is another commit now (it was
+// deleted and committed again while its predecessor was being persisted).
+func (c *Catalog) MarkCheckpointPersisted(name string, step, version uint64) error {
+	_, err := c.apply(&command{Op: opCheckpoint, Checkpoint: &checkpointCmd{Op: ckptPersisted, Name: name, Step: step, Version: version}})
 	return err
 }
 

@@ -55,3 +55,44 @@ func TestCheckpointCommands(t *testing.T) {
 		t.Fatalf("deleting twice: %v", err)
 	}
 }
+
+// A persisted mark names the commit whose bytes were persisted: a step
+// deleted and committed again under its number while the old one was being
+// persisted is another commit, and the late mark must not land on it (the
+// third attack round: the new step read "persisted" over the old bytes, and
+// was never persisted again). A mark without a version (older log entries)
+// marks the step as before.
+func TestPersistedMarkIsOfItsCommit(t *testing.T) {
+	st := newState()
+	commit := func(index uint64, sum string) *CheckpointStep {
+		s, _ := st.applyCheckpoint(index, &checkpointCmd{Op: ckptCommit, Name: "cq", Step: 7,
+			Parts: []CheckpointPart{{Name: "0", Size: 3, Sum: sum, Holders: []string{"a", "b"}}}, Keep: 2}).(*CheckpointStep)
+		return s
+	}
+	old := commit(10, "old")
+	if st.applyCheckpoint(11, &checkpointCmd{Op: ckptDelete, Name: "cq"}) != nil {
+		t.Fatal("delete")
+	}
+	fresh := commit(12, "new")
+	if old == nil || fresh == nil || old.Version == fresh.Version {
+		t.Fatalf("commits %+v and %+v", old, fresh)
+	}
+	mark := func(index, version uint64) any {
+		return st.applyCheckpoint(index, &checkpointCmd{Op: ckptPersisted, Name: "cq", Step: 7, Version: version})
+	}
+	if err, _ := mark(13, old.Version).(error); !errors.Is(err, ErrConflict) {
+		t.Fatalf("the deleted commit's mark on its successor: %v; want a conflict", err)
+	}
+	if s, _ := st.Checkpoints["cq"].Step(7); s.Persisted {
+		t.Fatal("the new commit was marked persisted with the old one's bytes")
+	}
+	if _, ok := mark(14, fresh.Version).(*CheckpointStep); !ok {
+		t.Fatal("its own mark refused")
+	}
+	if s, _ := st.Checkpoints["cq"].Step(7); !s.Persisted {
+		t.Fatal("its own mark did not take")
+	}
+	if _, ok := mark(15, 0).(*CheckpointStep); !ok {
+		t.Fatal("a mark from before versions refused")
+	}
+}

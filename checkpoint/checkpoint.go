@@ -50,7 +50,7 @@ type Catalog interface {
 	Checkpoint(name string) (*catalog.Checkpoint, bool)
 	Checkpoints() []*catalog.Checkpoint
 	CommitCheckpoint(name string, step uint64, parts []catalog.CheckpointPart, meta string, keep int) (*catalog.CheckpointStep, error)
-	MarkCheckpointPersisted(name string, step uint64) error
+	MarkCheckpointPersisted(name string, step, version uint64) error
 	SetCheckpointHolders(name string, step uint64, parts []catalog.CheckpointPart) error
 	DeleteCheckpoint(name string) error
 	IsLeader() bool

@@ -85,7 +85,7 @@ func (c *ckCatalog) CommitCheckpoint(string, uint64, []catalog.CheckpointPart, s
 	return nil, errors.New("not in this fake")
 }
 
-func (c *ckCatalog) MarkCheckpointPersisted(name string, step uint64) error {
+func (c *ckCatalog) MarkCheckpointPersisted(name string, step, _ uint64) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.markFail != nil {

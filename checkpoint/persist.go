@@ -200,7 +200,7 @@ func (s *Service) persistStep(name string, st *catalog.CheckpointStep) error {
 			return err
 		}
 	}
-	return s.cat.MarkCheckpointPersisted(name, st.Step)
+	return s.cat.MarkCheckpointPersisted(name, st.Step, st.Version)
 }
 
 // openForCopy opens a part from memory (here or a peer), never from the

@@ -44,7 +44,7 @@ func (c *stepCatalog) commit(name string, step uint64, parts ...catalog.Checkpoi
 	c.ck[name] = &catalog.Checkpoint{Name: name, Steps: []*catalog.CheckpointStep{{Step: step, Parts: parts, Version: 1}}}
 }
 
-func (c *stepCatalog) MarkCheckpointPersisted(_ string, step uint64) error {
+func (c *stepCatalog) MarkCheckpointPersisted(_ string, step, _ uint64) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.persisted = append(c.persisted, step)
