@@ -70,3 +70,27 @@ func (b *inflight) give(n uint64) {
 	b.used -= n
 	b.mu.Unlock()
 }
+
+// chargeHeld raises a batch's charge, made on the manifest's sizes, to the
+// bytes its items hold: a derived dataset's manifest is its parent's, so its
+// items may hold more. The difference goes on the first item (a batch's
+// items go back together). Past the budget the batch is released: ErrBusy.
+func (b *inflight) chargeHeld(out []Item) ([]Item, error) {
+	var charged, actual uint64
+	for j := range out {
+		charged += out[j].charged
+		actual += uint64(len(out[j].Data))
+	}
+	if len(out) == 0 {
+		return out, nil
+	}
+	now, err := b.topUp(charged, actual)
+	if err != nil {
+		for j := range out {
+			out[j].Release()
+		}
+		return nil, err
+	}
+	out[0].charged += now - charged
+	return out, nil
+}

@@ -488,10 +488,7 @@ func TestSingleItemReadsAreCharged(t *testing.T) {
 	}
 	third.Release()
 	second.Release()
-	n.inflight.mu.Lock()
-	used := n.inflight.used
-	n.inflight.mu.Unlock()
-	if used != 0 {
+	if used := chargedNow(n); used != 0 {
 		t.Fatalf("%d bytes still charged after every release", used)
 	}
 }
@@ -530,10 +527,7 @@ func TestDerivedBatchesAreChargedTheirOwnSize(t *testing.T) {
 	for i := range again {
 		again[i].Release()
 	}
-	n.inflight.mu.Lock()
-	used := n.inflight.used
-	n.inflight.mu.Unlock()
-	if used != 0 {
+	if used := chargedNow(n); used != 0 {
 		t.Fatalf("%d bytes still charged after every release", used)
 	}
 }
@@ -613,4 +607,11 @@ func TestFillOfAResidentItem(t *testing.T) {
 	if !host.Owns(d, 2) {
 		t.Fatal("a lone node does not own its items")
 	}
+}
+
+// chargedNow is what the node's in-flight bound holds charged.
+func chargedNow(n *Node) uint64 {
+	n.inflight.mu.Lock()
+	defer n.inflight.mu.Unlock()
+	return n.inflight.used
 }

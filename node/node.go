@@ -682,7 +682,7 @@ func (n *Node) getMany(ctx context.Context, d *catalog.Dataset, indices []int, j
 		}
 	}
 	if len(missing) == 0 {
-		return n.chargeHeld(out)
+		return n.inflight.chargeHeld(out)
 	}
 	missing = n.fromOwners(ctx, d, indices, missing, out)
 	// What is left is owned here or could not be fetched from its owner.
@@ -708,31 +708,7 @@ func (n *Node) getMany(ctx context.Context, d *catalog.Dataset, indices []int, j
 		release()
 		return nil, err
 	}
-	return n.chargeHeld(out)
-}
-
-// chargeHeld raises a batch's charge, made on the manifest's sizes, to the
-// bytes its items hold: a derived dataset's manifest is its parent's, so its
-// items may hold more. The difference goes on the first item (a batch's
-// items go back together). Past the budget the batch is released: ErrBusy.
-func (n *Node) chargeHeld(out []Item) ([]Item, error) {
-	var charged, actual uint64
-	for j := range out {
-		charged += out[j].charged
-		actual += uint64(len(out[j].Data))
-	}
-	if len(out) == 0 {
-		return out, nil
-	}
-	now, err := n.inflight.topUp(charged, actual)
-	if err != nil {
-		for j := range out {
-			out[j].Release()
-		}
-		return nil, err
-	}
-	out[0].charged += now - charged
-	return out, nil
+	return n.inflight.chargeHeld(out)
 }
 
 // fromOwners fetches the missing positions of out that other members own,
