@@ -53,7 +53,7 @@ func contains(s []string, v string) bool {
 }
 
 func TestMemoryBudget(t *testing.T) {
-	m := newMemory(100)
+	m := newMemory(100 + 2*partOverhead) // 100 bytes for two parts
 	b, err := m.reserve(60)
 	if err != nil {
 		t.Fatal(err)
@@ -77,6 +77,37 @@ func TestMemoryBudget(t *testing.T) {
 	h.release()
 	if used, _ := m.usage(); used != 0 {
 		t.Fatalf("used %d after the last reader let go", used)
+	}
+}
+
+// Parts of no bytes are charged their bookkeeping: uploads under ever new
+// names, never committed, stop at the budget instead of growing the heap.
+// Dropping one makes room for one more.
+func TestEveryPartIsChargedItsBookkeeping(t *testing.T) {
+	m := newMemory(3 * partOverhead)
+	defer m.dropAll()
+	notSettled := func(partKey) (string, bool) { return "", false }
+	for i := range 3 {
+		b, err := m.reserve(0)
+		if err != nil {
+			t.Fatalf("part %d of 3: %v", i, err)
+		}
+		if err := m.store(partKey{"n", uint64(i), "0"}, b, "empty", notSettled); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := m.reserve(0); !errors.Is(err, ErrNoRoom) {
+		t.Fatalf("a fourth empty part in a budget of three: %v", err)
+	}
+	if used, parts := m.usage(); used != 0 || parts != 3 {
+		t.Fatalf("usage %d bytes, %d parts; want 0 bytes in 3 parts", used, parts)
+	}
+	m.drop(func(k partKey) bool { return k.step == 1 })
+	if _, err := m.reserve(0); err != nil {
+		t.Fatalf("after a drop: %v", err)
+	}
+	if _, err := m.reserve(0); !errors.Is(err, ErrNoRoom) {
+		t.Fatalf("a part past a full budget again: %v", err)
 	}
 }
 

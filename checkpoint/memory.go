@@ -16,17 +16,23 @@ import (
 // mapping of exactly its size, so the collector never scans or copies
 // checkpoint bytes and freeing a part returns its pages to the OS at once.
 // The budget (--checkpoint-memory) counts reservations as well as stored
-// parts, so a refused write is refused before any byte is read.
+// parts, so a refused write is refused before any byte is read. Each
+// reservation is also charged perPart for its bookkeeping (the index entry,
+// its names, the held record), which lives on the Go heap: without it,
+// parts of no bytes under ever new names cost nothing and grew the heap
+// without bound.
 type memory struct {
-	limit uint64
+	limit   uint64
+	perPart uint64
 
 	mu    sync.Mutex
-	used  uint64
+	used  uint64 // bytes of parts stored or reserved
+	count uint64 // parts stored or reserved, each charged perPart
 	parts map[partKey]*held
 	// spare are mappings of freed parts kept for the next part of the same
 	// size (a checkpoint's parts have the same sizes step after step): a
 	// fresh mapping costs a page fault and a zeroed page per 4 KiB, which
-	// measured as much as the hashing. used + spareBytes never exceeds
+	// measured as much as the hashing. charged() + spareBytes never exceeds
 	// limit; spares are unmapped first when room is needed.
 	spare      map[int64][][]byte
 	spareBytes uint64
@@ -70,8 +76,14 @@ type held struct {
 	mem  *memory
 }
 
+// partOverhead is what a part is charged beyond its bytes: more than its
+// bookkeeping costs on the heap (two names of at most 128 bytes, a map entry
+// and a held record come to about 400 bytes), so that the budget bounds the
+// heap the parts take too.
+const partOverhead = 1 << 10
+
 func newMemory(limit uint64) *memory {
-	return &memory{limit: limit, parts: map[partKey]*held{}, spare: map[int64][][]byte{}, counted: map[partKey]countedPart{},
+	return &memory{limit: limit, perPart: partOverhead, parts: map[partKey]*held{}, spare: map[int64][][]byte{}, counted: map[partKey]countedPart{},
 		files: map[*byte]*shmFile{}}
 }
 
@@ -87,12 +99,14 @@ func (m *memory) inShm(dir, prefix string, failed func(error)) {
 // mapping of that size).
 func (m *memory) reserve(size int64) ([]byte, error) {
 	m.mu.Lock()
-	if size < 0 || m.used+uint64(size) > m.limit {
-		used := m.used
+	if size < 0 || m.charged()+uint64(size)+m.perPart > m.limit {
+		used, count := m.used, m.count
 		m.mu.Unlock()
-		return nil, fmt.Errorf("%w: a part of %d bytes does not fit (%d of %d bytes in use)", ErrNoRoom, size, used, m.limit)
+		return nil, fmt.Errorf("%w: a part of %d bytes does not fit (%d bytes in %d parts of %d bytes, each part charged %d more)",
+			ErrNoRoom, size, used, count, m.limit, m.perPart)
 	}
 	m.used += uint64(size)
+	m.count++
 	if l := m.spare[size]; len(l) > 0 {
 		b := l[len(l)-1]
 		m.spare[size] = l[:len(l)-1]
@@ -102,7 +116,7 @@ func (m *memory) reserve(size int64) ([]byte, error) {
 	}
 	var victims []unmapping
 	for sz, l := range m.spare {
-		if m.used+m.spareBytes <= m.limit {
+		if m.charged()+m.spareBytes <= m.limit {
 			break
 		}
 		for _, b := range l {
@@ -141,9 +155,14 @@ func (m *memory) reserve(size int64) ([]byte, error) {
 	return b, nil
 }
 
+// charged is the budget taken: parts' bytes and their bookkeeping. Caller
+// holds mu.
+func (m *memory) charged() uint64 { return m.used + m.count*m.perPart }
+
 func (m *memory) unreserve(n uint64) {
 	m.mu.Lock()
 	m.used -= n
+	m.count--
 	m.mu.Unlock()
 }
 
@@ -152,6 +171,7 @@ func (m *memory) unreserve(n uint64) {
 func (m *memory) free(b []byte) {
 	m.mu.Lock()
 	m.used -= uint64(len(b))
+	m.count--
 	if f := m.files[mapKey(b)]; f != nil && f.shared {
 		gone := m.forget(b)
 		m.mu.Unlock()

@@ -218,7 +218,7 @@ func TestSettledPartKeepsItsBytesAgainstAForgedSum(t *testing.T) {
 // A store over a stale copy (another sum than the committed one) replaces
 // it: that is how a repair mends a copy a bug left.
 func TestSettledStoreReplacesAStaleCopy(t *testing.T) {
-	m := newMemory(1 << 10)
+	m := newMemory(1 << 20)
 	t.Cleanup(m.dropAll)
 	k := partKey{"job", 1, "0"}
 	notSettled := func(partKey) (string, bool) { return "", false }

@@ -96,7 +96,7 @@ func run(args []string) error {
 	autoEvery := fs.Uint64("auto-split-epochs", 2, "epochs (of the slowest reporting job) between --auto-split plans")
 	// Checkpoints in peer memory (package checkpoint).
 	var (
-		ckptMemory  = fs.String("checkpoint-memory", "2GiB", "memory for checkpoint parts, reserved apart from --memory; a part beyond it is refused (507)")
+		ckptMemory  = fs.String("checkpoint-memory", "2GiB", "memory for checkpoint parts (their bytes and 1 KiB each for bookkeeping), reserved apart from --memory; a part beyond it is refused (507)")
 		ckptKeep    = fs.Int("checkpoint-keep", 2, "committed steps kept per checkpoint name")
 		ckptPersist = fs.String("checkpoint-persist", "", "persist committed checkpoint steps in the background to dir:///path or s3://bucket/prefix (S3 as for datasets: --s3-endpoint, credentials)")
 		deadGrace   = fs.Duration("dead-grace", 0, "how long a member stays dead before it leaves the raft configuration and its checkpoint parts are copied again (default 1m; 5s with --timing local)")
