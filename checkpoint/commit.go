@@ -243,11 +243,24 @@ func (s *Service) relay(ctx context.Context, method, path string, body, out any,
 		resp.Body = io.NopCloser(bytes.NewReader(b))
 		return relay.AnswerError(resp)
 	}
-	if out != nil {
-		return json.NewDecoder(resp.Body).Decode(out)
+	if out == nil {
+		return nil
 	}
-	return nil
+	b, err = io.ReadAll(io.LimitReader(resp.Body, leaderAnswerLimit+1))
+	if err != nil {
+		return &api.Error{Status: http.StatusServiceUnavailable, Message: "reading the raft leader's answer: " + err.Error()}
+	}
+	if len(b) > leaderAnswerLimit {
+		return &api.Error{Status: http.StatusBadGateway, Message: fmt.Sprintf("the raft leader's answer is over %d bytes", leaderAnswerLimit)}
+	}
+	return json.Unmarshal(b, out)
 }
+
+// leaderAnswerLimit bounds what a relayed write's answer may take: a
+// commit's body is at most 1 MiB (its part names and meta), and its answer
+// repeats those names twice beside the meta. Without a bound, a member
+// answering without end grew this node's heap for as long as it sent.
+const leaderAnswerLimit = 8 << 20
 
 // dropUploads has every live member drop the parts it holds of name; not
 // found when none held any.

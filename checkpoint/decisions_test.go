@@ -747,6 +747,21 @@ func TestCommitRelayedToTheLeader(t *testing.T) {
 		t.Fatalf("the leader's 300: %v", err)
 	}
 
+	answer = func(w http.ResponseWriter) { // an answer without end: read up to the bound, then refused
+		w.Write([]byte(`{"step":3,"meta":"`))
+		chunk := bytes.Repeat([]byte("x"), 1<<20)
+		for range leaderAnswerLimit>>20 + 2 {
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+		}
+	}
+	if _, err := s.Commit(ctx, "job", 3, req, false); !isStatus(err, http.StatusBadGateway) {
+		t.Fatalf("the leader's endless answer: %v", err)
+	}
+	if _, ok := cat.Checkpoint("job"); ok {
+		t.Fatal("a refused answer waited for the commit")
+	}
 	answer = func(w http.ResponseWriter) {
 		json.NewEncoder(w).Encode(api.CheckpointStep{Step: 3, Parts: []string{"0", "1"}, Replicas: 2})
 		go cat.set(ckOf("job", &catalog.CheckpointStep{Step: 3, Version: 1}))
