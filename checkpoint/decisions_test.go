@@ -1227,6 +1227,42 @@ func TestRepairFromAFailingSurvivor(t *testing.T) {
 	}
 }
 
+// A surviving holder that freezes while asked to copy (SIGSTOP, a paused
+// VM) holds the leader's repair loop for the copy's deadline, not 10
+// minutes: the deadline follows the part's size.
+func TestRepairGivesUpOnAFrozenSource(t *testing.T) {
+	body := []byte("part bytes")
+	release := make(chan struct{})
+	c := newPeer(t, func(w http.ResponseWriter, r *http.Request, _ []byte) {
+		if r.Method == http.MethodPost {
+			<-release // frozen, the connection open
+			return
+		}
+		json.NewEncoder(w).Encode([]HeldPart{{Part: "0", Bytes: int64(len(body)), Sum: sum(body)}})
+	})
+	t.Cleanup(func() { close(release) })
+	d := newPeer(t, servePart(nil, "", nil))
+	cat := newCkCatalog(true, ckOf("job", &catalog.CheckpointStep{Step: 1, Version: 1, Parts: []catalog.CheckpointPart{partOf("0", body, "b", "c")}}))
+	s := newDecisionService(t, cat, newCluster([]string{"a", "c", "d"}, map[string]*peer{"c": c, "d": d}))
+	s.cfg.PeerIdle = 50 * time.Millisecond
+	rs := newRepairState()
+	rs.deadSince["b"] = time.Now().Add(-2 * s.cfg.DeadGrace)
+	rs.ticks = 1
+	done := make(chan struct{})
+	go func() { s.repair(rs); close(done) }()
+	select {
+	case <-done:
+	case <-bounded(t).Done():
+		t.Fatal("the repair loop is still held by a frozen source")
+	}
+	if len(cat.holders) != 0 || s.Stats().Rereplicated != 0 {
+		t.Fatalf("a copy that never answered was recorded: %v", cat.holders)
+	}
+	if got, want := copyDeadline(3<<30, 30*time.Second), 30*time.Second+1537*time.Second; got != want {
+		t.Fatalf("the deadline of a 3 GiB part: %v, want %v", got, want)
+	}
+}
+
 // A peer that stops sending a part's body halfway (frozen: SIGSTOP, a
 // paused VM) fails the read after PeerIdle without a byte, instead of holding
 // it, the leader's persisting and the node's shutdown for as long as it

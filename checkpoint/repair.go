@@ -155,7 +155,7 @@ func (s *Service) heldBy(m, name string, step uint64) map[string]string {
 // repairPart gives one part its second live copy and returns it with its
 // holders now.
 func (s *Service) repairPart(name string, st *catalog.CheckpointStep, p catalog.CheckpointPart, members []string, holding func(string) bool) (catalog.CheckpointPart, bool) {
-	ctx, cancel := context.WithTimeout(s.ctx, 10*time.Minute)
+	ctx, cancel := context.WithTimeout(s.ctx, copyDeadline(p.Size, s.cfg.PeerIdle))
 	defer cancel()
 	var holders []string
 	for _, h := range p.Holders {
@@ -204,6 +204,20 @@ func (s *Service) repairPart(name string, st *catalog.CheckpointStep, p catalog.
 	log.Info("checkpoint part restored from the persisted copy", "to", targets)
 	p.Holders = slices.Clone(targets)
 	return p, true
+}
+
+// minCopyRate is the slowest a repair's copy may go before it is given up
+// (and tried again on a later round). The copy is one request whose answer
+// comes at its end, so a frozen source (SIGSTOP, a paused VM) is only seen
+// by its deadline; repairs run one at a time on the leader, and a fixed
+// 10 minutes held every other repair and persist behind one frozen member.
+const minCopyRate = 4 << 20 // bytes per second
+
+// copyDeadline is the time a repair of a part of size bytes may take: the
+// peer idle time, and the bytes sent at most twice (to two targets, from
+// the persisted copy) at minCopyRate.
+func copyDeadline(size int64, idle time.Duration) time.Duration {
+	return idle + time.Duration(2*max(size, 0)/minCopyRate+1)*time.Second
 }
 
 // copyBetween has member src send its copy of a part to member dst.
