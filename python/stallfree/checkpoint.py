@@ -371,10 +371,12 @@ class Checkpointer:
                 return []
             raise
 
-    def load(self, step=None, map_location=None):
+    def load(self, step=None, map_location=None, **load_args):
         """This rank's state at ``step`` (default: the newest committed step),
         with tensors on CPU unless ``map_location`` says otherwise; None when
-        nothing is committed yet."""
+        nothing is committed yet. ``load_args`` go to ``torch.load`` as they
+        are: ``weights_only=False`` for a state holding objects torch ≥ 2.6
+        no longer unpickles by default (numpy arrays, one's own classes)."""
         steps = self.steps()
         if not steps:
             if step is None:
@@ -403,7 +405,7 @@ class Checkpointer:
                 f = _ViewFile(memoryview(self._fetch(entry["step"], mine, sizes, maps)))
             # torch.load reads the buffers in place: io.BytesIO would copy
             # the whole state once more first.
-            return _torch().load(f, map_location=map_location if map_location is not None else "cpu")
+            return _torch().load(f, map_location=map_location if map_location is not None else "cpu", **load_args)
         finally:
             f = None
             for m in maps:

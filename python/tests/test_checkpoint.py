@@ -2,7 +2,9 @@
 saved while training goes on, loaded back exactly as they were at save()."""
 
 import copy
+import fractions
 import os
+import pickle
 import subprocess
 import sys
 import threading
@@ -127,6 +129,14 @@ class CheckpointTest(ClusterCase):
             self.assertTrue(torch.equal(cks[r].load(step=10)["w"], states[r]["w"] + 10))
         with self.assertRaises(KeyError):
             cks[0].load(step=5)
+        # torch.load's own arguments pass through: weights_only refuses an
+        # object it does not know (torch >= 2.6's default), and False loads it.
+        futs = [cks[r].save(30, {"w": states[r]["w"], "ratio": fractions.Fraction(1, 3)}) for r in (1, 0)]
+        for f in futs:
+            f.result(60)
+        with self.assertRaises(pickle.UnpicklingError):
+            cks[0].load(weights_only=True)
+        self.assertEqual(cks[0].load(weights_only=False)["ratio"], fractions.Fraction(1, 3))
         for c in cks:
             c.close()
 
