@@ -431,24 +431,28 @@ func (c *Catalog) apply(cmd *command) (any, error) {
 // leftOut counts what the source's listing left out (a tar source's unsafe
 // members), kept with the dataset so users can see it.
 func (c *Catalog) RegisterDataset(name, src string, entries []source.Entry, leftOut int) (*Dataset, bool, error) {
-	return c.register(name, src, entries, leftOut, false)
+	return c.register(name, src, entries, leftOut, false, 0)
 }
 
 // RefreshDataset records a new listing of a registered dataset's source as
 // a new version: a new ID (nothing cached under the old one is served for
 // it), its quota kept, the datasets derived from it deleted. A dataset not
 // registered yet is registered; another source under the name is
-// ErrConflict, and so is a derived dataset. Must run on the leader.
-func (c *Catalog) RefreshDataset(name, src string, entries []source.Entry, leftOut int) (*Dataset, error) {
-	d, _, err := c.register(name, src, entries, leftOut, true)
+// ErrConflict, and so is a derived dataset. from is the version the
+// listing was compared with (0: any): when the name holds another by the
+// time the new one would begin or commit, nothing is recorded and the error
+// is ErrMoved, or ErrNotFound when the name was deleted meanwhile. Must run
+// on the leader.
+func (c *Catalog) RefreshDataset(name, src string, from uint64, entries []source.Entry, leftOut int) (*Dataset, error) {
+	d, _, err := c.register(name, src, entries, leftOut, true, from)
 	return d, err
 }
 
-func (c *Catalog) register(name, src string, entries []source.Entry, leftOut int, refresh bool) (*Dataset, bool, error) {
+func (c *Catalog) register(name, src string, entries []source.Entry, leftOut int, refresh bool, from uint64) (*Dataset, bool, error) {
 	c.mu.Lock() // one registration at a time keeps chunk streams from interleaving
 	defer c.mu.Unlock()
 	token := newToken()
-	res, err := c.apply(&command{Op: opBegin, Name: name, Source: src, Token: token, Count: len(entries), Refresh: refresh})
+	res, err := c.apply(&command{Op: opBegin, Name: name, Source: src, Token: token, Count: len(entries), Refresh: refresh, From: from})
 	if err != nil {
 		return nil, false, err
 	}

@@ -110,3 +110,50 @@ func TestQuotaOnADerivedDatasetIsRefused(t *testing.T) {
 		t.Fatalf("lifting a derived dataset's quota: %v", err)
 	}
 }
+
+// Concurrent refreshes of a changed source make one new version, not one
+// each (each new version drops every node's cached items and the derived
+// datasets): those overtaken list again against it and find it unchanged.
+func TestConcurrentRefreshesMakeOneVersion(t *testing.T) {
+	c := openLeader(t)
+	dir, _ := dataset(t, 5)
+	first, _, err := c.PutDataset(bg, "ds", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	later := time.Now().Add(time.Hour)
+	if err := os.Chtimes(filepath.Join(dir, "xa"), later, later); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		d       api.Dataset
+		changed bool
+		err     error
+	}
+	results := make(chan result, 6)
+	start := make(chan struct{})
+	for range cap(results) {
+		go func() {
+			<-start
+			d, changed, err := c.RefreshDataset(bg, "ds", "")
+			results <- result{d, changed, err}
+		}()
+	}
+	close(start)
+	changed, versions := 0, map[uint64]bool{}
+	for range cap(results) {
+		r := <-results
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		if r.changed {
+			changed++
+		}
+		versions[r.d.Version] = true
+	}
+	final, _ := c.cat.Dataset("ds")
+	if changed != 1 || len(versions) != 1 || !versions[final.Version] || final.Version == first.Version {
+		t.Fatalf("%d of 6 refreshes made a version; they answered versions %v, the dataset is at %d (was %d)",
+			changed, versions, final.Version, first.Version)
+	}
+}

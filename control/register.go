@@ -62,8 +62,27 @@ func (c *Control) listSource(ctx context.Context, name, norm string) (_ []source
 // refreshDataset lists a registered dataset's source again and records the
 // listing as a new version, unless it is exactly the registered one (every
 // key, size and fingerprint alike: changed is false, nothing is written).
-// It runs on the raft leader (localLeader).
-func (c *Control) refreshDataset(ctx context.Context, name, spec string) (_ *catalog.Dataset, changed bool, err error) {
+// It runs on the raft leader (localLeader). A refresh that another one
+// overtook (the name moved to a newer version while this one listed) lists
+// again against that version, a few times; one whose dataset was deleted
+// meanwhile is not found, and records nothing.
+func (c *Control) refreshDataset(ctx context.Context, name, spec string) (d *catalog.Dataset, changed bool, err error) {
+	for range refreshTries {
+		d, changed, err = c.refreshOnce(ctx, name, spec)
+		if !errors.Is(err, catalog.ErrMoved) {
+			return d, changed, err
+		}
+	}
+	return nil, false, fmt.Errorf("%w: dataset %q was refreshed by other requests while its source was listed, %d times; refresh again",
+		catalog.ErrConflict, name, refreshTries)
+}
+
+// refreshTries bounds how often a refresh lists again after being
+// overtaken: concurrent refreshes of one name end after one more listing
+// (the registration lock orders them), so more means a stream of them.
+const refreshTries = 3
+
+func (c *Control) refreshOnce(ctx context.Context, name, spec string) (_ *catalog.Dataset, changed bool, err error) {
 	d, ok := c.cat.Dataset(name)
 	if !ok {
 		return nil, false, fmt.Errorf("%w: no dataset %q", catalog.ErrNotFound, name)
@@ -92,7 +111,7 @@ func (c *Control) refreshDataset(ctx context.Context, name, spec string) (_ *cat
 	if sameListing(d.Manifest, entries) {
 		return d, false, nil
 	}
-	nd, err := c.cat.RefreshDataset(name, d.Source, entries, leftOut)
+	nd, err := c.cat.RefreshDataset(name, d.Source, d.Version, entries, leftOut)
 	return nd, err == nil, err
 }
 
