@@ -11,6 +11,7 @@ import (
 
 	"stallfree/clusterauth"
 	"stallfree/listen"
+	"stallfree/logbridge"
 )
 
 // authStream is raft's network layer with the cluster-key handshake in front
@@ -25,6 +26,9 @@ type authStream struct {
 	done  chan struct{}
 	once  sync.Once
 	wg    sync.WaitGroup
+	// refusals keeps the line about a refused handshake to one per
+	// interval: anyone who reaches the port can cause one at will.
+	refusals *logbridge.Limiter
 }
 
 // maxRaftConns bounds raft's inbound connections: a handful per member.
@@ -36,7 +40,8 @@ func newAuthStream(bind string, adv net.Addr, key []byte, log *slog.Logger) (*au
 		return nil, err
 	}
 	s := &authStream{ln: listen.Guard(ln, listen.Options{Name: "raft", MaxConns: maxRaftConns, Log: log}),
-		adv: adv, key: key, log: log, conns: make(chan net.Conn), done: make(chan struct{})}
+		adv: adv, key: key, log: log, conns: make(chan net.Conn), done: make(chan struct{}),
+		refusals: logbridge.NewLimiter(logbridge.RefusalsEvery)}
 	s.wg.Add(1)
 	go s.acceptLoop()
 	return s, nil
@@ -55,7 +60,9 @@ func (s *authStream) acceptLoop() {
 		go func() {
 			defer s.wg.Done()
 			if err := clusterauth.Server(c, s.key); err != nil {
-				s.log.Warn("raft connection refused", "remote", c.RemoteAddr().String(), "err", err)
+				if ok, leftOut := s.refusals.Allow(); ok {
+					s.log.Warn("raft connection refused", "remote", c.RemoteAddr().String(), "err", err, "left_out", leftOut)
+				}
 				c.Close()
 				return
 			}

@@ -3,7 +3,8 @@
 // one format, one level setting. It also maps their levels, so that what a
 // healthy start always says (the first election, a new follower catching
 // up) is INFO, while real trouble (a peer lost, a failed snapshot) stays
-// WARN or ERROR.
+// WARN or ERROR. Lines a remote party can cause at will are kept to one
+// per interval (Limiter).
 package logbridge
 
 import (
@@ -113,15 +114,32 @@ func hclogLevel(s string) slog.Level {
 // look like "[WARN] memberlist: text"; the bracketed level becomes the slog
 // level. Memberlist logs a member it has declared failed at INFO; that is a
 // peer lost, so it is WARN here.
+// A WARN or ERROR line about something a remote sent (memberlist names it
+// "from=ADDR": a packet that does not decrypt, a stream that is no gossip)
+// is written at most once per RefusalsEvery, with the count of those left
+// out: anyone who reaches the gossip port can cause one at will.
 func Memberlist(log *slog.Logger) *stdlog.Logger {
-	return stdlog.New(&memberlistWriter{log: log.With("component", "memberlist")}, "", 0)
+	return stdlog.New(&memberlistWriter{log: log.With("component", "memberlist"), remote: NewLimiter(RefusalsEvery)}, "", 0)
 }
 
-type memberlistWriter struct{ log *slog.Logger }
+type memberlistWriter struct {
+	log    *slog.Logger
+	remote *Limiter
+}
 
 func (w *memberlistWriter) Write(p []byte) (int, error) {
 	for line := range strings.SplitSeq(strings.TrimSpace(string(p)), "\n") {
 		level, msg := memberlistLine(line)
+		if level >= slog.LevelWarn && strings.Contains(msg, "from=") {
+			ok, leftOut := w.remote.Allow()
+			if !ok {
+				continue
+			}
+			if leftOut > 0 {
+				w.log.Log(context.Background(), level, msg, "left_out", leftOut)
+				continue
+			}
+		}
 		w.log.Log(context.Background(), level, msg)
 	}
 	return len(p), nil

@@ -139,6 +139,20 @@ func TestDroppedConnectionsLoggedAndServeEndsCleanly(t *testing.T) {
 		t.Fatalf("a refused frame logged %d warnings, want 1: %v", n, warned.msgs)
 	}
 
+	// Handshakes without the key, which anyone can send: one line for many.
+	for range 20 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write(make([]byte, 64))
+		io.Copy(io.Discard, c) // until the server hangs up: it has logged by then
+		c.Close()
+	}
+	if n := warned.count(); n != 2 {
+		t.Fatalf("20 refused handshakes logged %d warnings in all, want 2 (one for the frame, one for them): %v", n, warned.msgs)
+	}
+
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"stallfree/bufpool"
+	"stallfree/logbridge"
 )
 
 // Request is a decoded peer request.
@@ -86,12 +87,16 @@ type Server struct {
 	mu      sync.Mutex
 	conns   map[net.Conn]struct{}
 	pushed  bufpool.Pool // receive buffers of push requests
+	// refusals keeps the line about a refused handshake to one per
+	// interval: anyone who reaches the port can cause one at will.
+	refusals *logbridge.Limiter
 }
 
 // NewServer returns a server; call Serve.
 func NewServer(key []byte, h Handler, log *slog.Logger) *Server {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Server{key: key, handler: h, log: log, ctx: ctx, cancel: cancel, conns: map[net.Conn]struct{}{}}
+	return &Server{key: key, handler: h, log: log, ctx: ctx, cancel: cancel, conns: map[net.Conn]struct{}{},
+		refusals: logbridge.NewLimiter(logbridge.RefusalsEvery)}
 }
 
 // Serve accepts connections on ln until Close.
@@ -143,7 +148,9 @@ func (s *Server) serveConn(c net.Conn) {
 		s.mu.Unlock()
 	}()
 	if err := serverHandshake(c, s.key); err != nil {
-		s.log.Warn("peer connection refused", "remote", c.RemoteAddr().String(), "err", err)
+		if ok, leftOut := s.refusals.Allow(); ok {
+			s.log.Warn("peer connection refused", "remote", c.RemoteAddr().String(), "err", err, "left_out", leftOut)
+		}
 		return
 	}
 	br := bufio.NewReaderSize(c, 64<<10)
