@@ -15,8 +15,8 @@ import (
 type countHandler struct{ warned *atomic.Int64 }
 
 func (h countHandler) Enabled(context.Context, slog.Level) bool { return true }
-func (h countHandler) WithAttrs([]slog.Attr) slog.Handler        { return h }
-func (h countHandler) WithGroup(string) slog.Handler             { return h }
+func (h countHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h countHandler) WithGroup(string) slog.Handler            { return h }
 func (h countHandler) Handle(_ context.Context, r slog.Record) error {
 	if r.Level >= slog.LevelWarn {
 		h.warned.Add(1)
