@@ -184,12 +184,23 @@ func Join(cfg Config) (*Membership, error) {
 	// A node restarted in a container gets a new IP under the same name.
 	mc.DeadNodeReclaimTime = 10 * time.Second
 	mc.Logger = logbridge.Memberlist(cfg.Logger)
+	tr, err := newStreamTransport(host, port, len(cfg.SecretKey) > 0, mc.TCPTimeout, mc.Logger, cfg.Logger)
+	if err != nil {
+		return nil, fmt.Errorf("membership: binding --gossip %s: %w", cfg.Bind, err)
+	}
+	if port == 0 { // bound to a port of the kernel's choice: that one is advertised
+		port = tr.GetAutoBindPort()
+		portStr = strconv.Itoa(port)
+		mc.BindPort, mc.AdvertisePort = port, port
+	}
+	mc.Transport = tr
 	m := &Membership{cfg: cfg, log: cfg.Logger, members: map[string]*Member{}, leaving: map[string]bool{}, changed: make(chan struct{}, 1), stop: make(chan struct{})}
 	m.self = net.JoinHostPort(net.ParseIP(adv).String(), portStr)
 	mc.Delegate = delegate{m}
 	mc.Events = events{m}
 	ml, err := memberlist.Create(mc)
 	if err != nil {
+		tr.Shutdown()
 		return nil, fmt.Errorf("membership: %w", err)
 	}
 	m.ml = ml
