@@ -19,7 +19,8 @@ import (
 // encrypted stream whole into memory before it checks the key: up to
 // 20 MiB, on a goroutine per connection, with no bound on connections. So
 // anyone who could reach the gossip port grew a node by gigabytes (200
-// connections sending 20 MiB each took one to 5 GB). Here at most
+// connections sending 20 MiB each took one to 5 GB; 147 MB with 16 streams
+// of 4 MiB at most, 39 MB with 8 of 2 MiB). Here at most
 // maxStreams are handed to memberlist at once (the others are closed at
 // once), and with a key, one whose header declares more than maxStreamBytes
 // is closed before memberlist reads its body.
@@ -42,13 +43,14 @@ const (
 	// maxStreams bounds the gossip streams memberlist handles at once: a
 	// push/pull every few seconds per member, a join, a goodbye. Ones
 	// beyond it are refused and tried again on the peer's next round (a
-	// join by the rejoin loop).
-	maxStreams = 16
+	// join by the rejoin loop). With memberlist's buffer doubling as it
+	// reads, what they hold is at most 2×maxStreamBytes each: 32 MiB.
+	maxStreams = 8
 	// maxStreamBytes bounds what an encrypted stream may declare: a push/pull
-	// carries every member's state (a name, an address and at most 512
-	// bytes of metadata each; ~200 bytes with this node's metadata), so
-	// 4 MiB is more than 5,000 members at their largest.
-	maxStreamBytes = 4 << 20
+	// carries every member's state (a name, an address and this node's
+	// metadata, ~100 bytes: ~200 bytes a member), so 2 MiB is about 10,000
+	// members (more than 3,000 even at memberlist's 512-byte metadata bound).
+	maxStreamBytes = 2 << 20
 	// encryptMsg is memberlist's message type of an encrypted stream: one
 	// byte, then the body's length, 4 bytes big-endian.
 	encryptMsg = 10
