@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -202,11 +203,22 @@ func (s *S3) readAt(ctx context.Context, shard Entry, off int64, buf []byte) err
 	if err := opts.SetRange(off, off+int64(len(buf))-1); err != nil {
 		return fmt.Errorf("read %s: %w", shard.Key, err)
 	}
-	body, err := s.getShard(ctx, shard, opts)
+	body, info, hdr, err := s.getShard(ctx, shard, opts)
 	if err != nil {
 		return err
 	}
 	defer body.Close()
+	// A server may answer a range with the whole object (200: RFC 9110
+	// lets it ignore Range) or with another range: bytes read from it as
+	// this one's were served as the member (the shard's own tar header as
+	// a JPEG), and kept.
+	want := fmt.Sprintf("bytes %d-%d/%d", off, off+int64(len(buf))-1, shard.Size)
+	if got := hdr.Get("Content-Range"); info.Size != int64(len(buf)) || got != want {
+		if total, ok := rangeTotal(got); ok && total != shard.Size {
+			return fmt.Errorf("read %s: %w (%d bytes, indexed %d)", shard.Key, ErrChanged, total, shard.Size)
+		}
+		return fmt.Errorf("read %s: %w: asked for %s, answered %d bytes of %q", shard.Key, ErrUnavailable, want, info.Size, got)
+	}
 	if _, err := io.ReadFull(body, buf); err != nil {
 		return s.storageErr("read", s.prefix+shard.Key, err)
 	}
@@ -218,23 +230,42 @@ func (s *S3) stream(ctx context.Context, shard Entry) (io.ReadCloser, error) {
 	return s.open(ctx, shard)
 }
 
-// open streams a whole shard (one GET) for indexing.
+// open streams a whole shard (one GET) for indexing: exactly its listed
+// size, or an error (a body of another length is another object).
 func (s *S3) open(ctx context.Context, shard Entry) (io.ReadCloser, error) {
-	return s.getShard(ctx, shard, minio.GetObjectOptions{})
+	body, info, _, err := s.getShard(ctx, shard, minio.GetObjectOptions{})
+	if err != nil {
+		return nil, err
+	}
+	if info.Size != shard.Size {
+		body.Close()
+		return nil, fmt.Errorf("read %s: %w (%d bytes, listed %d)", shard.Key, ErrChanged, info.Size, shard.Size)
+	}
+	return body, nil
 }
 
 // getShard is a GET of a shard (or a range of it) that must still be the
 // version indexed.
-func (s *S3) getShard(ctx context.Context, shard Entry, opts minio.GetObjectOptions) (io.ReadCloser, error) {
-	body, info, _, err := s.core.GetObject(ctx, s.bucket, s.prefix+shard.Key, opts)
+func (s *S3) getShard(ctx context.Context, shard Entry, opts minio.GetObjectOptions) (io.ReadCloser, minio.ObjectInfo, http.Header, error) {
+	body, info, hdr, err := s.core.GetObject(ctx, s.bucket, s.prefix+shard.Key, opts)
 	if err != nil {
-		return nil, s.storageErr("read", s.prefix+shard.Key, err)
+		return nil, info, nil, s.storageErr("read", s.prefix+shard.Key, err)
 	}
 	if shard.Tag != 0 && etagTag(info.ETag) != shard.Tag {
 		body.Close()
-		return nil, fmt.Errorf("read %s: %w (a new ETag)", shard.Key, ErrChanged)
+		return nil, info, nil, fmt.Errorf("read %s: %w (a new ETag)", shard.Key, ErrChanged)
 	}
-	return body, nil
+	return body, info, hdr, nil
+}
+
+// rangeTotal is the object's size a Content-Range names ("bytes a-b/N").
+func rangeTotal(contentRange string) (int64, bool) {
+	_, total, ok := strings.Cut(contentRange, "/")
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(total, 10, 64)
+	return n, err == nil
 }
 
 // storageErr sorts an S3 failure into the kinds the API answers for.

@@ -37,6 +37,10 @@ type fakeS3 struct {
 	down     atomic.Bool
 	gets     atomic.Int64
 	region   atomic.Value // the region of the last request's credential scope
+	// rangeAnswer, when set, is how a ranged GET is answered: "whole" (200
+	// and the whole object, as RFC 9110 allows) or "shifted" (206 with the
+	// range one byte on).
+	rangeAnswer atomic.Value
 
 	mu      sync.Mutex
 	buckets map[string]map[string]fakeObject
@@ -165,8 +169,16 @@ func (f *fakeS3) get(w http.ResponseWriter, r *http.Request, o fakeObject) {
 			f.fail(w, http.StatusRequestedRangeNotSatisfiable, "InvalidRange", rg)
 			return
 		}
+		mode, _ := f.rangeAnswer.Load().(string)
+		if mode == "shifted" && last+1 < int64(len(o.data)) {
+			first, last = first+1, last+1
+		}
 		data, status = o.data[first:last+1], http.StatusPartialContent
 		h.Set("Content-Range", fmt.Sprintf("bytes %d-%d/%d", first, last, len(o.data)))
+		if mode == "whole" {
+			data, status = o.data, http.StatusOK
+			h.Del("Content-Range")
+		}
 	}
 	h.Set("Content-Length", strconv.Itoa(len(data)))
 	w.WriteHeader(status)

@@ -286,6 +286,40 @@ func testTarS3ListsAndReadsMembers(t *testing.T, srv s3Backend) {
 	}
 }
 
+// A server may answer a ranged GET with the whole object (200) or another
+// range: a member read so is refused, not served as the bytes at its
+// offset (the shard's own header as a JPEG, and kept).
+func TestTarS3RangeAnswersAreChecked(t *testing.T) {
+	root, _ := shardsDir(t)
+	srv := startFakeS3(t, miniotest.User)
+	srv.Bucket("wds")
+	b, err := os.ReadFile(filepath.Join(root, "b.tar"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Put("wds", map[string][]byte{"b.tar": b})
+	src, err := Open("tar+s3://wds", Options{S3: s3Config(srv, miniotest.User, miniotest.Password)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	entries, err := src.List(context.Background())
+	if err != nil || len(entries) == 0 {
+		t.Fatalf("list: %d entries, %v", len(entries), err)
+	}
+	e := entries[0]
+	good, err := src.Read(context.Background(), e, nil)
+	if err != nil || !bytes.Equal(good, b[e.Offset:e.Offset+e.Size]) {
+		t.Fatalf("a member read as asked: %q, %v", good, err)
+	}
+	for _, mode := range []string{"whole", "shifted"} {
+		srv.rangeAnswer.Store(mode)
+		if got, err := src.Read(context.Background(), e, nil); !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("a range answered %s: %q, %v; want ErrUnavailable", mode, got, err)
+		}
+	}
+}
+
 // openTarDir opens the shards under root, closed when the test ends.
 func openTarDir(t *testing.T, root string) Source {
 	t.Helper()
