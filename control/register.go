@@ -43,6 +43,9 @@ func (c *Control) listSource(ctx context.Context, name, norm string) (_ []source
 		return nil, 0, fmt.Errorf("%w: %w", ErrBadRequest, err)
 	}
 	defer src.Close()
+	if err := c.AllowedOpened(norm, src); err != nil {
+		return nil, 0, err
+	}
 	entries, err := src.List(ctx)
 	if err != nil {
 		if storageFault(err) {

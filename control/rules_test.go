@@ -726,3 +726,62 @@ func TestNewFillsItsDefaults(t *testing.T) {
 		t.Fatal("the relay client given was replaced")
 	}
 }
+
+// --allow-source is checked on the directory a source opened, not on where
+// its path leads a moment before or after: a symlink swapped between the
+// look and the open let a dataset list a directory outside every prefix.
+// Here the swap comes after the open, both ways: what was opened decides.
+func TestAllowSourceIsCheckedOnWhatWasOpened(t *testing.T) {
+	root := t.TempDir()
+	allowed, outside := filepath.Join(root, "allowed"), filepath.Join(root, "outside")
+	inside := filepath.Join(allowed, "real")
+	for _, d := range []string{inside, outside} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(outside, "secret"), []byte("s"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	prefixes, err := Resolve([]string{allowed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := openLeaderWith(t, Config{AllowSources: prefixes})
+	link := filepath.Join(allowed, "link")
+	point := func(to string) {
+		t.Helper()
+		os.Remove(link)
+		if err := os.Symlink(to, link); err != nil {
+			t.Fatal(err)
+		}
+	}
+	norm := "dir://" + link
+
+	point(outside)
+	src, err := source.Open(norm, source.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	point(inside) // the path now leads in; what was opened is still outside
+	if err := c.Allowed(norm); err != nil {
+		t.Fatalf("the path as it leads now: %v", err)
+	}
+	if err := c.AllowedOpened(norm, src); !errors.Is(err, ErrForbiddenSource) || !strings.Contains(err.Error(), "really dir://"+outside) {
+		t.Fatalf("a source opened outside: %v", err)
+	}
+
+	in, err := source.Open(norm, source.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	point(outside)
+	if err := c.AllowedOpened(norm, in); err != nil {
+		t.Fatalf("a source opened inside, its path since leading out: %v", err)
+	}
+	if entries, err := in.List(bg); err != nil || len(entries) != 0 {
+		t.Fatalf("the source opened inside lists %v, %v; want the empty directory it opened", entries, err)
+	}
+}

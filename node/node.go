@@ -359,11 +359,12 @@ func (n *Node) source(d *catalog.Dataset) (*source.Bounded, error) {
 	if s, ok := n.sources[d.ID]; ok {
 		return s, nil
 	}
-	if err := n.ctl.Allowed(d.Source); err != nil {
-		return nil, err
-	}
 	opened, err := source.Open(d.Source, source.Options{BytesPerSecond: n.cfg.SourceRate, S3: n.cfg.S3})
 	if err != nil {
+		return nil, err
+	}
+	if err := n.ctl.AllowedOpened(d.Source, opened); err != nil {
+		opened.Close()
 		return nil, err
 	}
 	s := source.NewBounded(opened, n.cfg.StorageReaders, n.cfg.StorageTimeout)

@@ -27,13 +27,26 @@ type Dir struct {
 	listed  *atomic.Int64
 }
 
-// OpenDir opens the directory at path.
+// OpenDir opens the directory at path. Where says where the directory it
+// opened really is: a symlink on the way may lead elsewhere by the time it
+// is opened than when it was resolved, so --allow-source is checked on what
+// was opened.
 func OpenDir(path string, opt Options) (*Dir, error) {
 	real, err := filepath.EvalSymlinks(path)
 	if err != nil {
 		return nil, fmt.Errorf("source %s: %w", path, err)
 	}
-	root, err := os.OpenRoot(real)
+	f, err := os.Open(real)
+	if err != nil {
+		return nil, fmt.Errorf("source %s: %w", path, err)
+	}
+	defer f.Close()
+	at := real
+	if opened, fdPath, ok := openedAt(f); ok {
+		// The root is the directory f holds, not what real leads to now.
+		real, at = opened, fdPath
+	}
+	root, err := os.OpenRoot(at)
 	if err != nil {
 		return nil, fmt.Errorf("source %s: %w", path, err)
 	}
@@ -50,6 +63,9 @@ func OpenDir(path string, opt Options) (*Dir, error) {
 
 // Close releases the directory handle.
 func (d *Dir) Close() error { return d.root.Close() }
+
+// Where is the spec of the directory opened, every symlink resolved.
+func (d *Dir) Where() string { return "dir://" + d.path }
 
 // List walks the tree. Symlinks are followed only when they resolve to a
 // regular file inside the root; files whose names cannot be keys are skipped.

@@ -16,3 +16,6 @@ func lstatAt(_ *os.File, r *os.Root, name string) (fs.FileMode, int64, int64, er
 	}
 	return fi.Mode().Type(), fi.Size(), fi.ModTime().UnixNano(), nil
 }
+
+// openedAt: no /proc here; the caller keeps the path it resolved.
+func openedAt(*os.File) (string, string, bool) { return "", "", false }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io/fs"
 	"os"
+	"strconv"
 
 	"golang.org/x/sys/unix"
 )
@@ -36,4 +37,14 @@ func lstatAt(dir *os.File, _ *os.Root, name string) (fs.FileMode, int64, int64, 
 		mode = fs.ModeIrregular
 	}
 	return mode, st.Size, st.Mtim.Nano(), nil
+}
+
+// openedAt is where the directory f really is, as the kernel has it open
+// (/proc/self/fd names the very directory, whatever its path now leads
+// to), and that path to open it again by (fdPath). ok is false where there
+// is no /proc.
+func openedAt(f *os.File) (real, fdPath string, ok bool) {
+	fdPath = "/proc/self/fd/" + strconv.Itoa(int(f.Fd()))
+	real, err := os.Readlink(fdPath)
+	return real, fdPath, err == nil
 }

@@ -164,6 +164,19 @@ func Resolve(spec string) (string, error) {
 	return "dir://" + real, nil
 }
 
+// Where is where an opened source really is, as Resolve says it ("dir://"
+// and the directory opened, symlinks resolved); false for S3, which has no
+// symlinks.
+func Where(src Source) (string, bool) {
+	switch s := src.(type) {
+	case *Dir:
+		return s.Where(), true
+	case *Tar:
+		return s.Where()
+	}
+	return "", false
+}
+
 // Within reports whether a resolved spec lies at or below a resolved prefix.
 func Within(spec, prefix string) bool {
 	return spec == prefix || strings.HasPrefix(spec, strings.TrimSuffix(prefix, "/")+"/")

@@ -61,6 +61,16 @@ type Tar struct {
 // Close releases the storage.
 func (t *Tar) Close() error { return t.shards.Close() }
 
+// Where is the spec of the shards' directory opened, every symlink
+// resolved; false for S3.
+func (t *Tar) Where() (string, bool) {
+	d, ok := t.shards.(*Dir)
+	if !ok {
+		return "", false
+	}
+	return d.Where(), true
+}
+
 // LeftOut is how many members the last List left out: not regular files,
 // absolute names, ".." segments, names that cannot be keys, repeated names,
 // members over MaxItemSize.
