@@ -164,3 +164,50 @@ func TestApplySplitSkipsDerivedDatasets(t *testing.T) {
 		t.Fatalf("the derived dataset got a quota: %d", *dec.Quota)
 	}
 }
+
+// A tar warm-up that finds a shard rewritten since registration drops the
+// members of it this node holds (they were served as hits before) and stops
+// naming one of them: 409 source changed, as for a changed file.
+func TestTarWarmupOfAChangedShardDropsItsMembers(t *testing.T) {
+	n, _, _, p := withTwoMembers(t, 10, 8)
+	d, _ := tarDataset(t, n, 8, 12, 0)
+	shards, _ := n.shardsToRead(d)
+	n.StartWarmup(d)
+	awaitWarmup(t, n, d)
+	s := shards[0]
+	first, end := d.Manifest.ShardItems(s)
+	var own []int
+	for i := first; i < end; i++ {
+		if _, self := p.Owner(d, i); self {
+			own = append(own, i)
+			if !n.Split().Holds(d, i) {
+				t.Fatalf("member %s not held after the first warm-up", d.Manifest.Key(i))
+			}
+		}
+	}
+	if len(own) == 0 {
+		t.Fatal("this node owns no member of the shard it reads: pick other sizes")
+	}
+	path := filepath.Join(strings.TrimPrefix(d.Source, "tar+dir://"), d.Manifest.ShardEntry(s).Key)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, bytes.ToUpper(b), 0o644); err != nil { // same size, other bytes, a new mtime
+		t.Fatal(err)
+	}
+	later := time.Now().Add(time.Hour)
+	if err := os.Chtimes(path, later, later); err != nil {
+		t.Fatal(err)
+	}
+	n.StartWarmup(d)
+	awaitWarmup(t, n, d)
+	if pr := n.WarmupProgress(d); !strings.Contains(pr.Error, "source changed: "+d.Manifest.ShardEntry(s).Key+"/") {
+		t.Fatalf("the warm-up over a changed shard: %+v; want it to stop with source changed naming a member", pr)
+	}
+	for _, i := range own {
+		if n.Split().Holds(d, i) {
+			t.Fatalf("member %s of the changed shard is still held", d.Manifest.Key(i))
+		}
+	}
+}

@@ -12,6 +12,7 @@ import (
 
 	"stallfree/bufpool"
 	"stallfree/catalog"
+	"stallfree/source"
 	"stallfree/store"
 )
 
@@ -137,16 +138,33 @@ func (b *pushBatch) reset(pool *bufpool.Pool) {
 	b.indices, b.data, b.bufs, b.bytes = b.indices[:0], b.data[:0], b.bufs[:0], 0
 }
 
-// warmShard reads shard s once, front to back.
+// warmShard reads shard s once, front to back. A shard found changed since
+// registration (rewritten before or during the pass: each read is checked)
+// has this node's held members dropped, as a changed file's held copy is,
+// and the warm-up stops naming the member it was at: 409 source changed.
 func (n *Node) warmShard(ctx context.Context, d *catalog.Dataset, s int, w *warmup, full *fullOwners) error {
+	at, err := n.passShard(ctx, d, s, w, full)
+	if first, end := d.Manifest.ShardItems(s); errors.Is(err, source.ErrChanged) && first < end {
+		for i := first; i < end; i++ {
+			n.store.Delete(store.MakeKey(d.ID, uint32(i)))
+		}
+		return sourceChanged(d, at, err)
+	}
+	return err
+}
+
+// passShard is warmShard's pass; at is the member it had reached.
+func (n *Node) passShard(ctx context.Context, d *catalog.Dataset, s int, w *warmup, full *fullOwners) (at int, err error) {
+	first, end := d.Manifest.ShardItems(s)
+	at = first
 	src, err := n.source(d)
 	if err != nil {
-		return err
+		return at, err
 	}
 	shard := d.Manifest.ShardEntry(s)
 	r, err := src.Stream(ctx, shard)
 	if err != nil {
-		return err
+		return at, err
 	}
 	defer r.Close()
 	n.counters.sourceReads.Add(1)
@@ -169,21 +187,21 @@ func (n *Node) warmShard(ctx context.Context, d *catalog.Dataset, s int, w *warm
 		n.pushSamples(ctx, d, owner, b, w, full)
 		b.reset(&n.bufs)
 	}
-	first, end := d.Manifest.ShardItems(s)
 	for i := first; i < end; i++ {
+		at = i
 		off, size := d.Manifest.Offsets[i], d.Manifest.Size(i)
 		if off < pos {
-			return fmt.Errorf("shard %s: member %d at byte %d overlaps the one before", shard.Key, i, off)
+			return at, fmt.Errorf("shard %s: member %d at byte %d overlaps the one before", shard.Key, i, off)
 		}
 		if _, err := br.Discard(int(off - pos)); err != nil {
-			return fmt.Errorf("read %s at byte %d: %w", shard.Key, pos, err)
+			return at, fmt.Errorf("read %s at byte %d: %w", shard.Key, pos, err)
 		}
 		pos = off
 		owner, self := n.peers.Owner(d, i)
 		k := store.MakeKey(d.ID, uint32(i))
 		if held := self && n.store.Contains(k); held || full.has(owner) {
 			if _, err := br.Discard(int(size)); err != nil {
-				return fmt.Errorf("read %s at byte %d: %w", shard.Key, pos, err)
+				return at, fmt.Errorf("read %s at byte %d: %w", shard.Key, pos, err)
 			}
 			pos += size
 			if held {
@@ -194,7 +212,7 @@ func (n *Node) warmShard(ctx context.Context, d *catalog.Dataset, s int, w *warm
 		}
 		if self {
 			if err := n.keepSample(br, d, i, w, full); err != nil {
-				return fmt.Errorf("read %s at byte %d: %w", shard.Key, pos, err)
+				return at, fmt.Errorf("read %s at byte %d: %w", shard.Key, pos, err)
 			}
 			pos += size
 			continue
@@ -208,14 +226,14 @@ func (n *Node) warmShard(ctx context.Context, d *catalog.Dataset, s int, w *warm
 			flush(owner)
 		}
 		if err := b.take(br, &n.bufs, i, size); err != nil {
-			return fmt.Errorf("read %s at byte %d: %w", shard.Key, pos, err)
+			return at, fmt.Errorf("read %s at byte %d: %w", shard.Key, pos, err)
 		}
 		pos += size
 	}
 	for owner := range batches {
 		flush(owner)
 	}
-	return ctx.Err()
+	return at, ctx.Err()
 }
 
 // keepSample stores member i, read from r, on this node, its owner.

@@ -159,3 +159,70 @@ func TestDirFilesGoneSinceListingAreChanged(t *testing.T) {
 		}
 	}
 }
+
+// A file or shard written while it is read (its mtime set back, even) is
+// not handed on: its size and mtime were checked before the read, so a
+// rewrite in place during it was served torn, half of each version, and
+// kept. Each read is checked against the fstat taken before it (ctime,
+// which no user can set, moves on every write).
+func TestAFileWrittenWhileItIsReadIsChanged(t *testing.T) {
+	root := t.TempDir()
+	path := filepath.Join(root, "a.bin")
+	then := time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)
+	rewrite := func(b []byte) {
+		t.Helper()
+		f, err := os.OpenFile(path, os.O_WRONLY, 0) // in place: the open file is this one
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.Write(b); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+		if err := os.Chtimes(path, then, then); err != nil { // the mtime put back
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(path, []byte("first"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(path, then, then); err != nil {
+		t.Fatal(err)
+	}
+	d, err := OpenDir(root, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	ctx := context.Background()
+	entries, err := d.List(ctx)
+	if err != nil || len(entries) != 1 {
+		t.Fatalf("listing %+v, %v", entries, err)
+	}
+	e := entries[0]
+	d.afterRead = func(string) { rewrite([]byte("other")) }
+	if b, err := d.Read(ctx, e, nil); !errors.Is(err, ErrChanged) {
+		t.Fatalf("a file written while it was read: %q, %v; want ErrChanged", b, err)
+	}
+	buf := make([]byte, 2)
+	if err := d.readAt(ctx, Entry{Key: e.Key, Size: e.Size, Tag: e.Tag}, 1, buf); !errors.Is(err, ErrChanged) {
+		t.Fatalf("a shard written while a member was read: %q, %v; want ErrChanged", buf, err)
+	}
+	d.afterRead = nil
+
+	// A pass over a shard: the read after the rewrite fails, with nothing
+	// of it handed on.
+	r, err := d.stream(ctx, Entry{Key: e.Key, Size: e.Size, Tag: e.Tag})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	one := make([]byte, 1)
+	if n, err := r.Read(one); n != 1 || err != nil {
+		t.Fatalf("the first byte: %d, %v", n, err)
+	}
+	rewrite([]byte("xxxxx"))
+	if n, err := r.Read(one); n != 0 || !errors.Is(err, ErrChanged) {
+		t.Fatalf("a read after the shard was rewritten: %d bytes (%q), %v; want none and ErrChanged", n, one[:n], err)
+	}
+}

@@ -25,6 +25,9 @@ type Dir struct {
 	path    string
 	limiter *rate.Limiter
 	listed  *atomic.Int64
+	// afterRead, in tests, runs between a read and its check: a writer
+	// racing the read, on cue.
+	afterRead func(key string)
 }
 
 // OpenDir opens the directory at path. Where says where the directory it
@@ -253,7 +256,28 @@ func (d *Dir) Read(ctx context.Context, e Entry, buf []byte) ([]byte, error) {
 	if int64(n) != size {
 		return nil, fmt.Errorf("read %s: %w (manifest says %d bytes)", key, ErrChanged, size)
 	}
+	if d.afterRead != nil {
+		d.afterRead(key)
+	}
+	if err := unchangedSince(f, fi, key); err != nil {
+		return nil, err
+	}
 	return buf, nil
+}
+
+// unchangedSince fails with ErrChanged when f is no longer the version fi
+// showed before it was read: the size and mtime were checked before the
+// read, so a file rewritten in place while it was read was served torn
+// (half the old bytes, half the new) and kept.
+func unchangedSince(f *os.File, fi os.FileInfo, key string) error {
+	now, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("read %s: %w", key, err)
+	}
+	if !sameVersion(fi, now) {
+		return fmt.Errorf("read %s: %w (written while it was read)", key, ErrChanged)
+	}
+	return nil
 }
 
 // throttle waits until the rate limit (if any) allows reading size bytes.
@@ -308,17 +332,18 @@ func gone(err error) bool {
 }
 
 // openShard opens a shard file that must still be the size it was indexed
-// at: a rewritten shard moves its members.
-func (d *Dir) openShard(shard Entry) (*os.File, error) {
+// at: a rewritten shard moves its members. fi is its fstat, to check the
+// reads against (unchangedSince).
+func (d *Dir) openShard(shard Entry) (*os.File, os.FileInfo, error) {
 	f, fi, err := d.openRegular(shard.Key)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := changed(shard.Key, fi, shard); err != nil {
 		f.Close()
-		return nil, err
+		return nil, nil, err
 	}
-	return f, nil
+	return f, fi, nil
 }
 
 // readAt reads len(buf) bytes at off of a shard file, which must still be
@@ -327,7 +352,7 @@ func (d *Dir) readAt(ctx context.Context, shard Entry, off int64, buf []byte) er
 	if err := d.throttle(ctx, shard.Key, int64(len(buf))); err != nil {
 		return err
 	}
-	f, err := d.openShard(shard)
+	f, fi, err := d.openShard(shard)
 	if err != nil {
 		return err
 	}
@@ -335,27 +360,51 @@ func (d *Dir) readAt(ctx context.Context, shard Entry, off int64, buf []byte) er
 	if _, err := f.ReadAt(buf, off); err != nil {
 		return fmt.Errorf("read %s at %d: %w", shard.Key, off, err)
 	}
-	return nil
+	if d.afterRead != nil {
+		d.afterRead(shard.Key)
+	}
+	return unchangedSince(f, fi, shard.Key)
 }
 
 // stream opens a shard file for one sequential pass; it must still be the
 // size it was indexed at, and the read rate obeys the source's throttle.
 func (d *Dir) stream(ctx context.Context, shard Entry) (io.ReadCloser, error) {
-	f, err := d.openShard(shard)
+	f, fi, err := d.openShard(shard)
 	if err != nil {
 		return nil, err
 	}
+	c := &checkedFile{f: f, fi: fi, key: shard.Key}
 	if d.limiter == nil {
-		return f, nil
+		return c, nil
 	}
-	return &throttledFile{f: f, d: d, ctx: ctx, key: shard.Key}, nil
+	return &throttledFile{f: c, d: d, ctx: ctx, key: shard.Key}, nil
 }
+
+// checkedFile is a shard read in one pass whose every read is checked
+// against the shard's version before its bytes are handed on (one fstat a
+// read: a warm-up reads 256 KiB a time), so a shard rewritten during the pass
+// fails it with ErrChanged instead of handing on members of two versions.
+type checkedFile struct {
+	f   *os.File
+	fi  os.FileInfo
+	key string
+}
+
+func (c *checkedFile) Read(p []byte) (int, error) {
+	n, err := c.f.Read(p)
+	if cerr := unchangedSince(c.f, c.fi, c.key); cerr != nil {
+		return 0, cerr
+	}
+	return n, err
+}
+
+func (c *checkedFile) Close() error { return c.f.Close() }
 
 // throttledFile is a shard read at the source's rate. It offers Read and
 // Close only: an embedded *os.File would also offer WriteTo, which io.Copy
 // prefers and which reads the whole file unthrottled.
 type throttledFile struct {
-	f   *os.File
+	f   *checkedFile
 	d   *Dir
 	ctx context.Context
 	key string

@@ -19,3 +19,9 @@ func lstatAt(_ *os.File, r *os.Root, name string) (fs.FileMode, int64, int64, er
 
 // openedAt: no /proc here; the caller keeps the path it resolved.
 func openedAt(*os.File) (string, string, bool) { return "", "", false }
+
+// sameVersion reports whether two fstats of one open file show the same
+// version of it: size and mtime alike.
+func sameVersion(a, b fs.FileInfo) bool {
+	return a.Size() == b.Size() && a.ModTime().Equal(b.ModTime())
+}

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"strconv"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -47,4 +48,15 @@ func openedAt(f *os.File) (real, fdPath string, ok bool) {
 	fdPath = "/proc/self/fd/" + strconv.Itoa(int(f.Fd()))
 	real, err := os.Readlink(fdPath)
 	return real, fdPath, err == nil
+}
+
+// sameVersion reports whether two fstats of one open file show the same
+// version of it: size, mtime and ctime alike. ctime moves on every write and
+// no user can set it, so a file written while it was read (and its mtime
+// set back, even) shows.
+func sameVersion(a, b fs.FileInfo) bool {
+	sa, okA := a.Sys().(*syscall.Stat_t)
+	sb, okB := b.Sys().(*syscall.Stat_t)
+	return a.Size() == b.Size() && a.ModTime().Equal(b.ModTime()) &&
+		(!okA || !okB || sa.Ctim == sb.Ctim && sa.Ino == sb.Ino)
 }
