@@ -56,8 +56,8 @@ func (c *Control) listSource(ctx context.Context, name, norm string) (_ []source
 	if len(entries) > 1<<31 {
 		return nil, 0, fmt.Errorf("%w: %d items is more than one dataset may hold", ErrBadRequest, len(entries))
 	}
-	if t, ok := src.(*source.Tar); ok {
-		leftOut = t.LeftOut()
+	if l, ok := src.(interface{ LeftOut() int }); ok { // tar members, S3 objects
+		leftOut = l.LeftOut()
 	}
 	return entries, leftOut, nil
 }

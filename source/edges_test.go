@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/minio/minio-go/v7"
 
@@ -76,6 +79,7 @@ func TestS3RegionAndListingBounds(t *testing.T) {
 			t.Fatal(err)
 		}
 		entries, err := src.(*S3).list(ctx, 5)
+		leftOut := src.(*S3).LeftOut()
 		src.Close()
 		if err != nil {
 			t.Fatal(err)
@@ -84,8 +88,8 @@ func TestS3RegionAndListingBounds(t *testing.T) {
 		for _, e := range entries {
 			keys = append(keys, e.Key)
 		}
-		if len(keys) != 2 || keys[0] != "empty" || keys[1] != "five" {
-			t.Fatalf("listed %v under a 5-byte bound, want [empty five]", keys)
+		if len(keys) != 2 || keys[0] != "empty" || keys[1] != "five" || leftOut != 1 {
+			t.Fatalf("listed %v under a 5-byte bound, %d left out; want [empty five] and six left out", keys, leftOut)
 		}
 		want := region
 		if want == "" {
@@ -94,6 +98,35 @@ func TestS3RegionAndListingBounds(t *testing.T) {
 		if got, _ := srv.region.Load().(string); got != want {
 			t.Fatalf("region %q signed as %q, want %q", region, got, want)
 		}
+	}
+}
+
+// A server that lists the same page without end (its continuation token
+// repeated) fails the listing at the first repeated key, instead of growing
+// it for as long as the request lasts.
+func TestS3ListingThatRepeatsItselfFails(t *testing.T) {
+	srv := startFakeS3(t, miniotest.User)
+	srv.Bucket("bkt")
+	objs := map[string][]byte{}
+	for i := range 25 { // three pages of 10
+		objs[fmt.Sprintf("p/d%d/k%02d", i%2, i)] = []byte("x")
+		objs[fmt.Sprintf("p/k%02d", i)] = []byte("x")
+	}
+	srv.Put("bkt", objs)
+	src, err := Open("s3://bkt/p", Options{S3: s3Config(srv, miniotest.User, miniotest.Password)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	entries, err := src.List(context.Background())
+	if err != nil || len(entries) != 50 {
+		t.Fatalf("the listing as it should be: %d entries, %v", len(entries), err)
+	}
+	srv.repeatPage.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if entries, err := src.List(ctx); !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "repeats itself") {
+		t.Fatalf("a listing repeating its first page: %d entries, %v; want ErrUnavailable", len(entries), err)
 	}
 }
 

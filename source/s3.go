@@ -44,7 +44,14 @@ type S3 struct {
 	prefix string // "" or ending in "/"
 	cfg    S3Config
 	listed *atomic.Int64
+	// leftOut counts what the last listing left out: keys that cannot be
+	// keys, objects over the size bound (directory markers are no items).
+	leftOut atomic.Int64
 }
+
+// LeftOut is how many objects the last List left out (keys that cannot be
+// keys, objects over MaxItemSize): they were dropped without a word before.
+func (s *S3) LeftOut() int { return int(s.leftOut.Load()) }
 
 // openS3 opens s3://BUCKET/PREFIX (normalized).
 func openS3(norm string, opt Options) (*S3, error) {
@@ -110,15 +117,23 @@ func (s *S3) List(ctx context.Context) ([]Entry, error) { return s.list(ctx, Max
 
 // list lists objects of at most maxSize bytes (larger ones are left out).
 func (s *S3) list(ctx context.Context, maxSize int64) ([]Entry, error) {
+	s.leftOut.Store(0)
 	var out []Entry
 	var subs []string
+	var keys, prefixes ascending
 	for o := range s.core.ListObjectsIter(ctx, s.bucket, minio.ListObjectsOptions{Prefix: s.prefix}) {
 		if o.Err != nil {
 			return nil, s.storageErr("list", s.prefix, o.Err)
 		}
 		if strings.HasSuffix(o.Key, "/") && o.ETag == "" { // a common prefix
+			if err := prefixes.next(s.bucket, o.Key); err != nil {
+				return nil, err
+			}
 			subs = append(subs, o.Key)
 			continue
+		}
+		if err := keys.next(s.bucket, o.Key); err != nil {
+			return nil, err
 		}
 		if e, ok := s.entry(o, maxSize); ok {
 			out = append(out, e)
@@ -135,9 +150,13 @@ func (s *S3) list(ctx context.Context, maxSize int64) ([]Entry, error) {
 	for _, p := range subs {
 		g.Go(func() error {
 			var part []Entry
+			var keys ascending
 			for o := range s.core.ListObjectsIter(gctx, s.bucket, minio.ListObjectsOptions{Prefix: p, Recursive: true}) {
 				if o.Err != nil {
 					return s.storageErr("list", p, o.Err)
+				}
+				if err := keys.next(s.bucket, o.Key); err != nil {
+					return err
 				}
 				if e, ok := s.entry(o, maxSize); ok {
 					part = append(part, e)
@@ -154,7 +173,29 @@ func (s *S3) list(ctx context.Context, maxSize int64) ([]Entry, error) {
 		return nil, err
 	}
 	slices.SortFunc(out, func(a, b Entry) int { return strings.Compare(a.Key, b.Key) })
+	for i := 1; i < len(out); i++ {
+		// One key listed flat and again under its prefix: the server's
+		// listings disagree, and a manifest's keys name one item each.
+		if out[i].Key == out[i-1].Key {
+			return nil, fmt.Errorf("list s3://%s/%s: %w: %q listed twice", s.bucket, s.prefix, ErrUnavailable, out[i].Key)
+		}
+	}
 	return out, nil
+}
+
+// ascending checks that a listing's keys come in strictly ascending order,
+// as S3 lists them. A server that repeats a page (the same continuation
+// token forever) or a key would otherwise be listed without end, the heap
+// growing with every page (18 MB to 987 MB in 87 s), or give a manifest the
+// same key twice.
+type ascending struct{ last string }
+
+func (a *ascending) next(bucket, key string) error {
+	if a.last != "" && key <= a.last {
+		return fmt.Errorf("list s3://%s: %w: %q listed after %q (the listing repeats itself)", bucket, ErrUnavailable, key, a.last)
+	}
+	a.last = key
+	return nil
 }
 
 // entry turns a listed object into a manifest line, leaving out what cannot
@@ -162,6 +203,9 @@ func (s *S3) list(ctx context.Context, maxSize int64) ([]Entry, error) {
 func (s *S3) entry(o minio.ObjectInfo, maxSize int64) (Entry, bool) {
 	key := strings.TrimPrefix(o.Key, s.prefix)
 	if ValidKey(key) != nil || o.Size < 0 || o.Size > maxSize {
+		if !strings.HasSuffix(o.Key, "/") {
+			s.leftOut.Add(1)
+		}
 		return Entry{}, false
 	}
 	return Entry{Key: key, Size: o.Size, Tag: etagTag(o.ETag)}, true

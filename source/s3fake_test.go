@@ -41,6 +41,9 @@ type fakeS3 struct {
 	// and the whole object, as RFC 9110 allows) or "shifted" (206 with the
 	// range one byte on).
 	rangeAnswer atomic.Value
+	// repeatPage makes every listing page the first, truncated, with the
+	// same continuation token: a listing without end.
+	repeatPage atomic.Bool
 
 	mu      sync.Mutex
 	buckets map[string]map[string]fakeObject
@@ -239,6 +242,9 @@ func (f *fakeS3) list(w http.ResponseWriter, q url.Values, objs map[string]fakeO
 	}
 	slices.Sort(keys)
 	after := q.Get("continuation-token")
+	if f.repeatPage.Load() {
+		after = ""
+	}
 	start, _ := slices.BinarySearch(keys, after)
 	if after != "" && start < len(keys) && keys[start] == after {
 		start++
@@ -248,6 +254,9 @@ func (f *fakeS3) list(w http.ResponseWriter, q url.Values, objs map[string]fakeO
 		MaxKeys: f.page, KeyCount: end - start, IsTruncated: end < len(keys), ContinuationToken: after}
 	if res.IsTruncated {
 		res.NextContinuationToken = keys[end-1]
+	}
+	if f.repeatPage.Load() {
+		res.IsTruncated, res.NextContinuationToken = true, "same"
 	}
 	for _, k := range keys[start:end] {
 		if common[k] {
