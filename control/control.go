@@ -94,6 +94,8 @@ type Control struct {
 	mu sync.Mutex
 	// registrations are the listings this node ran, by dataset name.
 	registrations map[string]*registration
+	// listing counts the source listings running (at most maxListings).
+	listing int
 	// resumed are re-split remainders of interrupted epochs (ResumedOrder);
 	// active is, per job, the one its ranks here asked for last.
 	resumed map[resumeKey]*locality.EpochPlan

@@ -2,6 +2,7 @@ package control
 
 import (
 	"errors"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -155,5 +156,30 @@ func TestConcurrentRefreshesMakeOneVersion(t *testing.T) {
 	if changed != 1 || len(versions) != 1 || !versions[final.Version] || final.Version == first.Version {
 		t.Fatalf("%d of 6 refreshes made a version; they answered versions %v, the dataset is at %d (was %d)",
 			changed, versions, final.Version, first.Version)
+	}
+}
+
+// At most maxListings source listings run at once on the leader; beyond
+// them a registration (or a refresh) answers 503 with Retry-After and
+// records nothing, and goes through once one has ended.
+func TestListingsAtOnceAreBounded(t *testing.T) {
+	c := openLeader(t)
+	dir, _ := dataset(t, 3)
+	for range maxListings { // listings running elsewhere
+		if !c.startListing() {
+			t.Fatal("a listing within the bound was refused")
+		}
+	}
+	_, _, err := c.PutDataset(bg, "ds", dir)
+	if e, ok := errors.AsType[*api.Error](err); !ok || e.Status != http.StatusServiceUnavailable || !e.Retry || c.HasDataset("ds") {
+		t.Fatalf("a registration past the bound: %v (registered: %v); want 503 with Retry-After", err, c.HasDataset("ds"))
+	}
+	c.endListing()
+	if _, _, err := c.PutDataset(bg, "ds", dir); err != nil {
+		t.Fatalf("a registration once a listing ended: %v", err)
+	}
+	c.endListing()
+	if c.listing != 0 {
+		t.Fatalf("%d listings counted after all ended", c.listing)
 	}
 }

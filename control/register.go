@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 	"sync"
 	"time"
@@ -36,6 +37,11 @@ func (c *Control) registerDataset(ctx context.Context, name, spec string) (_ *ca
 // listSource lists a dataset's source (normalized) for its registration,
 // visible at GET .../registration while it runs.
 func (c *Control) listSource(ctx context.Context, name, norm string) (_ []source.Entry, leftOut int, err error) {
+	if !c.startListing() {
+		return nil, 0, &api.Error{Status: http.StatusServiceUnavailable, Retry: true,
+			Message: fmt.Sprintf("%d source listings are running on the raft leader: register again in a moment", maxListings)}
+	}
+	defer c.endListing()
 	reg := c.startRegistration(name)
 	defer func() { reg.end(err) }()
 	src, err := source.Open(norm, source.Options{S3: c.cfg.S3, Progress: &reg.progress})
@@ -206,6 +212,29 @@ const (
 	maxRegistrations = 1024 // names; past it the oldest finished listing is forgotten
 	maxRegErrorLen   = 1024 // bytes of a listing's error kept
 )
+
+// maxListings bounds the source listings that run at once on this node
+// (the leader: every registration and refresh is listed there). A listing
+// holds every key it has listed (hundreds of bytes each) until it ends;
+// beyond the bound a registration answers 503 and Retry-After, which the
+// clients follow.
+const maxListings = 2
+
+func (c *Control) startListing() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.listing >= maxListings {
+		return false
+	}
+	c.listing++
+	return true
+}
+
+func (c *Control) endListing() {
+	c.mu.Lock()
+	c.listing--
+	c.mu.Unlock()
+}
 
 func (c *Control) startRegistration(name string) *registration {
 	r := &registration{start: time.Now()}
