@@ -1,6 +1,7 @@
 package control
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"os"
@@ -181,5 +182,19 @@ func TestListingsAtOnceAreBounded(t *testing.T) {
 	c.endListing()
 	if c.listing != 0 {
 		t.Fatalf("%d listings counted after all ended", c.listing)
+	}
+}
+
+// A --dataset not registered within the start's deadline stops the node
+// with the reason (ErrDatasetFlag), rather than leaving it up and never
+// ready with nothing trying again.
+func TestADatasetFlagPastTheStartsDeadlineStopsTheNode(t *testing.T) {
+	c := openLeader(t)
+	dir, _ := dataset(t, 3)
+	ctx, cancel := context.WithDeadline(bg, time.Now().Add(-time.Second))
+	defer cancel()
+	err := c.RegisterAtStart(ctx, []string{"ds=" + dir})
+	if !errors.Is(err, ErrDatasetFlag) || !strings.Contains(err.Error(), "deadline") || c.HasDataset("ds") {
+		t.Fatalf("a --dataset past the deadline: %v (registered: %v)", err, c.HasDataset("ds"))
 	}
 }

@@ -141,7 +141,7 @@ func sameListing(m *catalog.Manifest, entries []source.Entry) bool {
 // in the request: the API passes it on with its own status.
 func storageFault(err error) bool {
 	return errors.Is(err, source.ErrDenied) || errors.Is(err, source.ErrNotFound) ||
-		errors.Is(err, source.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded)
+		errors.Is(err, source.ErrUnavailable) || errors.Is(err, source.ErrTimeout) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // ErrDatasetFlag marks a --dataset flag that cannot register as given: its
@@ -182,6 +182,11 @@ func (c *Control) RegisterAtStart(ctx context.Context, specs []string) error {
 				// The source, the allow-list or the catalog refused this
 				// flag: waiting will not change that.
 				return fmt.Errorf("--dataset %s: %w: %w", name, ErrDatasetFlag, err)
+			}
+			if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				// Not listed within the start's deadline: a node left up
+				// would never be ready, and nothing would try again.
+				return fmt.Errorf("--dataset %s: %w: not registered within the start's deadline: %w", name, ErrDatasetFlag, err)
 			}
 			if err != nil {
 				return fmt.Errorf("--dataset %s: %w", name, err)

@@ -44,6 +44,9 @@ type fakeS3 struct {
 	// repeatPage makes every listing page the first, truncated, with the
 	// same continuation token: a listing without end.
 	repeatPage atomic.Bool
+	// stallAfter > 0 makes a whole object's GET send that many bytes, then
+	// nothing until the client gives up.
+	stallAfter atomic.Int64
 
 	mu      sync.Mutex
 	buckets map[string]map[string]fakeObject
@@ -185,6 +188,12 @@ func (f *fakeS3) get(w http.ResponseWriter, r *http.Request, o fakeObject) {
 	}
 	h.Set("Content-Length", strconv.Itoa(len(data)))
 	w.WriteHeader(status)
+	if n := f.stallAfter.Load(); n > 0 && status == http.StatusOK && r.Method == http.MethodGet {
+		w.Write(data[:min(int(n), len(data))])
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+		return
+	}
 	if r.Method == http.MethodGet {
 		w.Write(data)
 	}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sync/errgroup"
 )
@@ -56,7 +57,15 @@ type Tar struct {
 	spec     string
 	leftOut  atomic.Int64
 	progress *Progress
+	// idle bounds how long one read of a shard being indexed may make no
+	// progress (0: indexIdle): a shard trickling a byte a second held its
+	// registration until the request's 10-minute deadline.
+	idle time.Duration
 }
+
+// indexIdle is a tar shard index's idle bound: the node's default storage
+// timeout.
+const indexIdle = 30 * time.Second
 
 // Close releases the storage.
 func (t *Tar) Close() error { return t.shards.Close() }
@@ -144,12 +153,20 @@ func dropClashes(shards []Entry, members [][]Entry, left []int) {
 
 // index reads one shard's headers.
 func (t *Tar) index(ctx context.Context, shard Entry) ([]Entry, int, error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	rc, err := t.shards.open(ctx, shard)
 	if err != nil {
 		return nil, 0, err
 	}
 	defer rc.Close()
-	cr := &countingReader{r: rc}
+	idle := t.idle
+	if idle <= 0 {
+		idle = indexIdle
+	}
+	watchdog := time.AfterFunc(idle, func() { cancel(ErrTimeout) })
+	defer watchdog.Stop()
+	cr := &countingReader{r: rc, progress: func() { watchdog.Reset(idle) }}
 	if s, ok := rc.(io.Seeker); ok {
 		cr.s = s
 	}
@@ -163,6 +180,9 @@ func (t *Tar) index(ctx context.Context, shard Entry) ([]Entry, int, error) {
 			return out, left, nil
 		}
 		if err != nil {
+			if errors.Is(context.Cause(ctx), ErrTimeout) {
+				return nil, 0, fmt.Errorf("index %s: no byte for %v at byte %d: %w", shard.Key, idle, cr.pos, ErrTimeout)
+			}
 			if ctx.Err() != nil {
 				return nil, 0, ctx.Err()
 			}
@@ -238,14 +258,18 @@ func (t *Tar) Stream(ctx context.Context, shard Entry) (io.ReadCloser, error) {
 // where the member's data starts (archive/tar reads whole blocks, no more).
 // It seeks only when the reader below can.
 type countingReader struct {
-	r   io.Reader
-	s   io.Seeker
-	pos int64
+	r        io.Reader
+	s        io.Seeker
+	pos      int64
+	progress func() // after a read that gave bytes
 }
 
 func (c *countingReader) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
 	c.pos += int64(n)
+	if n > 0 && c.progress != nil {
+		c.progress()
+	}
 	return n, err
 }
 

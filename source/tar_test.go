@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"stallfree/miniotest"
 )
@@ -317,6 +318,32 @@ func TestTarS3RangeAnswersAreChecked(t *testing.T) {
 		if got, err := src.Read(context.Background(), e, nil); !errors.Is(err, ErrUnavailable) {
 			t.Fatalf("a range answered %s: %q, %v; want ErrUnavailable", mode, got, err)
 		}
+	}
+}
+
+// A shard that stops sending while it is indexed fails its registration
+// once one read has made no progress for the idle bound, not at the
+// request's deadline.
+func TestTarS3IndexOfAStalledShardTimesOut(t *testing.T) {
+	root, _ := shardsDir(t)
+	srv := startFakeS3(t, miniotest.User)
+	srv.Bucket("wds")
+	b, err := os.ReadFile(filepath.Join(root, "b.tar"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Put("wds", map[string][]byte{"b.tar": b})
+	src, err := Open("tar+s3://wds", Options{S3: s3Config(srv, miniotest.User, miniotest.Password)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	src.(*Tar).idle = 100 * time.Millisecond
+	srv.stallAfter.Store(700) // past the first header
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if entries, err := src.List(ctx); !errors.Is(err, ErrTimeout) || ctx.Err() != nil {
+		t.Fatalf("indexing a stalled shard: %d entries, %v (deadline: %v); want ErrTimeout before the deadline", len(entries), err, ctx.Err())
 	}
 }
 

@@ -375,7 +375,9 @@ func run(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if len(datasets) > 0 {
-		rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		// As long as a registration through the API may take; a listing
+		// that makes no progress fails sooner (a tar shard's index after 30 s).
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 		err := n.Control().RegisterAtStart(rctx, datasets)
 		cancel()
 		if errors.Is(err, control.ErrDatasetFlag) {
