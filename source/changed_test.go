@@ -121,16 +121,8 @@ func TestDirFilesGoneSinceListingAreChanged(t *testing.T) {
 	if err := os.WriteFile(outside, []byte("bytes"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	d, err := OpenDir(root, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	d, entries := listedDir(t, root, 4)
 	ctx := context.Background()
-	entries, err := d.List(ctx)
-	if err != nil || len(entries) != 4 {
-		t.Fatalf("listing %+v, %v", entries, err)
-	}
 	for _, change := range []func() error{
 		func() error { return os.Remove(filepath.Join(root, "deleted.bin")) },
 		func() error {
@@ -189,16 +181,8 @@ func TestAFileWrittenWhileItIsReadIsChanged(t *testing.T) {
 	if err := os.Chtimes(path, then, then); err != nil {
 		t.Fatal(err)
 	}
-	d, err := OpenDir(root, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	d, entries := listedDir(t, root, 1)
 	ctx := context.Background()
-	entries, err := d.List(ctx)
-	if err != nil || len(entries) != 1 {
-		t.Fatalf("listing %+v, %v", entries, err)
-	}
 	e := entries[0]
 	d.afterRead = func(string) { rewrite([]byte("other")) }
 	if b, err := d.Read(ctx, e, nil); !errors.Is(err, ErrChanged) {
@@ -225,4 +209,19 @@ func TestAFileWrittenWhileItIsReadIsChanged(t *testing.T) {
 	if n, err := r.Read(one); n != 0 || !errors.Is(err, ErrChanged) {
 		t.Fatalf("a read after the shard was rewritten: %d bytes (%q), %v; want none and ErrChanged", n, one[:n], err)
 	}
+}
+
+// listedDir opens root (closed when the test ends) and lists it: n entries.
+func listedDir(t *testing.T, root string, n int) (*Dir, []Entry) {
+	t.Helper()
+	d, err := OpenDir(root, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	entries, err := d.List(context.Background())
+	if err != nil || len(entries) != n {
+		t.Fatalf("listing %+v, %v; want %d entries", entries, err, n)
+	}
+	return d, entries
 }

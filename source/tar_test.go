@@ -291,19 +291,7 @@ func testTarS3ListsAndReadsMembers(t *testing.T, srv s3Backend) {
 // range: a member read so is refused, not served as the bytes at its
 // offset (the shard's own header as a JPEG, and kept).
 func TestTarS3RangeAnswersAreChecked(t *testing.T) {
-	root, _ := shardsDir(t)
-	srv := startFakeS3(t, miniotest.User)
-	srv.Bucket("wds")
-	b, err := os.ReadFile(filepath.Join(root, "b.tar"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.Put("wds", map[string][]byte{"b.tar": b})
-	src, err := Open("tar+s3://wds", Options{S3: s3Config(srv, miniotest.User, miniotest.Password)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
+	srv, src, b := oneShardOnFakeS3(t)
 	entries, err := src.List(context.Background())
 	if err != nil || len(entries) == 0 {
 		t.Fatalf("list: %d entries, %v", len(entries), err)
@@ -325,6 +313,20 @@ func TestTarS3RangeAnswersAreChecked(t *testing.T) {
 // once one read has made no progress for the idle bound, not at the
 // request's deadline.
 func TestTarS3IndexOfAStalledShardTimesOut(t *testing.T) {
+	srv, src, _ := oneShardOnFakeS3(t)
+	src.(*Tar).idle = 100 * time.Millisecond
+	srv.stallAfter.Store(700) // past the first header
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if entries, err := src.List(ctx); !errors.Is(err, ErrTimeout) || ctx.Err() != nil {
+		t.Fatalf("indexing a stalled shard: %d entries, %v (deadline: %v); want ErrTimeout before the deadline", len(entries), err, ctx.Err())
+	}
+}
+
+// oneShardOnFakeS3 serves shardsDir's b.tar as the one shard of
+// tar+s3://wds, opened (closed when the test ends); b is its bytes.
+func oneShardOnFakeS3(t *testing.T) (*fakeS3, Source, []byte) {
+	t.Helper()
 	root, _ := shardsDir(t)
 	srv := startFakeS3(t, miniotest.User)
 	srv.Bucket("wds")
@@ -337,14 +339,8 @@ func TestTarS3IndexOfAStalledShardTimesOut(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer src.Close()
-	src.(*Tar).idle = 100 * time.Millisecond
-	srv.stallAfter.Store(700) // past the first header
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if entries, err := src.List(ctx); !errors.Is(err, ErrTimeout) || ctx.Err() != nil {
-		t.Fatalf("indexing a stalled shard: %d entries, %v (deadline: %v); want ErrTimeout before the deadline", len(entries), err, ctx.Err())
-	}
+	t.Cleanup(func() { src.Close() })
+	return srv, src, b
 }
 
 // openTarDir opens the shards under root, closed when the test ends.
