@@ -439,10 +439,9 @@ func (c *Catalog) RegisterDataset(name, src string, entries []source.Entry, left
 // it), its quota kept, the datasets derived from it deleted. A dataset not
 // registered yet is registered; another source under the name is
 // ErrConflict, and so is a derived dataset. from is the version the
-// listing was compared with (0: any): when the name holds another by the
-// time the new one would begin or commit, nothing is recorded and the error
-// is ErrMoved, or ErrNotFound when the name was deleted meanwhile. Must run
-// on the leader.
+// listing was compared with (0: any): when the name holds another by then,
+// nothing is recorded and the error is ErrMoved, or ErrNotFound when the
+// name was deleted meanwhile. Must run on the leader.
 func (c *Catalog) RefreshDataset(name, src string, from uint64, entries []source.Entry, leftOut int) (*Dataset, error) {
 	d, _, err := c.register(name, src, entries, leftOut, true, from)
 	return d, err
@@ -451,8 +450,20 @@ func (c *Catalog) RefreshDataset(name, src string, from uint64, entries []source
 func (c *Catalog) register(name, src string, entries []source.Entry, leftOut int, refresh bool, from uint64) (*Dataset, bool, error) {
 	c.mu.Lock() // one registration at a time keeps chunk streams from interleaving
 	defer c.mu.Unlock()
+	// Checked here, on the leader, under the lock every registration and
+	// delete takes, and not in the log's apply: nodes of a version before
+	// this check apply the same entries alike during an upgrade.
+	if refresh && from != 0 {
+		d, ok := c.dataset(name)
+		if !ok {
+			return nil, false, fmt.Errorf("%w: dataset %q was deleted while its source was listed again", ErrNotFound, name)
+		}
+		if d.Version != from {
+			return nil, false, fmt.Errorf("%w: dataset %q is at version %d, not the %d its source was listed against", ErrMoved, name, d.Version, from)
+		}
+	}
 	token := newToken()
-	res, err := c.apply(&command{Op: opBegin, Name: name, Source: src, Token: token, Count: len(entries), Refresh: refresh, From: from})
+	res, err := c.apply(&command{Op: opBegin, Name: name, Source: src, Token: token, Count: len(entries), Refresh: refresh})
 	if err != nil {
 		return nil, false, err
 	}
@@ -491,8 +502,12 @@ func (c *Catalog) DeriveDataset(name, parent, stage string) (*Dataset, bool, err
 }
 
 // DeleteDataset removes a dataset (and the datasets derived from it). Must
-// run on the leader.
+// run on the leader. It waits for a registration in flight (the lock): a
+// refresh that began is committed, then deleted, and one that lists
+// meanwhile finds the name gone.
 func (c *Catalog) DeleteDataset(name string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	_, err := c.apply(&command{Op: opDeleteDataset, Name: name})
 	return err
 }

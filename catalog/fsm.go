@@ -132,12 +132,6 @@ type command struct {
 	// start a new version of it (a fresh listing under a new ID) instead
 	// of returning the existing one.
 	Refresh bool `msgpack:"refresh,omitempty"`
-	// From is the version a refresh compared its listing with: its begin
-	// and commit apply only while that version is the registered one, so
-	// a refresh racing a delete cannot bring the name back (without its
-	// quota), nor two refreshes make two versions. 0 (entries of before):
-	// unchecked.
-	From uint64 `msgpack:"from,omitempty"`
 }
 
 type pending struct {
@@ -146,8 +140,6 @@ type pending struct {
 	Token    string    `msgpack:"token"`
 	Count    int       `msgpack:"count"`
 	Manifest *Manifest `msgpack:"manifest"`
-	// From is a refresh's command.From, checked again at its commit.
-	From uint64 `msgpack:"from,omitempty"`
 }
 
 type state struct {
@@ -218,20 +210,6 @@ func (f *fsm) Apply(l *raft.Log) any {
 // for a long time.
 const largeRegistration = 100_000
 
-// refreshedFrom checks that a refresh listed against version from is
-// still what the name holds (d, when exists).
-func refreshedFrom(name string, d *Dataset, exists, refresh bool, from uint64) error {
-	switch {
-	case !refresh || from == 0:
-		return nil
-	case !exists:
-		return fmt.Errorf("%w: dataset %q was deleted while its source was listed again", ErrNotFound, name)
-	case d.Version != from:
-		return fmt.Errorf("%w: dataset %q is at version %d, not the %d its source was listed against", ErrMoved, name, d.Version, from)
-	}
-	return nil
-}
-
 func (f *fsm) apply(index uint64, c *command) any {
 	st := f.st
 	switch c.Op {
@@ -246,11 +224,8 @@ func (f *fsm) apply(index uint64, c *command) any {
 		if exists && !c.Refresh {
 			return beginResult{existing: d}
 		}
-		if err := refreshedFrom(c.Name, d, exists, c.Refresh, c.From); err != nil {
-			return err
-		}
 		// A newer registration of the same name supersedes an abandoned one.
-		p := &pending{Source: c.Source, Token: c.Token, Count: c.Count, Manifest: &Manifest{}, From: c.From}
+		p := &pending{Source: c.Source, Token: c.Token, Count: c.Count, Manifest: &Manifest{}}
 		if exists {
 			// A refresh is a new version under a new ID: items cached under
 			// the old one (old bytes, old indices) can never be taken for it.
@@ -283,11 +258,6 @@ func (f *fsm) apply(index uint64, c *command) any {
 			return fmt.Errorf("catalog: %q manifest has %d of %d entries", c.Name, p.Manifest.Len(), p.Count)
 		}
 		delete(st.Pending, c.Name)
-		if old, ok := st.Datasets[c.Name]; p.From != 0 {
-			if err := refreshedFrom(c.Name, old, ok, true, p.From); err != nil {
-				return err
-			}
-		}
 		p.Manifest.seal()
 		d := &Dataset{ID: p.ID, Name: c.Name, Source: p.Source, Version: index, Manifest: p.Manifest}
 		if old, ok := st.Datasets[c.Name]; ok { // a refresh replaces the version it began from
@@ -308,9 +278,6 @@ func (f *fsm) apply(index uint64, c *command) any {
 			return fmt.Errorf("%w: dataset %q", ErrNotFound, c.Name)
 		}
 		delete(st.Datasets, c.Name)
-		if p, ok := st.Pending[c.Name]; ok && p.From != 0 {
-			delete(st.Pending, c.Name) // a refresh of what is gone
-		}
 		// A derived dataset is the parent's keys and nothing else: it goes
 		// with it.
 		for name, d := range st.Datasets {

@@ -137,8 +137,15 @@ func TestConcurrentRefreshesMakeOneVersion(t *testing.T) {
 	for range cap(results) {
 		go func() {
 			<-start
-			d, changed, err := c.RefreshDataset(bg, "ds", "")
-			results <- result{d, changed, err}
+			for {
+				d, changed, err := c.RefreshDataset(bg, "ds", "")
+				if e, ok := errors.AsType[*api.Error](err); ok && e.Retry {
+					time.Sleep(10 * time.Millisecond) // past the listings at once, as the clients do
+					continue
+				}
+				results <- result{d, changed, err}
+				return
+			}
 		}()
 	}
 	close(start)
@@ -174,6 +181,13 @@ func TestListingsAtOnceAreBounded(t *testing.T) {
 	_, _, err := c.PutDataset(bg, "ds", dir)
 	if e, ok := errors.AsType[*api.Error](err); !ok || e.Status != http.StatusServiceUnavailable || !e.Retry || c.HasDataset("ds") {
 		t.Fatalf("a registration past the bound: %v (registered: %v); want 503 with Retry-After", err, c.HasDataset("ds"))
+	}
+	// A --dataset at start waits for a listing to end rather than stopping
+	// the node: within its deadline, it is still waiting.
+	ctx, cancel := context.WithTimeout(bg, 300*time.Millisecond)
+	defer cancel()
+	if err := c.RegisterAtStart(ctx, []string{"flag=" + dir}); !strings.Contains(err.Error(), "within the start's deadline") || c.HasDataset("flag") {
+		t.Fatalf("a --dataset while listings are at their bound: %v; want it to wait until its deadline", err)
 	}
 	c.endListing()
 	if _, _, err := c.PutDataset(bg, "ds", dir); err != nil {

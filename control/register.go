@@ -170,9 +170,13 @@ func (c *Control) RegisterAtStart(ctx context.Context, specs []string) error {
 				}
 			}
 			d, created, err := c.registerDataset(ctx, name, src)
-			if errors.Is(err, catalog.ErrNoLeader) || errors.Is(err, catalog.ErrNotLeader) {
-				select { // leadership is settling
+			if e, busy := errors.AsType[*api.Error](err); errors.Is(err, catalog.ErrNoLeader) || errors.Is(err, catalog.ErrNotLeader) ||
+				busy && e.Retry {
+				select { // leadership is settling, or listings are running at their bound
 				case <-ctx.Done():
+					if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+						return fmt.Errorf("--dataset %s: %w: not registered within the start's deadline: %w", name, ErrDatasetFlag, err)
+					}
 					return fmt.Errorf("--dataset %s: %w", name, err)
 				case <-time.After(20 * time.Millisecond):
 				}
