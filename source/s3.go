@@ -120,7 +120,7 @@ func (s *S3) list(ctx context.Context, maxSize int64) ([]Entry, error) {
 	s.leftOut.Store(0)
 	var out []Entry
 	var subs []string
-	var keys, prefixes ascending
+	keys, prefixes := once{}, once{}
 	for o := range s.core.ListObjectsIter(ctx, s.bucket, minio.ListObjectsOptions{Prefix: s.prefix}) {
 		if o.Err != nil {
 			return nil, s.storageErr("list", s.prefix, o.Err)
@@ -150,7 +150,7 @@ func (s *S3) list(ctx context.Context, maxSize int64) ([]Entry, error) {
 	for _, p := range subs {
 		g.Go(func() error {
 			var part []Entry
-			var keys ascending
+			keys := once{}
 			for o := range s.core.ListObjectsIter(gctx, s.bucket, minio.ListObjectsOptions{Prefix: p, Recursive: true}) {
 				if o.Err != nil {
 					return s.storageErr("list", p, o.Err)
@@ -183,18 +183,19 @@ func (s *S3) list(ctx context.Context, maxSize int64) ([]Entry, error) {
 	return out, nil
 }
 
-// ascending checks that a listing's keys come in strictly ascending order,
-// as S3 lists them. A server that repeats a page (the same continuation
-// token forever) or a key would otherwise be listed without end, the heap
-// growing with every page (18 MB to 987 MB in 87 s), or give a manifest the
-// same key twice.
-type ascending struct{ last string }
+// once checks that a listing names each key once. A server that repeats a
+// page (the same continuation token forever) would otherwise be listed
+// without end, the heap growing with every page (18 MB to 987 MB in 87 s),
+// and one that repeats a key would give a manifest the same key twice.
+// (Not an order check: S3 Express directory buckets and servers that walk a
+// file tree list keys out of byte order.)
+type once map[string]struct{}
 
-func (a *ascending) next(bucket, key string) error {
-	if a.last != "" && key <= a.last {
-		return fmt.Errorf("list s3://%s: %w: %q listed after %q (the listing repeats itself)", bucket, ErrUnavailable, key, a.last)
+func (o once) next(bucket, key string) error {
+	if _, again := o[key]; again {
+		return fmt.Errorf("list s3://%s: %w: %q listed twice (the listing repeats itself)", bucket, ErrUnavailable, key)
 	}
-	a.last = key
+	o[key] = struct{}{}
 	return nil
 }
 
