@@ -184,7 +184,7 @@ func Join(cfg Config) (*Membership, error) {
 	// A node restarted in a container gets a new IP under the same name.
 	mc.DeadNodeReclaimTime = 10 * time.Second
 	mc.Logger = logbridge.Memberlist(cfg.Logger)
-	tr, err := newStreamTransport(host, port, len(cfg.SecretKey) > 0, mc.TCPTimeout, mc.Logger, cfg.Logger)
+	tr, err := newStreamTransport(host, port, len(cfg.SecretKey) > 0, mc.Logger, cfg.Logger)
 	if err != nil {
 		return nil, fmt.Errorf("membership: binding --gossip %s: %w", cfg.Bind, err)
 	}
