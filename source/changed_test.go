@@ -156,12 +156,14 @@ func TestDirFilesGoneSinceListingAreChanged(t *testing.T) {
 // not handed on: its size and mtime were checked before the read, so a
 // rewrite in place during it was served torn, half of each version, and
 // kept. Each read is checked against the fstat taken before it (ctime,
-// which no user can set, moves on every write).
+// which no user can set, moves on every write). A chmod during a read (the
+// ctime moves too) is read again and served; a pass over a shard, which
+// cannot be read again, goes on over one.
 func TestAFileWrittenWhileItIsReadIsChanged(t *testing.T) {
 	root := t.TempDir()
 	path := filepath.Join(root, "a.bin")
 	then := time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)
-	rewrite := func(b []byte) {
+	write := func(b []byte) {
 		t.Helper()
 		f, err := os.OpenFile(path, os.O_WRONLY, 0) // in place: the open file is this one
 		if err != nil {
@@ -171,8 +173,20 @@ func TestAFileWrittenWhileItIsReadIsChanged(t *testing.T) {
 			t.Fatal(err)
 		}
 		f.Close()
+	}
+	rewrite := func(b []byte) {
+		t.Helper()
+		write(b)
 		if err := os.Chtimes(path, then, then); err != nil { // the mtime put back
 			t.Fatal(err)
+		}
+	}
+	chmods := 0
+	chmod := func(string) {
+		if chmods++; chmods == 1 {
+			if err := os.Chmod(path, 0o600); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	if err := os.WriteFile(path, []byte("first"), 0o644); err != nil {
@@ -192,10 +206,14 @@ func TestAFileWrittenWhileItIsReadIsChanged(t *testing.T) {
 	if err := d.readAt(ctx, Entry{Key: e.Key, Size: e.Size, Tag: e.Tag}, 1, buf); !errors.Is(err, ErrChanged) {
 		t.Fatalf("a shard written while a member was read: %q, %v; want ErrChanged", buf, err)
 	}
+	d.afterRead = chmod
+	if b, err := d.Read(ctx, e, nil); err != nil || string(b) != "other" || chmods != 2 {
+		t.Fatalf("a file chmod-ed while it was read: %q, %v after %d reads; want its bytes after 2", b, err, chmods)
+	}
 	d.afterRead = nil
 
-	// A pass over a shard: the read after the rewrite fails, with nothing
-	// of it handed on.
+	// A pass over a shard: a chmod does not stop it; the read after a write
+	// fails, with nothing of it handed on.
 	r, err := d.stream(ctx, Entry{Key: e.Key, Size: e.Size, Tag: e.Tag})
 	if err != nil {
 		t.Fatal(err)
@@ -205,7 +223,13 @@ func TestAFileWrittenWhileItIsReadIsChanged(t *testing.T) {
 	if n, err := r.Read(one); n != 1 || err != nil {
 		t.Fatalf("the first byte: %d, %v", n, err)
 	}
-	rewrite([]byte("xxxxx"))
+	if err := os.Chmod(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r.Read(one); n != 1 || err != nil {
+		t.Fatalf("a read after a chmod: %d, %v", n, err)
+	}
+	write([]byte("xxxxx")) // a new mtime
 	if n, err := r.Read(one); n != 0 || !errors.Is(err, ErrChanged) {
 		t.Fatalf("a read after the shard was rewritten: %d bytes (%q), %v; want none and ErrChanged", n, one[:n], err)
 	}

@@ -220,8 +220,19 @@ func (d *Dir) Check(_ context.Context, e Entry) error {
 }
 
 // Read returns the file's bytes and fails with ErrChanged when its size or
-// mtime no longer matches the manifest.
+// mtime no longer matches the manifest, or when it was written while it was
+// read. A read during which only the ctime moved (a chmod, a chown, a link,
+// or a write with its mtime set back) is read once more: the second must
+// see nothing move.
 func (d *Dir) Read(ctx context.Context, e Entry, buf []byte) ([]byte, error) {
+	b, err := d.readOnce(ctx, e, buf)
+	if errors.Is(err, errAttrsMoved) {
+		b, err = d.readOnce(ctx, e, buf)
+	}
+	return b, err
+}
+
+func (d *Dir) readOnce(ctx context.Context, e Entry, buf []byte) ([]byte, error) {
 	key, size := e.Key, e.Size
 	if err := ValidKey(key); err != nil {
 		return nil, err
@@ -268,17 +279,24 @@ func (d *Dir) Read(ctx context.Context, e Entry, buf []byte) ([]byte, error) {
 // unchangedSince fails with ErrChanged when f is no longer the version fi
 // showed before it was read: the size and mtime were checked before the
 // read, so a file rewritten in place while it was read was served torn
-// (half the old bytes, half the new) and kept.
+// (half the old bytes, half the new) and kept. When only its ctime moved,
+// the error is also errAttrsMoved.
 func unchangedSince(f *os.File, fi os.FileInfo, key string) error {
 	now, err := f.Stat()
 	if err != nil {
 		return fmt.Errorf("read %s: %w", key, err)
 	}
-	if !sameVersion(fi, now) {
+	if same, attrsOnly := sameVersion(fi, now); attrsOnly {
+		return fmt.Errorf("read %s: %w: %w", key, ErrChanged, errAttrsMoved)
+	} else if !same {
 		return fmt.Errorf("read %s: %w (written while it was read)", key, ErrChanged)
 	}
 	return nil
 }
+
+// errAttrsMoved: only a file's ctime (or inode) moved while it was read:
+// written with its mtime set back, or just chmod-ed, chown-ed or linked.
+var errAttrsMoved = errors.New("its ctime moved while it was read (written, or its attributes changed)")
 
 // throttle waits until the rate limit (if any) allows reading size bytes.
 func (d *Dir) throttle(ctx context.Context, key string, size int64) error {
@@ -349,6 +367,14 @@ func (d *Dir) openShard(shard Entry) (*os.File, os.FileInfo, error) {
 // readAt reads len(buf) bytes at off of a shard file, which must still be
 // the size it was indexed at (a rewritten shard moves its members).
 func (d *Dir) readAt(ctx context.Context, shard Entry, off int64, buf []byte) error {
+	err := d.readAtOnce(ctx, shard, off, buf)
+	if errors.Is(err, errAttrsMoved) { // once more, as Read does
+		err = d.readAtOnce(ctx, shard, off, buf)
+	}
+	return err
+}
+
+func (d *Dir) readAtOnce(ctx context.Context, shard Entry, off int64, buf []byte) error {
 	if err := d.throttle(ctx, shard.Key, int64(len(buf))); err != nil {
 		return err
 	}
@@ -383,7 +409,10 @@ func (d *Dir) stream(ctx context.Context, shard Entry) (io.ReadCloser, error) {
 // checkedFile is a shard read in one pass whose every read is checked
 // against the shard's version before its bytes are handed on (one fstat a
 // read: a warm-up reads 256 KiB a time), so a shard rewritten during the pass
-// fails it with ErrChanged instead of handing on members of two versions.
+// fails it with ErrChanged instead of handing on members of two versions. A
+// pass cannot be read again, so a move of the ctime alone (a chmod of the
+// shard during a pass of minutes) does not fail it; a write with the mtime
+// set back during a pass goes unseen.
 type checkedFile struct {
 	f   *os.File
 	fi  os.FileInfo
@@ -392,7 +421,7 @@ type checkedFile struct {
 
 func (c *checkedFile) Read(p []byte) (int, error) {
 	n, err := c.f.Read(p)
-	if cerr := unchangedSince(c.f, c.fi, c.key); cerr != nil {
+	if cerr := unchangedSince(c.f, c.fi, c.key); cerr != nil && !errors.Is(cerr, errAttrsMoved) {
 		return 0, cerr
 	}
 	return n, err

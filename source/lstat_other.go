@@ -22,6 +22,6 @@ func openedAt(*os.File) (string, string, bool) { return "", "", false }
 
 // sameVersion reports whether two fstats of one open file show the same
 // version of it: size and mtime alike.
-func sameVersion(a, b fs.FileInfo) bool {
-	return a.Size() == b.Size() && a.ModTime().Equal(b.ModTime())
+func sameVersion(a, b fs.FileInfo) (same, attrsOnly bool) {
+	return a.Size() == b.Size() && a.ModTime().Equal(b.ModTime()), false
 }

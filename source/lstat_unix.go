@@ -53,10 +53,16 @@ func openedAt(f *os.File) (real, fdPath string, ok bool) {
 // sameVersion reports whether two fstats of one open file show the same
 // version of it: size, mtime and ctime alike. ctime moves on every write and
 // no user can set it, so a file written while it was read (and its mtime
-// set back, even) shows.
-func sameVersion(a, b fs.FileInfo) bool {
+// set back, even) shows; but it also moves on a chmod, a chown or a link,
+// so attrsOnly says when only it (or the inode) differs.
+func sameVersion(a, b fs.FileInfo) (same, attrsOnly bool) {
+	if a.Size() != b.Size() || !a.ModTime().Equal(b.ModTime()) {
+		return false, false
+	}
 	sa, okA := a.Sys().(*syscall.Stat_t)
 	sb, okB := b.Sys().(*syscall.Stat_t)
-	return a.Size() == b.Size() && a.ModTime().Equal(b.ModTime()) &&
-		(!okA || !okB || sa.Ctim == sb.Ctim && sa.Ino == sb.Ino)
+	if !okA || !okB || sa.Ctim == sb.Ctim && sa.Ino == sb.Ino {
+		return true, false
+	}
+	return false, true
 }
