@@ -1258,8 +1258,11 @@ func TestRepairGivesUpOnAFrozenSource(t *testing.T) {
 	if len(cat.holders) != 0 || s.Stats().Rereplicated != 0 {
 		t.Fatalf("a copy that never answered was recorded: %v", cat.holders)
 	}
-	if got, want := copyDeadline(3<<30, 30*time.Second), 30*time.Second+1537*time.Second; got != want {
-		t.Fatalf("the deadline of a 3 GiB part: %v, want %v", got, want)
+	if got, want := copyDeadline(256<<20, 30*time.Second), 30*time.Second+129*time.Second; got != want {
+		t.Fatalf("the deadline of a 256 MiB part: %v, want %v", got, want)
+	}
+	if got := copyDeadline(3<<30, 30*time.Second); got != maxCopyTime {
+		t.Fatalf("the deadline of a 3 GiB part: %v, want at most %v", got, maxCopyTime)
 	}
 }
 

@@ -215,10 +215,14 @@ const minCopyRate = 4 << 20 // bytes per second
 
 // copyDeadline is the time a repair of a part of size bytes may take: the
 // peer idle time, and the bytes sent at most twice (to two targets, from
-// the persisted copy) at minCopyRate.
+// the persisted copy) at minCopyRate; never more than maxCopyTime, the
+// bound all repairs had before, since one frozen member holds the others
+// for as long.
 func copyDeadline(size int64, idle time.Duration) time.Duration {
-	return idle + time.Duration(2*max(size, 0)/minCopyRate+1)*time.Second
+	return min(idle+time.Duration(2*max(size, 0)/minCopyRate+1)*time.Second, maxCopyTime)
 }
+
+const maxCopyTime = 10 * time.Minute
 
 // copyBetween has member src send its copy of a part to member dst.
 func (s *Service) copyBetween(ctx context.Context, name string, step uint64, part, src, dst string) error {
