@@ -58,8 +58,9 @@ type Tar struct {
 	leftOut  atomic.Int64
 	progress *Progress
 	// idle bounds how long one read of a shard being indexed may make no
-	// progress (0: indexIdle): a shard trickling a byte a second held its
-	// registration until the request's 10-minute deadline.
+	// progress (0: indexIdle): a shard that stopped sending held its
+	// registration until the request's 10-minute deadline. (One that sends
+	// a byte now and then still may: the registration's deadline bounds it.)
 	idle time.Duration
 }
 
