@@ -47,6 +47,12 @@ type fakeS3 struct {
 	// stallAfter > 0 makes a whole object's GET send that many bytes, then
 	// nothing until the client gives up.
 	stallAfter atomic.Int64
+	// wholeExtra bytes are added to a whole object's GET, its ETag kept:
+	// a body of another length than listed.
+	wholeExtra atomic.Int64
+	// trickle sends a whole object's GET in pieces of 256 bytes this far
+	// apart.
+	trickle atomic.Int64 // a time.Duration
 
 	mu      sync.Mutex
 	buckets map[string]map[string]fakeObject
@@ -186,8 +192,19 @@ func (f *fakeS3) get(w http.ResponseWriter, r *http.Request, o fakeObject) {
 			h.Del("Content-Range")
 		}
 	}
+	if n := f.wholeExtra.Load(); n > 0 && status == http.StatusOK {
+		data = append(slices.Clip(data), make([]byte, n)...)
+	}
 	h.Set("Content-Length", strconv.Itoa(len(data)))
 	w.WriteHeader(status)
+	if gap := time.Duration(f.trickle.Load()); gap > 0 && status == http.StatusOK && r.Method == http.MethodGet {
+		for off := 0; off < len(data); off += 256 {
+			w.Write(data[off:min(off+256, len(data))])
+			w.(http.Flusher).Flush()
+			time.Sleep(gap)
+		}
+		return
+	}
 	if n := f.stallAfter.Load(); n > 0 && status == http.StatusOK && r.Method == http.MethodGet {
 		w.Write(data[:min(int(n), len(data))])
 		w.(http.Flusher).Flush()

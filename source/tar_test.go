@@ -314,12 +314,37 @@ func TestTarS3RangeAnswersAreChecked(t *testing.T) {
 // request's deadline.
 func TestTarS3IndexOfAStalledShardTimesOut(t *testing.T) {
 	srv, src, _ := oneShardOnFakeS3(t)
-	src.(*Tar).idle = 100 * time.Millisecond
+	src.(*Tar).idle = 300 * time.Millisecond
 	srv.stallAfter.Store(700) // past the first header
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if entries, err := src.List(ctx); !errors.Is(err, ErrTimeout) || ctx.Err() != nil {
 		t.Fatalf("indexing a stalled shard: %d entries, %v (deadline: %v); want ErrTimeout before the deadline", len(entries), err, ctx.Err())
+	}
+	// One that keeps sending, more slowly in all than the idle bound, is
+	// indexed whole: the bound is on each read.
+	srv.stallAfter.Store(0)
+	srv.trickle.Store(int64(20 * time.Millisecond))
+	if entries, err := src.List(ctx); err != nil || len(entries) == 0 {
+		t.Fatalf("indexing a slow shard: %d entries, %v", len(entries), err)
+	}
+}
+
+// A shard whose whole GET has another length than listed (its ETag the
+// same) is another object: refused, not indexed or streamed as the shard.
+func TestTarS3WholeShardOfAnotherLengthIsChanged(t *testing.T) {
+	srv, src, _ := oneShardOnFakeS3(t)
+	entries, err := src.List(context.Background())
+	if err != nil || len(entries) == 0 {
+		t.Fatalf("list: %d entries, %v", len(entries), err)
+	}
+	srv.wholeExtra.Store(512)
+	if _, err := src.List(context.Background()); !errors.Is(err, ErrChanged) {
+		t.Fatalf("indexing a shard answered with 512 bytes more: %v; want ErrChanged", err)
+	}
+	shard := Entry{Key: entries[0].Shard, Size: entries[0].ShardSize, Tag: entries[0].Tag}
+	if _, err := src.(*Tar).Stream(context.Background(), shard); !errors.Is(err, ErrChanged) {
+		t.Fatalf("a pass over a shard answered with 512 bytes more: %v; want ErrChanged", err)
 	}
 }
 
