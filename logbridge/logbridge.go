@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/hashicorp/go-hclog"
 )
@@ -116,22 +117,46 @@ func hclogLevel(s string) slog.Level {
 // peer lost, so it is WARN here.
 // A WARN or ERROR line about something a remote sent (memberlist names it
 // "from=ADDR": a packet that does not decrypt, a stream that is no gossip)
-// is written at most once per RefusalsEvery, with the count of those left
-// out: anyone who reaches the gossip port can cause one at will.
+// is written at most once per RefusalsEvery for its kind (the text before
+// its first colon), with the count of those left out: anyone who reaches the
+// gossip port can cause one at will, and a flood of one kind must not hide a
+// rarer one (a failed push/pull merge).
 func Memberlist(log *slog.Logger) *stdlog.Logger {
-	return stdlog.New(&memberlistWriter{log: log.With("component", "memberlist"), remote: NewLimiter(RefusalsEvery)}, "", 0)
+	return stdlog.New(&memberlistWriter{log: log.With("component", "memberlist"), remote: map[string]*Limiter{}}, "", 0)
 }
 
 type memberlistWriter struct {
 	log    *slog.Logger
-	remote *Limiter
+	mu     sync.Mutex
+	remote map[string]*Limiter // by kind, at most maxKinds; the rest share ""
+}
+
+// maxKinds bounds the limiters kept: a kind's text can carry what a remote
+// sent (a node's name), so past this many, new kinds share one.
+const maxKinds = 32
+
+func (w *memberlistWriter) limiter(msg string) *Limiter {
+	kind, _, _ := strings.Cut(msg, ":")
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	l := w.remote[kind]
+	if l == nil {
+		if len(w.remote) >= maxKinds {
+			kind = ""
+		}
+		if l = w.remote[kind]; l == nil {
+			l = NewLimiter(RefusalsEvery)
+			w.remote[kind] = l
+		}
+	}
+	return l
 }
 
 func (w *memberlistWriter) Write(p []byte) (int, error) {
 	for line := range strings.SplitSeq(strings.TrimSpace(string(p)), "\n") {
 		level, msg := memberlistLine(line)
 		if level >= slog.LevelWarn && strings.Contains(msg, "from=") {
-			ok, leftOut := w.remote.Allow()
+			ok, leftOut := w.limiter(msg).Allow()
 			if !ok {
 				continue
 			}
