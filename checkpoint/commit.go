@@ -258,9 +258,12 @@ func (s *Service) relay(ctx context.Context, method, path string, body, out any,
 
 // leaderAnswerLimit bounds what a relayed write's answer may take: a
 // commit's body is at most 1 MiB (its part names and meta), and its answer
-// repeats those names twice beside the meta. Without a bound, a member
-// answering without end grew this node's heap for as long as it sent.
-const leaderAnswerLimit = 8 << 20
+// repeats those names twice beside the meta, the second time with ~30 bytes
+// each: about 7.5 MB at most, for 174,000 parts of three-letter names
+// (TestTheLargestCommitAnswerFits); the bound leaves four times that. Without
+// a bound, a member answering without end grew this node's heap for as long
+// as it sent.
+const leaderAnswerLimit = 32 << 20
 
 // dropUploads has every live member drop the parts it holds of name; not
 // found when none held any.

@@ -786,6 +786,30 @@ func TestCommitRelayedToTheLeader(t *testing.T) {
 	}
 }
 
+// The largest answer a legitimate commit can have fits the bound on a
+// relayed answer: a 1 MiB commit body of the shortest distinct part names
+// (three letters: more than the 3,906 names of one or two), each named again
+// in the answer's parts and checksums.
+func TestTheLargestCommitAnswerFits(t *testing.T) {
+	const alnum = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+	var req api.CommitCheckpoint
+	var st api.CheckpointStep
+	for i := range (1<<20 - 12) / 6 { // `"abc",` a name, in `{"parts":[…]}`
+		req.Parts = append(req.Parts, string([]byte{alnum[i/(62*62)%62], alnum[i/62%62], alnum[i%62]}))
+	}
+	if b, _ := json.Marshal(req); len(b) > 1<<20 || len(b) < 1<<20-6 {
+		t.Fatalf("a commit body of %d bytes; want the most of 1 MiB", len(b))
+	}
+	st.Parts = req.Parts
+	for _, p := range req.Parts {
+		st.Checksums = append(st.Checksums, api.PartChecksum{Part: p, Checksum: "sha256"})
+	}
+	b, err := json.Marshal(st)
+	if err != nil || len(b) > leaderAnswerLimit {
+		t.Fatalf("the answer to %d parts: %d bytes, %v; the bound is %d", len(req.Parts), len(b), err, leaderAnswerLimit)
+	}
+}
+
 func isStatus(err error, status int) bool {
 	e, ok := errors.AsType[*api.Error](err)
 	return ok && e.Status == status
