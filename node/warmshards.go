@@ -142,29 +142,25 @@ func (b *pushBatch) reset(pool *bufpool.Pool) {
 // registration (rewritten before or during the pass: each read is checked)
 // has this node's held members dropped, as a changed file's held copy is,
 // and the warm-up stops naming the member it was at: 409 source changed.
-func (n *Node) warmShard(ctx context.Context, d *catalog.Dataset, s int, w *warmup, full *fullOwners) error {
-	at, err := n.passShard(ctx, d, s, w, full)
-	if first, end := d.Manifest.ShardItems(s); errors.Is(err, source.ErrChanged) && first < end {
-		for i := first; i < end; i++ {
-			n.store.Delete(store.MakeKey(d.ID, uint32(i)))
-		}
-		return sourceChanged(d, at, err)
-	}
-	return err
-}
-
-// passShard is warmShard's pass; at is the member it had reached.
-func (n *Node) passShard(ctx context.Context, d *catalog.Dataset, s int, w *warmup, full *fullOwners) (at int, err error) {
+func (n *Node) warmShard(ctx context.Context, d *catalog.Dataset, s int, w *warmup, full *fullOwners) (err error) {
 	first, end := d.Manifest.ShardItems(s)
-	at = first
+	at := first // the member the pass has reached
+	defer func() {
+		if errors.Is(err, source.ErrChanged) && first < end {
+			for i := first; i < end; i++ {
+				n.store.Delete(store.MakeKey(d.ID, uint32(i)))
+			}
+			err = sourceChanged(d, at, err)
+		}
+	}()
 	src, err := n.source(d)
 	if err != nil {
-		return at, err
+		return err
 	}
 	shard := d.Manifest.ShardEntry(s)
 	r, err := src.Stream(ctx, shard)
 	if err != nil {
-		return at, err
+		return err
 	}
 	defer r.Close()
 	n.counters.sourceReads.Add(1)
@@ -191,17 +187,17 @@ func (n *Node) passShard(ctx context.Context, d *catalog.Dataset, s int, w *warm
 		at = i
 		off, size := d.Manifest.Offsets[i], d.Manifest.Size(i)
 		if off < pos {
-			return at, fmt.Errorf("shard %s: member %d at byte %d overlaps the one before", shard.Key, i, off)
+			return fmt.Errorf("shard %s: member %d at byte %d overlaps the one before", shard.Key, i, off)
 		}
 		if _, err := br.Discard(int(off - pos)); err != nil {
-			return at, fmt.Errorf("read %s at byte %d: %w", shard.Key, pos, err)
+			return fmt.Errorf("read %s at byte %d: %w", shard.Key, pos, err)
 		}
 		pos = off
 		owner, self := n.peers.Owner(d, i)
 		k := store.MakeKey(d.ID, uint32(i))
 		if held := self && n.store.Contains(k); held || full.has(owner) {
 			if _, err := br.Discard(int(size)); err != nil {
-				return at, fmt.Errorf("read %s at byte %d: %w", shard.Key, pos, err)
+				return fmt.Errorf("read %s at byte %d: %w", shard.Key, pos, err)
 			}
 			pos += size
 			if held {
@@ -212,7 +208,7 @@ func (n *Node) passShard(ctx context.Context, d *catalog.Dataset, s int, w *warm
 		}
 		if self {
 			if err := n.keepSample(br, d, i, w, full); err != nil {
-				return at, fmt.Errorf("read %s at byte %d: %w", shard.Key, pos, err)
+				return fmt.Errorf("read %s at byte %d: %w", shard.Key, pos, err)
 			}
 			pos += size
 			continue
@@ -226,14 +222,14 @@ func (n *Node) passShard(ctx context.Context, d *catalog.Dataset, s int, w *warm
 			flush(owner)
 		}
 		if err := b.take(br, &n.bufs, i, size); err != nil {
-			return at, fmt.Errorf("read %s at byte %d: %w", shard.Key, pos, err)
+			return fmt.Errorf("read %s at byte %d: %w", shard.Key, pos, err)
 		}
 		pos += size
 	}
 	for owner := range batches {
 		flush(owner)
 	}
-	return at, ctx.Err()
+	return ctx.Err()
 }
 
 // keepSample stores member i, read from r, on this node, its owner.
