@@ -2,9 +2,7 @@ package catalog
 
 import (
 	"context"
-	"io"
 	"log/slog"
-	"net"
 	"sync/atomic"
 	"testing"
 
@@ -33,15 +31,7 @@ func TestRefusedRaftConnectionsLogOnceAnInterval(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	for range 20 {
-		c, err := net.Dial("tcp", s.ln.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.Write(make([]byte, 64))
-		io.Copy(io.Discard, c) // until the node hangs up: it has logged by then
-		c.Close()
-	}
+	testutil.KnockWithoutKey(t, s.ln.Addr().String(), 20)
 	if n := warned.Load(); n != 1 {
 		t.Fatalf("20 refused connections logged %d warnings, want 1", n)
 	}

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+
+	"stallfree/internal/testutil"
 )
 
 // A push of exactly MaxItems items (one of them empty) and a push of exactly
@@ -140,15 +142,7 @@ func TestDroppedConnectionsLoggedAndServeEndsCleanly(t *testing.T) {
 	}
 
 	// Handshakes without the key, which anyone can send: one line for many.
-	for range 20 {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.Write(make([]byte, 64))
-		io.Copy(io.Discard, c) // until the server hangs up: it has logged by then
-		c.Close()
-	}
+	testutil.KnockWithoutKey(t, addr, 20)
 	if n := warned.count(); n != 2 {
 		t.Fatalf("20 refused handshakes logged %d warnings in all, want 2 (one for the frame, one for them): %v", n, warned.msgs)
 	}

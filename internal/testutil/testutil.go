@@ -7,6 +7,7 @@ package testutil
 import (
 	crand "crypto/rand"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -228,4 +229,20 @@ func Memfd(t testing.TB, data []byte, flags int) (*os.File, uint64) {
 		t.Fatal(err)
 	}
 	return f, st.Ino
+}
+
+// KnockWithoutKey opens n connections to addr that each send 64 zero bytes
+// (no handshake of the cluster key's) and reads until the server hangs up,
+// so that the server has handled each (and logged, if it does) on return.
+func KnockWithoutKey(t testing.TB, addr string, n int) {
+	t.Helper()
+	for range n {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write(make([]byte, 64))
+		io.Copy(io.Discard, c)
+		c.Close()
+	}
 }
