@@ -39,6 +39,7 @@ import shutil
 import sys
 import tempfile
 import time
+import traceback
 
 import numpy as np
 
@@ -164,10 +165,12 @@ class Step:
 
             torch.cuda.synchronize()
 
-    def alone(self, batch, crop, classes, steps=10):
+    def alone(self, batch, crop, classes, steps=None):
         """(seconds per batch, CPU seconds per batch) of the step on a
-        resident batch."""
+        resident batch (30 steps on CUDA, where one takes ~25 ms; 10 elsewhere)."""
         import torch
+
+        steps = steps or (30 if self.cuda else 10)
 
         x = torch.randn(batch, 3, crop, crop, device=self.device).contiguous(memory_format=torch.channels_last)
         y = torch.randint(0, classes, (batch,), device=self.device)
@@ -246,12 +249,16 @@ def run_row(row, a, url, data, device, step, node_pid, model_s, model_cpu):
         wall = time.perf_counter() - t0
         own, workers, node = _self_cpu() - s0, _children_cpu() - c0, proc_cpu(node_pid) - n0
         model_t = batches * model_s
-        loader_cpu = max(own - batches * model_cpu, 0.0)  # the model's own CPU is not the loader's
+        # The model's own CPU is not the loader's: on the CPU its compute, on
+        # CUDA its launches (and the spinning while the launch queue is full),
+        # as much per batch as the model alone took.
+        loader_cpu = max(own - batches * model_cpu, 0.0)
         k = 1000 / max(samples, 1)
         epochs.append({"epoch": e + 1, "samples": samples, "seconds": wall, "samples_per_s": samples / wall,
                        "stall": max(0.0, 1 - model_t / wall),
                        "cpu_s_per_1k": {"loader": loader_cpu * k, "workers": workers * k, "node": node * k,
-                                        "all": (loader_cpu + workers + node) * k}})
+                                        "all": (loader_cpu + workers + node) * k,
+                                        "training_process": own * k, "model": batches * model_cpu * k}})
         r = epochs[-1]
         log(f"  {row:12s} epoch {e + 1}: {r['samples_per_s']:8.1f} samples/s  stall {r['stall']:5.1%}  "
             f"CPU s/1k: loader {r['cpu_s_per_1k']['loader']:.2f} workers {r['cpu_s_per_1k']['workers']:.2f} "
@@ -306,6 +313,11 @@ def delivery(a, url, node_pid):
     return out
 
 
+def _failure(what, e):
+    log(f"  {what}: FAILED: {e!r}\n{traceback.format_exc()}")
+    return f"{type(e).__name__}: {e}"
+
+
 def table(out):
     lines = [f"machine: {out['machine']}; device {out['device']}; step: {out['step']}; {out['items']} JPEGs "
              f"{out['size']} (~{out['jpeg_kib']:.0f} KiB), crop {out['crop']}, batch {out['batch']}, "
@@ -318,6 +330,8 @@ def table(out):
             c = r["cpu_s_per_1k"]
             lines.append(f"| {row} | {r['epoch']} | {r['samples_per_s']:.0f} | {r['stall']:.0%} | {c['loader']:.2f} | "
                          f"{c['workers']:.2f} | {c['node']:.2f} | {c['all']:.2f} |")
+    for what, why in out.get("failed", {}).items():
+        lines.append(f"| {what} | FAILED: {why} | | | | | | |")
     for path in ("mapped", "socket"):
         ds = sorted((d for d in out.get("delivery", []) if d.get("path", "socket") == path), key=lambda d: d["all_ms"])
         if not ds:
@@ -379,21 +393,32 @@ def main(argv):
         c.request("POST", "/v1/datasets/imgs/warmup")  # the cached rows read memory, the files row the page cache
         while c.json("GET", "/v1/datasets/imgs/warmup").get("running", True):
             time.sleep(0.1)
+        if device.type == "cuda":
+            torch.backends.cudnn.benchmark = True  # fixed shapes: pick each convolution's fastest kernel once
         step = Step(kind, device, 10, a.sleep_ms, a.model)
         model_s, model_cpu = step.alone(a.batch, a.crop, 10)
         what = f"{step.model_name} on {device.type}" if kind == "model" else f"sleep {a.sleep_ms:g} ms per batch"
-        log(f"step: {what}; model alone {a.batch / model_s:.0f} samples/s")
+        log(f"step: {what}; model alone {a.batch / model_s:.0f} samples/s, {model_cpu / a.batch * 1e3:.3f} CPU ms/sample")
         out = {"machine": f"{cpu_model()}, {os.cpu_count()} cores, {platform.system()}", "device": str(device),
                "step": what, "items": a.items, "size": f"{a.width}x{a.height}", "jpeg_kib": avg / 1024,
                "crop": a.crop, "batch": a.batch, "workers": a.workers, "threads": a.threads,
-               "model_alone_samples_per_s": a.batch / model_s, "rows": {}}
+               "model_alone_samples_per_s": a.batch / model_s,
+               "model_alone_cpu_ms_per_sample": model_cpu / a.batch * 1e3, "rows": {}}
         for row in rows:
-            out["rows"][row] = run_row(row, a, url, data, device, step, proc.pid, model_s,
-                                       model_cpu if device.type == "cpu" and kind == "model" else 0.0)
+            # A row that fails is reported and the others still run: a run on
+            # a lent GPU machine is one try, and one row's defect should not
+            # cost the figures of the rest.
+            try:
+                out["rows"][row] = run_row(row, a, url, data, device, step, proc.pid, model_s, model_cpu)
+            except Exception as e:  # noqa: BLE001 - reported below, and the exit status says so
+                out.setdefault("failed", {})[row] = _failure(row, e)
         if a.delivery_epochs > 0:
-            out["delivery"] = delivery(a, url, proc.pid)
+            try:
+                out["delivery"] = delivery(a, url, proc.pid)
+            except Exception as e:  # noqa: BLE001
+                out.setdefault("failed", {})["delivery"] = _failure("delivery", e)
         print(json.dumps(out, indent=2) if a.json else table(out))
-        return 0
+        return 1 if out.get("failed") else 0
     finally:
         if proc is not None:
             proc.terminate()
