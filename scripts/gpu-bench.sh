@@ -8,6 +8,8 @@
 # numpy and msgpack.
 #
 # Usage: scripts/gpu-bench.sh OUTDIR [ITEMS]   (ITEMS: the --train JPEGs, 25600 as in issue 48)
+# Environment: TRAIN_ROWS (--train's --rows), DELIVERY_EPOCHS (3), GROUP_EPOCHS (6),
+# QUIET_S (60: the longest wait for a quiet machine between benches).
 # Writes OUTDIR/machine.txt and a .json (figures) and .log (progress) per bench.
 set -u
 out=$(realpath -m "${1:?usage: scripts/gpu-bench.sh OUTDIR [ITEMS]}")
@@ -34,6 +36,14 @@ bench() { # NAME LIMIT_S ARGS...: one bench, its figures and its progress apart
 	echo "$(date -u +%T) $name exit $?"
 }
 
-bench train 300 --train --items "$items" --delivery-epochs 3
+quiet() { # waits (at most $1 s) for a 1-minute load below 2: the last bench's processes weigh on it for a minute
+	local end=$((SECONDS + $1))
+	while [ "$SECONDS" -lt "$end" ] && awk '{exit !($1 >= 2)}' /proc/loadavg; do sleep 2; done
+}
+
+bench train 300 --train --items "$items" --rows "${TRAIN_ROWS:-files,cached,batchloader,prep,device-prep,device-jpeg}" \
+	--delivery-epochs "${DELIVERY_EPOCHS:-3}"
+quiet "${QUIET_S:-60}"
 bench loader 110 --items 12000 --rounds 2
-bench group 150 --group 4,8
+quiet "${QUIET_S:-60}"
+bench group 150 --group 4,8 --epochs "${GROUP_EPOCHS:-6}"

@@ -9,8 +9,11 @@ N items of 110 KiB, which sit in the page cache as files, over
   (c) ``CachedDataset`` on 3 local nodes, owner-routed,
   (d) ``BatchLoader`` (threads in the training process, no workers) on (b)'s
       node,
+  (e) ``DeviceLoader(device="cpu")`` on (b)'s node: the items (of one size)
+      read into one ``(256, 112640)`` buffer per batch, no Python object per
+      item (copied from the node's mapped memory on its host),
 
-and prints samples/s, the ratios b/a, c/a, d/a and the CPU each sample cost
+and prints samples/s, the ratios b/a, c/a, d/a, e/a and the CPU each sample cost
 the loader processes (main and workers) and the nodes. Every row turns each
 item into a uint8 tensor and collates the batch into one [256, 112640] tensor,
 as a training loop receives it. Rows alternate over ``--rounds`` rounds and
@@ -258,6 +261,17 @@ def loaders(args, data, url1, url3):
             bl.set_epoch(epoch[0])
             return bl
         rows["d"] = make
+    if "e" in args.rows:
+        from stallfree.torch import DeviceLoader
+
+        dl = DeviceLoader(CachedDataset(url1, "bench"), args.batch, device="cpu", shuffle=True, threads=args.threads)
+        epoch_e = [0]
+
+        def make_e():
+            epoch_e[0] += 1
+            dl.set_epoch(epoch_e[0])
+            return (x for x, _ in dl)
+        rows["e"] = make_e
     return rows
 
 
@@ -266,6 +280,7 @@ DESCR = {
     "b": "CachedDataset, 1 node, DataLoader",
     "c": "CachedDataset, 3 nodes owner-routed, DataLoader",
     "d": "BatchLoader on (b)'s node",
+    "e": "DeviceLoader(device='cpu') on (b)'s node: one buffer per batch",
 }
 
 
@@ -294,7 +309,7 @@ def parse(argv):
     p.add_argument("--workers", type=int, default=2, help="DataLoader worker processes in (a)-(c)")
     p.add_argument("--threads", type=int, default=4, help="BatchLoader threads in (d)")
     p.add_argument("--rounds", type=int, default=2, help="epochs of each row, rows alternating")
-    p.add_argument("--rows", default="abcd", help="which rows to run, e.g. ad")
+    p.add_argument("--rows", default="abcde", help="which rows to run, e.g. ad")
     p.add_argument("--quick", action="store_true", help="a short run: 4000 items, 1 round")
     p.add_argument("--data", help="dataset directory (default: a temporary one; kept when given)")
     p.add_argument("--bin", help="cachenode binary (default: bin/cachenode of the repository, else PATH)")
@@ -307,9 +322,9 @@ def parse(argv):
     a = p.parse_args(argv)
     if a.quick:
         a.items, a.rounds = min(a.items, 4000), 1
-    bad = set(a.rows) - set("abcd")
+    bad = set(a.rows) - set("abcde")
     if bad or not a.rows:
-        p.error(f"--rows {a.rows!r}: letters among a, b, c, d")
+        p.error(f"--rows {a.rows!r}: letters among a, b, c, d, e")
     return a
 
 
@@ -325,7 +340,7 @@ def main(argv):
         log(f"data: {args.items} items of {args.size} B in {data}")
         make_data(data, args.items, args.size)
         log(f"page cache: read {page_in(data) >> 20} MiB")
-        if set("bd") & set(args.rows) or args.breakdown:
+        if set("bde") & set(args.rows) or args.breakdown:
             log("starting 1 node")
             one = start_nodes(binary, tmp, 1, f"{per_node * 12 // 10 // (1 << 20) + 64}MiB", "one")
             one.register_and_warm("bench", data)
@@ -339,7 +354,7 @@ def main(argv):
             print(breakdown(args, one.urls[0]))
             return 0
         rows = loaders(args, data, one.urls[0] if one else None, three.urls[0] if three else None)
-        node_of = {"a": None, "b": one, "c": three, "d": one}
+        node_of = {"a": None, "b": one, "c": three, "d": one, "e": one}
         results = {k: [] for k in rows}
         for r in range(args.rounds):
             for k, make in rows.items():
@@ -560,7 +575,7 @@ def summarize(args, results, seconds):
            for k, rs in results.items()}
     ratios = {}
     if "a" in med:
-        for k in "bcd":
+        for k in "bcde":
             if k in med:
                 ratios[f"{k}/a"] = med[k]["samples_per_s"] / med["a"]["samples_per_s"]
     if "b" in med and "c" in med:

@@ -165,21 +165,23 @@ class Step:
 
             torch.cuda.synchronize()
 
-    def alone(self, batch, crop, classes, steps=None):
+    def alone(self, batch, crop, classes, steps=None, make_x=None):
         """(seconds per batch, CPU seconds per batch) of the step on a
-        resident batch (30 steps on CUDA, where one takes ~25 ms; 10 elsewhere)."""
+        resident batch (30 steps on CUDA, where one takes ~25 ms; 10
+        elsewhere); with make_x(step), the step on what it returns."""
         import torch
 
         steps = steps or (30 if self.cuda else 10)
 
         x = torch.randn(batch, 3, crop, crop, device=self.device).contiguous(memory_format=torch.channels_last)
         y = torch.randint(0, classes, (batch,), device=self.device)
-        for _ in range(3):
-            self(x, y)
+        make_x = make_x or (lambda i: x)
+        for i in range(3):
+            self(make_x(i), y)
         self.sync()
         t0, c0 = time.perf_counter(), _self_cpu()
-        for _ in range(steps):
-            self(x, y)
+        for i in range(steps):
+            self(make_x(i), y)
         self.sync()
         return (time.perf_counter() - t0) / steps, (_self_cpu() - c0) / steps
 
@@ -200,7 +202,7 @@ def loader_for(row, a, url, data, device):
     import torch
     import torch.utils.data as tud
 
-    from ..torch import BatchLoader, CachedDataset, DeviceLoader, augment as A
+    from ..torch import BatchLoader, CachedDataset, DeviceLoader
 
     side = a.crop * 8 // 7
     stage = (f"rgb-{side}-v1", DecodeResize(side))
@@ -218,14 +220,24 @@ def loader_for(row, a, url, data, device):
         batches = tud.BatchSampler(tud.RandomSampler(ds), a.batch, drop_last=True)  # __getitems__ on torch < 2
         return tud.DataLoader(ds, sampler=batches, batch_size=None, num_workers=a.workers, pin_memory=pin,
                               collate_fn=tud.default_collate)
-    dtype = torch.bfloat16 if pin else torch.float32
-    aug = A.Compose([A.RandomResizedCrop(a.crop), A.RandomHorizontalFlip(), A.Normalize(MEAN, STD)], dtype=dtype)
-    if row == "device-prep":
+    aug = device_augment(a, device)
+    if row in ("device-prep", "device-prep-main"):
         ds = CachedDataset(url, "imgs", cache_stage=stage)
-        return DeviceLoader(ds, a.batch, device=device, augment=aug, labels="folder", shuffle=True,
-                            drop_last=True, threads=a.threads)
+        dl = DeviceLoader(ds, a.batch, device=device, augment=aug, labels="folder", shuffle=True,
+                          drop_last=True, threads=a.threads)
+        dl._side_streams = row == "device-prep"  # -main: copy and augment on the step's stream, as before
+        return dl
     return DeviceLoader(CachedDataset(url, "imgs"), a.batch, device=device, augment=aug, labels="folder",
                         decode="jpeg", shuffle=True, drop_last=True, threads=a.threads)
+
+
+def device_augment(a, device):
+    import torch
+
+    from ..torch import augment as A
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    return A.Compose([A.RandomResizedCrop(a.crop), A.RandomHorizontalFlip(), A.Normalize(MEAN, STD)], dtype=dtype)
 
 
 def run_row(row, a, url, data, device, step, node_pid, model_s, model_cpu):
@@ -322,7 +334,9 @@ def table(out):
     lines = [f"machine: {out['machine']}; device {out['device']}; step: {out['step']}; {out['items']} JPEGs "
              f"{out['size']} (~{out['jpeg_kib']:.0f} KiB), crop {out['crop']}, batch {out['batch']}, "
              f"{out['workers']} workers, {out['threads']} threads",
-             f"model alone: {out['model_alone_samples_per_s']:.0f} samples/s", "",
+             f"model alone: {out['model_alone_samples_per_s']:.0f} samples/s"
+             + (f"; with the device augmentation on resident batches: {out['model_and_augment_alone_samples_per_s']:.0f}"
+                if out.get("model_and_augment_alone_samples_per_s") else ""), "",
              "| row | epoch | samples/s | stall | CPU s/1k loader | workers | node | all |",
              "|---|---|---|---|---|---|---|---|"]
     for row, epochs in out["rows"].items():
@@ -368,7 +382,7 @@ def main(argv):
     p.add_argument("--json", action="store_true", help="results as JSON on stdout")
     a = p.parse_args(argv)
     rows = [r for r in a.rows.split(",") if r]
-    if not rows or set(rows) - set(ROWS):
+    if not rows or set(rows) - set(ROWS) - {"device-prep-main"}:
         p.error(f"--rows {a.rows!r}: among {', '.join(ROWS)}")
     try:
         import PIL  # noqa: F401
@@ -399,11 +413,22 @@ def main(argv):
         model_s, model_cpu = step.alone(a.batch, a.crop, 10)
         what = f"{step.model_name} on {device.type}" if kind == "model" else f"sleep {a.sleep_ms:g} ms per batch"
         log(f"step: {what}; model alone {a.batch / model_s:.0f} samples/s, {model_cpu / a.batch * 1e3:.3f} CPU ms/sample")
+        both = None
+        if any(r.startswith("device-prep") for r in rows):
+            # The step with the device rows' augmentation, on uint8 batches
+            # already on the device: what device-prep would reach if
+            # delivery cost the loop nothing.
+            aug = device_augment(a, device)
+            raw = torch.randint(0, 256, (a.batch, side, side, 3), dtype=torch.uint8, device=device)
+            idx = np.arange(a.batch, dtype=np.int64)
+            both, _ = step.alone(a.batch, a.crop, 10, make_x=lambda i: aug(raw, idx + i * a.batch, epoch=0))
+            log(f"model + device augmentation alone {a.batch / both:.0f} samples/s")
         out = {"machine": f"{cpu_model()}, {os.cpu_count()} cores, {platform.system()}", "device": str(device),
                "step": what, "items": a.items, "size": f"{a.width}x{a.height}", "jpeg_kib": avg / 1024,
                "crop": a.crop, "batch": a.batch, "workers": a.workers, "threads": a.threads,
                "model_alone_samples_per_s": a.batch / model_s,
-               "model_alone_cpu_ms_per_sample": model_cpu / a.batch * 1e3, "rows": {}}
+               "model_alone_cpu_ms_per_sample": model_cpu / a.batch * 1e3,
+               "model_and_augment_alone_samples_per_s": a.batch / both if both else None, "rows": {}}
         for row in rows:
             # A row that fails is reported and the others still run: a run on
             # a lent GPU machine is one try, and one row's defect should not

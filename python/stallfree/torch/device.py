@@ -13,6 +13,8 @@ augmentation (``stallfree.torch.augment``) then runs there as a few batched
 kernels. Buffers are reused once nothing refers to them any more.
 """
 
+import threading
+
 import numpy as np
 import torch
 
@@ -76,6 +78,11 @@ class DeviceLoader(BatchLoader):
         # Raw or prep items of the node on this host are copied from its
         # mapped memory (stallfree._mapped); the others come through the socket.
         self._mapper = ItemMapper.for_client(dataset.client) if not decode else None
+        # On CUDA, copy and augment in the reading thread on its own stream
+        # (_to_device); False queues them on the step's stream in the loop's
+        # thread, as before (kept for the bench's comparison).
+        self._side_streams = True
+        self._thread = threading.local()
         if decode:
             from torchvision.io import decode_jpeg  # noqa: F401 - fail here, not in a thread, without torchvision
 
@@ -98,7 +105,33 @@ class DeviceLoader(BatchLoader):
             # On the CPU the augmentation runs here, beside the training step
             # (torch's kernels release the GIL).
             x = self.augment(x, idx, epoch=self.epoch, seed=self.seed)
+        elif self._cuda and not self.decode and self._side_streams:
+            return self._to_device(x, y, idx)
         return x, y, idx
+
+    def _to_device(self, host, y, idx):
+        """In the thread that read the batch: its copy to the device and its
+        augmentation, queued on this thread's own stream. On the training
+        step's stream they would wait for the step queued before them and
+        hold the next one back (a 50 MB copy alone is ~2 ms a batch); here
+        they run beside it, and the loop's thread launches nothing for them.
+        Returns (x, ready), y, idx, with ready the event the step's stream
+        waits for."""
+        stream = getattr(self._thread, "stream", None)
+        if stream is None:
+            stream = self._thread.stream = torch.cuda.Stream(self.device)
+        with torch.cuda.stream(stream):
+            x = host.to(self.device, non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record(stream)
+            self._buffers.busy_until(host, copied)
+            if self.augment is not None:
+                x = self.augment(x, idx, epoch=self.epoch, seed=self.seed)
+            if y is not None:  # pinned, so that the copy waits for nothing
+                y = torch.from_numpy(y).pin_memory().to(self.device, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record(stream)
+        return (x, ready), y, idx
 
     def _read(self, indices, keys):
         ds, client = self.dataset, self.dataset.client
@@ -132,6 +165,16 @@ class DeviceLoader(BatchLoader):
 
     def _next(self, pending):
         x, y, idx = super()._next(pending)
+        if isinstance(x, tuple):  # on the device already (_to_device): the step's stream waits for it
+            x, ready = x
+            step = torch.cuda.current_stream(self.device)
+            step.wait_event(ready)
+            # Made on another stream: the allocator must not reuse their
+            # memory there before the step's stream is done with them.
+            x.record_stream(step)
+            if y is not None:
+                y.record_stream(step)
+            return x, y
         if self._cuda:
             if isinstance(x, list):  # JPEG bytes: decoded on the GPU
                 x = self._decode(x)
