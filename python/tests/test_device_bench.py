@@ -1,13 +1,16 @@
 """python -m stallfree.bench --train, tiny: every row trains an epoch over
 real JPEGs through a real node and reports its figures."""
 
+import contextlib
 import glob
+import io
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import unittest
+from unittest import mock
 
 from harness import BIN, ROOT
 
@@ -27,10 +30,14 @@ class TrainBenchTest(unittest.TestCase):
             out = subprocess.run([sys.executable, "-W", "ignore", "-m", "stallfree.bench", "--train", "--items", "24",
                                   "--width", "64", "--height", "48", "--crop", "32", "--batch", "8", "--epochs", "2",
                                   "--workers", "1", "--threads", "1", "--sleep-ms", "1", "--delivery-epochs", "1",
+                                  "--rows", "files,cached,batchloader,prep,device-prep,device-prep-main,device-jpeg",
                                   "--json"], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
         self.assertEqual(out.returncode, 0, out.stderr[-3000:])
         rep = json.loads(out.stdout)
-        self.assertEqual(list(rep["rows"]), ["files", "cached", "batchloader", "prep", "device-prep", "device-jpeg"])
+        self.assertEqual(list(rep["rows"]), ["files", "cached", "batchloader", "prep", "device-prep",
+                                             "device-prep-main", "device-jpeg"])
+        self.assertNotIn("failed", rep)
+        self.assertGreater(rep["model_and_augment_alone_samples_per_s"], 0)
         for row, epochs in rep["rows"].items():
             self.assertEqual([e["samples"] for e in epochs], [24, 24], row)
             for e in epochs:
@@ -43,6 +50,33 @@ class TrainBenchTest(unittest.TestCase):
             self.assertEqual(d["item_bytes"], 36 * 36 * 3)
         # The node's host: every item of the mapped rounds copied from its memory.
         self.assertEqual([d["copied_share"] for d in rep["delivery"]], [1.0, 0.0])
+
+    def test_a_failing_row_is_reported_and_the_rest_run(self):
+        from stallfree.bench import train
+
+        real = train.run_row
+
+        def run_row(row, *args):
+            if row == "cached":
+                raise RuntimeError("the node went away")
+            return real(row, *args)
+
+        out = io.StringIO()
+        with tempfile.TemporaryDirectory(prefix="stallfree-trainbench") as cwd, \
+                mock.patch.dict(os.environ, STALLFREE_BIN=BIN), mock.patch.object(train, "run_row", run_row), \
+                contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+            os.chdir(cwd)
+            try:
+                rc = train.main(["--train", "--items", "8", "--width", "64", "--height", "48", "--crop", "32",
+                                 "--batch", "4", "--epochs", "1", "--workers", "0", "--sleep-ms", "1",
+                                 "--delivery-epochs", "0", "--rows", "files,cached,device-prep", "--json"])
+            finally:
+                os.chdir(ROOT)
+        self.assertEqual(rc, 1)
+        rep = json.loads(out.getvalue())
+        self.assertEqual(rep["failed"], {"cached": "RuntimeError: the node went away"})
+        self.assertEqual(list(rep["rows"]), ["files", "device-prep"])
+        self.assertEqual([e["samples"] for e in rep["rows"]["device-prep"]], [8])
 
 
 if __name__ == "__main__":

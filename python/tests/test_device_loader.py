@@ -253,9 +253,15 @@ class DeviceLoaderTest(ClusterCase):
         self.assertTrue(np.array_equal(torch.cat([x for x, _ in got]).numpy(), self.arrays))
         self.assertEqual(torch.cat([y for _, y in got]).tolist(), self.labels.tolist())
         aug = A.Compose([A.RandomResizedCrop(8), A.RandomHorizontalFlip(), A.Normalize([0.5] * 3, [0.25] * 3)])
-        on_gpu = torch.cat([x.cpu() for x, _ in DeviceLoader(ds, 16, device="cuda", augment=aug, seed=2)])
         on_cpu = torch.cat([x for x, _ in DeviceLoader(ds, 16, device="cpu", augment=aug, seed=2)])
-        torch.testing.assert_close(on_gpu, on_cpu, rtol=0, atol=1e-4)
+        # Copied and augmented in the reading threads on their own streams
+        # (the default), and on the step's stream in the loop's thread.
+        for side in (True, False):
+            loader = DeviceLoader(ds, 16, device="cuda", augment=aug, labels="folder", seed=2)
+            loader._side_streams = side
+            got = [(x.clone(), y.clone()) for x, y in loader]  # clones on the loop's stream, after its wait
+            torch.testing.assert_close(torch.cat([x for x, _ in got]).cpu(), on_cpu, rtol=0, atol=1e-4)
+            self.assertEqual(torch.cat([y for _, y in got]).tolist(), self.labels.tolist())
 
     def test_resume_and_stall_meter(self):
         c = Client(self.url)
