@@ -165,6 +165,22 @@ class BatchLoaderTest(ClusterCase):
         with self.assertRaises(ValueError):
             BatchLoader(ds, 16, workers=-1)
 
+    def test_every_worker_process_has_a_batch_at_once(self):
+        """By default a batch is in flight for every worker: the four
+        batches' collates meet at a barrier in four worker processes, which
+        times out (and the loop fails) when fewer are handed out at once."""
+        ds = CachedDataset(self.url, "ds")
+        barrier = multiprocessing.get_context("fork").Barrier(4, timeout=30)
+
+        def meet(batch):
+            barrier.wait()
+            return torch.tensor([os.getpid()] * len(batch))
+        loader = BatchLoader(ds, len(self.keys) // 4, threads=1, workers=4, drop_last=True, collate_fn=meet)
+        self.assertEqual(loader.prefetch, 8)
+        pids = {int(x[0]) for x in loader}
+        self.assertEqual(len(pids), 4, "one batch in each worker at once")
+        self.assertEqual(BatchLoader(ds, 16, threads=3).prefetch, 5, "threads alone: threads + 2")
+
     def test_worker_processes_look_like_dataloader_workers(self):
         """In a worker, get_worker_info() answers as in a DataLoader's, and
         default_collate stacks the batch into shared memory there (no copy
