@@ -59,6 +59,11 @@ class _Mapping:
             raise OSError(f"{arena}: {len(self.arena)} bytes, not {size}")
         self.gens_map = map_readonly(gens)
         self.view = memoryview(self.arena)
+        # The items' bytes are copied through numpy, which lets go of the GIL
+        # for the copy; a memoryview's slice assignment holds it, and a
+        # batch's 50 MB held it for milliseconds that the training loop's
+        # thread, launching the step, then waited.
+        self.bytes = np.frombuffer(self.arena, dtype=np.uint8)
         self.gens = np.frombuffer(self.gens_map, dtype="<u4")
 
     def gen_sum(self, off, size, page):
@@ -142,7 +147,7 @@ class ItemMapper:
         m = self._mapping(ans)
         if m is None:
             return None
-        page, view = ans["page"], m.view
+        page = ans["page"]
         left, placed = [], []
         for p, it in enumerate(ans["items"]):
             if it is None:
@@ -150,7 +155,7 @@ class ItemMapper:
                 continue
             off, size, gens, key = it
             try:
-                _place(rows, p, view, off, size, prep, lambda: m.gen_sum(off, size, page) == gens)
+                _place(rows, p, m, off, size, prep, lambda: m.gen_sum(off, size, page) == gens)
             except ValueError:
                 if m.gen_sum(off, size, page) == gens:
                     raise  # the item's own bytes: a real error
@@ -167,17 +172,18 @@ class ItemMapper:
         return sorted(left)
 
 
-def _place(rows, p, view, off, size, prep, stable):
-    """Copies the item at view[off:off+size] into row p of rows; a prep
-    header that would set the batch's layout is taken only once ``stable()``
-    says the bytes read so far were the item's."""
+def _place(rows, p, m, off, size, prep, stable):
+    """Copies the item at off:off+size of mapping m into row p of rows; a
+    prep header that would set the batch's layout is taken only once
+    ``stable()`` says the bytes read so far were the item's."""
+    view = m.view
     if not prep:
         if rows.mem is None:
             rows.setup(None, np.uint8, (size,))
         if size != rows.nbytes:
             raise ValueError(f"DeviceLoader: raw items differ in size ({size} and {rows.nbytes} bytes); "
                              "use a prep stage (cache_stage) or decode='jpeg'")
-        rows.row(p)[:] = view[off:off + size]
+        np.copyto(rows.row_array(p), m.bytes[off:off + size])
         return
     if size < _HEAD.size:
         raise ValueError("prep cache: not an encoded array (too short)")
@@ -192,7 +198,7 @@ def _place(rows, p, view, off, size, prep, stable):
     start = off + _HEAD.size + hlen
     if off + size - start != rows.nbytes:
         raise ValueError("prep cache: an item's bytes do not match its header")
-    rows.row(p)[:] = view[start:off + size]
+    np.copyto(rows.row_array(p), m.bytes[start:off + size])
 
 
 def read_batch(client, mapper, name, indices, rows, keys, prep):

@@ -49,6 +49,11 @@ from .loader import cpu_model, log, proc_cpu
 from .prep import start_node
 
 ROWS = ("files", "cached", "batchloader", "prep", "device-prep", "device-jpeg")
+# On request only: device-prep-main, the copy and augmentation queued on the
+# step's stream from the loop's thread (DeviceLoader's path before its side
+# streams); device-prep-raw, the prep cache's uint8 batches delivered without
+# augmentation (with --step spin: what delivery alone takes from the loop's thread).
+EXTRA_ROWS = ("device-prep-main", "device-prep-raw")
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
@@ -130,7 +135,11 @@ class SmallCNN:
 
 
 class Step:
-    """One training step on (x, y): the model, or a fixed sleep."""
+    """One training step on (x, y): the model, a fixed sleep, or a fixed
+    amount of Python work (``spin``, calibrated to take ``sleep_ms`` alone).
+    The spin holds the GIL as a step's launches do when the GPU is fast
+    enough that the loop's thread never waits: what the loader's threads
+    take of the GIL makes it longer, where a sleep would hide it."""
 
     def __init__(self, kind, device, classes, sleep_ms, model_name):
         import torch
@@ -138,6 +147,8 @@ class Step:
         self.kind, self.device, self.sleep = kind, device, sleep_ms / 1000
         self.cuda = device.type == "cuda"
         self.model_name = None
+        if kind == "spin":
+            self.spins = _calibrate_spin(sleep_ms / 1000)
         if kind == "model":
             import torchvision
 
@@ -152,6 +163,10 @@ class Step:
 
         if self.kind == "sleep":
             time.sleep(self.sleep)
+            return
+        if self.kind == "spin":
+            for _ in range(self.spins):
+                pass
             return
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cuda):
             loss = self.loss(self.net(x), y)
@@ -184,6 +199,18 @@ class Step:
             self(make_x(i), y)
         self.sync()
         return (time.perf_counter() - t0) / steps, (_self_cpu() - c0) / steps
+
+
+def _calibrate_spin(seconds):
+    """Loop iterations that take ``seconds`` on this thread alone (the best
+    of five tries of 2**20, against a busy moment)."""
+    n, best = 1 << 20, float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            pass
+        best = min(best, time.perf_counter() - t0)
+    return max(1, int(seconds / best * n))
 
 
 def _self_cpu():
@@ -221,10 +248,10 @@ def loader_for(row, a, url, data, device):
         return tud.DataLoader(ds, sampler=batches, batch_size=None, num_workers=a.workers, pin_memory=pin,
                               collate_fn=tud.default_collate)
     aug = device_augment(a, device)
-    if row in ("device-prep", "device-prep-main"):
+    if row in ("device-prep", "device-prep-main", "device-prep-raw"):
         ds = CachedDataset(url, "imgs", cache_stage=stage)
-        dl = DeviceLoader(ds, a.batch, device=device, augment=aug, labels="folder", shuffle=True,
-                          drop_last=True, threads=a.threads)
+        dl = DeviceLoader(ds, a.batch, device=device, augment=None if row == "device-prep-raw" else aug,
+                          labels="folder", shuffle=True, drop_last=True, threads=a.threads)
         dl._side_streams = row == "device-prep"  # -main: copy and augment on the step's stream, as before
         return dl
     return DeviceLoader(CachedDataset(url, "imgs"), a.batch, device=device, augment=aug, labels="folder",
@@ -252,7 +279,9 @@ def run_row(row, a, url, data, device, step, node_pid, model_s, model_cpu):
         samples = batches = 0
         it = iter(loader)
         for x, y in it:
-            x = x.to(device, non_blocking=True).contiguous(memory_format=torch.channels_last)
+            x = x.to(device, non_blocking=True)
+            if x.is_floating_point():  # device-prep-raw's uint8 (B, H, W, C) batch is no image in NCHW
+                x = x.contiguous(memory_format=torch.channels_last)
             step(x, y.to(device, non_blocking=True))
             samples += len(y)
             batches += 1
@@ -370,11 +399,12 @@ def main(argv):
     p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 4),
                    help="worker processes of the DataLoader rows and of batchloader")
     p.add_argument("--threads", type=int, default=4, help="DeviceLoader threads")
-    p.add_argument("--rows", default=",".join(ROWS), help="comma-separated, among " + ", ".join(ROWS))
+    p.add_argument("--rows", default=",".join(ROWS), help="comma-separated, among " + ", ".join(ROWS + EXTRA_ROWS))
     p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
-    p.add_argument("--step", choices=("model", "sleep"), default=None,
-                   help="the model, or a fixed sleep per batch (default: model on CUDA, sleep on the CPU)")
-    p.add_argument("--sleep-ms", type=float, default=25.0, help="the sleep per batch with --step sleep")
+    p.add_argument("--step", choices=("model", "sleep", "spin"), default=None,
+                   help="the model, a fixed sleep per batch, or as much Python work holding the GIL "
+                        "(default: model on CUDA, sleep on the CPU)")
+    p.add_argument("--sleep-ms", type=float, default=25.0, help="the sleep (or spin) per batch with --step sleep (spin)")
     p.add_argument("--model", choices=("resnet18", "small"), default="resnet18")
     p.add_argument("--memory", default=None, help="the node's --memory (default: enough for the data twice)")
     p.add_argument("--delivery-epochs", type=int, default=5,
@@ -382,7 +412,7 @@ def main(argv):
     p.add_argument("--json", action="store_true", help="results as JSON on stdout")
     a = p.parse_args(argv)
     rows = [r for r in a.rows.split(",") if r]
-    if not rows or set(rows) - set(ROWS) - {"device-prep-main"}:
+    if not rows or set(rows) - set(ROWS) - set(EXTRA_ROWS):
         p.error(f"--rows {a.rows!r}: among {', '.join(ROWS)}")
     try:
         import PIL  # noqa: F401
@@ -411,10 +441,11 @@ def main(argv):
             torch.backends.cudnn.benchmark = True  # fixed shapes: pick each convolution's fastest kernel once
         step = Step(kind, device, 10, a.sleep_ms, a.model)
         model_s, model_cpu = step.alone(a.batch, a.crop, 10)
-        what = f"{step.model_name} on {device.type}" if kind == "model" else f"sleep {a.sleep_ms:g} ms per batch"
+        what = {"model": f"{step.model_name} on {device.type}", "sleep": f"sleep {a.sleep_ms:g} ms per batch",
+                "spin": f"Python work holding the GIL, {a.sleep_ms:g} ms per batch alone"}[kind]
         log(f"step: {what}; model alone {a.batch / model_s:.0f} samples/s, {model_cpu / a.batch * 1e3:.3f} CPU ms/sample")
         both = None
-        if any(r.startswith("device-prep") for r in rows):
+        if any(r in ("device-prep", "device-prep-main") for r in rows):
             # The step with the device rows' augmentation, on uint8 batches
             # already on the device: what device-prep would reach if
             # delivery cost the loop nothing.
