@@ -18,7 +18,9 @@ import json
 import mmap
 import os
 import platform
+import sys
 import threading
+import warnings
 
 import msgpack
 import numpy as np
@@ -59,12 +61,18 @@ class _Mapping:
             raise OSError(f"{arena}: {len(self.arena)} bytes, not {size}")
         self.gens_map = map_readonly(gens)
         self.view = memoryview(self.arena)
-        # The items' bytes are copied through numpy, which lets go of the GIL
-        # for the copy; a memoryview's slice assignment holds it, and a
-        # batch's 50 MB held it for milliseconds that the training loop's
-        # thread, launching the step, then waited.
-        self.bytes = np.frombuffer(self.arena, dtype=np.uint8)
+        self._tensor = None
         self.gens = np.frombuffer(self.gens_map, dtype="<u4")
+
+    def tensor(self):
+        """The arena as a read-only uint8 torch tensor (made once)."""
+        if self._tensor is None:
+            import torch
+
+            with warnings.catch_warnings():  # read-only: nothing writes through it
+                warnings.simplefilter("ignore", UserWarning)
+                self._tensor = torch.from_numpy(np.frombuffer(self.arena, dtype=np.uint8))
+        return self._tensor
 
     def gen_sum(self, off, size, page):
         if size == 0:
@@ -155,14 +163,15 @@ class ItemMapper:
                 continue
             off, size, gens, key = it
             try:
-                _place(rows, p, m, off, size, prep, lambda: m.gen_sum(off, size, page) == gens)
+                start = _payload(rows, m, off, size, prep, lambda: m.gen_sum(off, size, page) == gens)
             except ValueError:
                 if m.gen_sum(off, size, page) == gens:
                     raise  # the item's own bytes: a real error
                 left.append(p)  # reused while read: garbage, read it again
                 continue
-            placed.append((p, off, size, gens, key))
-        for p, off, size, gens, key in placed:
+            placed.append((p, off, size, gens, key, start))
+        _copy(rows, m, [(p, start, off + size) for p, off, size, _, _, start in placed])
+        for p, off, size, gens, key, _ in placed:
             if m.gen_sum(off, size, page) != gens:
                 left.append(p)
             elif keys is not None:
@@ -172,10 +181,38 @@ class ItemMapper:
         return sorted(left)
 
 
-def _place(rows, p, m, off, size, prep, stable):
-    """Copies the item at off:off+size of mapping m into row p of rows; a
-    prep header that would set the batch's layout is taken only once
-    ``stable()`` says the bytes read so far were the item's."""
+def _copy(rows, m, spans):
+    """Copies each (row, start, stop) span of mapping m into its row.
+
+    With torch loaded (DeviceLoader), each run of consecutive rows is one
+    ``torch.cat`` into the buffer: one call that lets go of the GIL for the
+    whole copy. A memoryview's slice assignment holds the GIL for every
+    byte, a batch's 50 MB for milliseconds that the training loop's thread,
+    which lets go of it and takes it back at every kernel launch, then
+    waits; a copy per item that lets go of it (numpy's) takes it back 256
+    times, each time behind the loop's thread. Without torch, the items are
+    copied as before, under the GIL."""
+    torch = sys.modules.get("torch")
+    if torch is None or len(spans) < 2:
+        for p, start, stop in spans:
+            rows.row(p)[:] = m.view[start:stop]
+        return
+    arena, buf, i = m.tensor(), torch.from_numpy(rows.mem), 0
+    while i < len(spans):
+        j = i + 1
+        while j < len(spans) and spans[j][0] == spans[j - 1][0] + 1:
+            j += 1
+        first = spans[i][0]
+        torch.cat([arena[start:stop] for _, start, stop in spans[i:j]],
+                  out=buf[first * rows.nbytes:(first + j - i) * rows.nbytes])
+        i = j
+
+
+def _payload(rows, m, off, size, prep, stable):
+    """Where the payload of the item at off:off+size of mapping m starts,
+    once its layout is checked against the batch's; a prep header that
+    would set the batch's layout is taken only once ``stable()`` says the
+    bytes read so far were the item's."""
     view = m.view
     if not prep:
         if rows.mem is None:
@@ -183,8 +220,7 @@ def _place(rows, p, m, off, size, prep, stable):
         if size != rows.nbytes:
             raise ValueError(f"DeviceLoader: raw items differ in size ({size} and {rows.nbytes} bytes); "
                              "use a prep stage (cache_stage) or decode='jpeg'")
-        np.copyto(rows.row_array(p), m.bytes[off:off + size])
-        return
+        return off
     if size < _HEAD.size:
         raise ValueError("prep cache: not an encoded array (too short)")
     magic, hlen = _HEAD.unpack(view[off:off + _HEAD.size])
@@ -198,7 +234,7 @@ def _place(rows, p, m, off, size, prep, stable):
     start = off + _HEAD.size + hlen
     if off + size - start != rows.nbytes:
         raise ValueError("prep cache: an item's bytes do not match its header")
-    np.copyto(rows.row_array(p), m.bytes[start:off + size])
+    return start
 
 
 def read_batch(client, mapper, name, indices, rows, keys, prep):

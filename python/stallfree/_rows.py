@@ -169,11 +169,6 @@ class _Rows:
         """A writable view of row p's bytes."""
         return memoryview(self.mem)[p * self.nbytes:(p + 1) * self.nbytes]
 
-    def row_array(self, p):
-        """Row p's bytes as a writable uint8 numpy array (numpy copies
-        into it without holding the GIL)."""
-        return self.mem[p * self.nbytes:(p + 1) * self.nbytes]
-
     def array(self):
         """The batch as a (n, *shape) numpy array over the buffer."""
         return self.mem.view(self.dtype).reshape((self.n,) + self.shape)

@@ -9,6 +9,7 @@ import signal
 import sys
 import tempfile
 import unittest
+from unittest import mock
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
@@ -414,16 +415,30 @@ class ItemMapperTest(unittest.TestCase):
         with open(self.gens, "wb") as f:
             f.write(np.array([5, 9], dtype="<u4").tobytes())
 
-    def read(self, keys=None):
+    def read(self, keys=None, gap=False):
         from stallfree._mapped import ItemMapper
         from stallfree.torch.device import _Pool, _Rows
 
         m = ItemMapper(Client.__new__(Client), "/nonexistent")
-        answer = {"arena": self.arena, "gens": self.gens, "size": 8192, "page": 4096,
-                  "items": [[off, size, g, f"c0/k{i}"] for i, ((off, size), g) in enumerate(zip(self.places, (5, 9)))]}
+        items = [[off, size, g, f"c0/k{i}"] for i, ((off, size), g) in enumerate(zip(self.places, (5, 9)))]
+        if gap:  # a row between them that the node does not hold
+            items.insert(1, None)
+        answer = {"arena": self.arena, "gens": self.gens, "size": 8192, "page": 4096, "items": items}
         m._locate = lambda name, indices: answer
-        rows = _Rows(_Pool(pinned=False, keep=2), 2, True)
-        return m, rows, m.read("ds", [0, 1], rows, keys, True)
+        rows = _Rows(_Pool(pinned=False, keep=2), len(items), True)
+        return m, rows, m.read("ds", list(range(len(items))), rows, keys, True)
+
+    def test_rows_around_an_unheld_item(self):
+        """The rows on either side of a row left to the socket are copied
+        (with torch: one copy per run of consecutive rows; without, one per
+        item), and the row between them is left to the socket."""
+        for torch_loaded in (True, False):
+            with mock.patch.dict(sys.modules, {} if torch_loaded else {"torch": None}):
+                m, rows, left = self.read(gap=True)
+            self.assertEqual((left, m.copied, m.fallbacks), ([1], 2, 1), torch_loaded)
+            got = rows.array()
+            self.assertTrue(np.array_equal(got[0], self.arrays[0]), torch_loaded)
+            self.assertTrue(np.array_equal(got[2], self.arrays[1]), torch_loaded)
 
     def set_gen(self, page, value):
         with open(self.gens, "r+b") as f:

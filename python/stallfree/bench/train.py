@@ -52,7 +52,7 @@ ROWS = ("files", "cached", "batchloader", "prep", "device-prep", "device-jpeg")
 # On request only: device-prep-main, the copy and augmentation queued on the
 # step's stream from the loop's thread (DeviceLoader's path before its side
 # streams); device-prep-raw, the prep cache's uint8 batches delivered without
-# augmentation (with --step spin: what delivery alone takes from the loop's thread).
+# augmentation (with --step launches: what delivery alone takes from the loop's thread).
 EXTRA_ROWS = ("device-prep-main", "device-prep-raw")
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -135,11 +135,12 @@ class SmallCNN:
 
 
 class Step:
-    """One training step on (x, y): the model, a fixed sleep, or a fixed
-    amount of Python work (``spin``, calibrated to take ``sleep_ms`` alone).
-    The spin holds the GIL as a step's launches do when the GPU is fast
-    enough that the loop's thread never waits: what the loader's threads
-    take of the GIL makes it longer, where a sleep would hide it."""
+    """One training step on (x, y): the model, a fixed sleep, or
+    ``launches``: a fixed number of tiny torch ops (calibrated to take
+    ``sleep_ms`` alone), each a Python call that lets go of the GIL inside,
+    as a step's kernel launches are when the GPU is fast enough that the
+    loop's thread never waits (ResNet-18 on an H200). What the loader's
+    threads hold of the GIL makes that step longer, where a sleep hides it."""
 
     def __init__(self, kind, device, classes, sleep_ms, model_name):
         import torch
@@ -147,8 +148,8 @@ class Step:
         self.kind, self.device, self.sleep = kind, device, sleep_ms / 1000
         self.cuda = device.type == "cuda"
         self.model_name = None
-        if kind == "spin":
-            self.spins = _calibrate_spin(sleep_ms / 1000)
+        if kind == "launches":
+            self.ops = _TinyOps(sleep_ms / 1000)
         if kind == "model":
             import torchvision
 
@@ -164,9 +165,8 @@ class Step:
         if self.kind == "sleep":
             time.sleep(self.sleep)
             return
-        if self.kind == "spin":
-            for _ in range(self.spins):
-                pass
+        if self.kind == "launches":
+            self.ops()
             return
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cuda):
             loss = self.loss(self.net(x), y)
@@ -201,16 +201,28 @@ class Step:
         return (time.perf_counter() - t0) / steps, (_self_cpu() - c0) / steps
 
 
-def _calibrate_spin(seconds):
-    """Loop iterations that take ``seconds`` on this thread alone (the best
-    of five tries of 2**20, against a busy moment)."""
-    n, best = 1 << 20, float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            pass
-        best = min(best, time.perf_counter() - t0)
-    return max(1, int(seconds / best * n))
+class _TinyOps:
+    """As many 8-element torch adds as take ``seconds`` on this thread
+    alone (calibrated on the best of five tries of 2,000, against a busy
+    moment)."""
+
+    def __init__(self, seconds):
+        import torch
+
+        self.a, self.b, self.c = torch.ones(8), torch.ones(8), torch.empty(8)
+        self.n, best = 2000, float("inf")
+        for _ in range(5):
+            t0 = time.perf_counter()
+            self()
+            best = min(best, time.perf_counter() - t0)
+        self.n = max(1, int(seconds / best * 2000))
+
+    def __call__(self):
+        import torch
+
+        a, b, c = self.a, self.b, self.c
+        for _ in range(self.n):
+            torch.add(a, b, out=c)
 
 
 def _self_cpu():
@@ -401,10 +413,11 @@ def main(argv):
     p.add_argument("--threads", type=int, default=4, help="DeviceLoader threads")
     p.add_argument("--rows", default=",".join(ROWS), help="comma-separated, among " + ", ".join(ROWS + EXTRA_ROWS))
     p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
-    p.add_argument("--step", choices=("model", "sleep", "spin"), default=None,
-                   help="the model, a fixed sleep per batch, or as much Python work holding the GIL "
-                        "(default: model on CUDA, sleep on the CPU)")
-    p.add_argument("--sleep-ms", type=float, default=25.0, help="the sleep (or spin) per batch with --step sleep (spin)")
+    p.add_argument("--step", choices=("model", "sleep", "launches"), default=None,
+                   help="the model, a fixed sleep per batch, or as long a run of tiny torch ops, each letting go of "
+                        "the GIL as a kernel launch does (default: model on CUDA, sleep on the CPU)")
+    p.add_argument("--sleep-ms", type=float, default=25.0,
+                   help="the sleep (or the tiny ops' time alone) per batch with --step sleep (launches)")
     p.add_argument("--model", choices=("resnet18", "small"), default="resnet18")
     p.add_argument("--memory", default=None, help="the node's --memory (default: enough for the data twice)")
     p.add_argument("--delivery-epochs", type=int, default=5,
@@ -442,7 +455,7 @@ def main(argv):
         step = Step(kind, device, 10, a.sleep_ms, a.model)
         model_s, model_cpu = step.alone(a.batch, a.crop, 10)
         what = {"model": f"{step.model_name} on {device.type}", "sleep": f"sleep {a.sleep_ms:g} ms per batch",
-                "spin": f"Python work holding the GIL, {a.sleep_ms:g} ms per batch alone"}[kind]
+                "launches": f"tiny torch ops standing for launches, {a.sleep_ms:g} ms per batch alone"}[kind]
         log(f"step: {what}; model alone {a.batch / model_s:.0f} samples/s, {model_cpu / a.batch * 1e3:.3f} CPU ms/sample")
         both = None
         if any(r in ("device-prep", "device-prep-main") for r in rows):
