@@ -43,6 +43,18 @@ class GroupBenchTest(unittest.TestCase):
             self.assertGreaterEqual(r["node_cpu_ms_per_sample"], 0, name)
             self.assertGreater(r["cpu_ms_per_sample"], 0, name)
         self.assertEqual(rows["independent"]["cpu_vs_independent"], 1.0)
+        # Where the CPU goes: F timed in every row that runs it, A in every
+        # row that augments; the hand-off row runs neither.
+        for name, r in rows.items():
+            runs_f, runs_a = calls[name] > 0, name != "hand-off"
+            self.assertEqual(r["f_ms_per_call"] is not None, runs_f, name)
+            self.assertEqual(r["a_ms_per_sample"] is not None, runs_a, name)
+            if runs_f:
+                self.assertGreater(r["f_ms_per_call"], 0, name)
+                self.assertGreaterEqual(r["f_faults_per_call"], 0, name)
+            if runs_a:
+                self.assertGreater(r["a_ms_per_sample"], 0, name)
+            self.assertGreaterEqual(r["jobs_faults_per_sample"], 0, name)
         self.assertIn("independent", out.stderr)
         self.assertIn("prep-cache", out.stderr)
 

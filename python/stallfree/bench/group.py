@@ -45,10 +45,12 @@ import argparse
 import io
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -62,20 +64,49 @@ SEED = 3
 
 # -- the prep: F (deterministic) and A (seeded per sample) --------------------------
 
+class _Spent:
+    """The CPU time and minor page faults of the calls of a transform, in
+    the threads that made them (where the CPU of a row goes: F in a
+    producer's threads on fresh memory, A on a mapped batch)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.reset()
+
+    def reset(self):
+        with self.lock:
+            self.cpu, self.faults, self.count = 0.0, 0, 0
+
+    @staticmethod
+    def now():
+        return time.thread_time(), resource.getrusage(getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)).ru_minflt
+
+    def add(self, start, count):
+        cpu, faults = self.now()
+        with self.lock:
+            self.cpu += cpu - start[0]
+            self.faults += faults - start[1]
+            self.count += count
+
+
 class Decode:
     """F: JPEG bytes -> HxWx3 uint8 array (Pillow). Each call appends a byte
     to ``counter``, so that calls are counted across processes."""
 
     def __init__(self, counter):
         self.counter = counter
+        self.spent = _Spent()
 
     def __call__(self, data):
         from PIL import Image
 
+        start = self.spent.now()
         fd = os.open(self.counter, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         os.write(fd, b"x")
         os.close(fd)
-        return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+        out = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+        self.spent.add(start, 1)
+        return out
 
 
 class CropFlip:
@@ -86,8 +117,15 @@ class CropFlip:
 
     def __init__(self, size):
         self.size = size
+        self.spent = _Spent()
 
     def __call__(self, x, indices, epoch=0, seed=0):
+        start = self.spent.now()
+        out = self._crop_flip(x, indices, epoch, seed)
+        self.spent.add(start, len(out))
+        return out
+
+    def _crop_flip(self, x, indices, epoch, seed):
         from ..seeded import uniform
 
         x = np.asarray(x)
@@ -160,7 +198,9 @@ def run_job(a):
                                    window=a.window, cache_stage=(a.stage, f), augment=aug)
     print("ready", flush=True)
     sys.stdin.readline()  # the common start
-    t0, c0 = time.monotonic(), own_cpu()
+    f.spent.reset()
+    aug.spent.reset()
+    t0, c0, faults0 = time.monotonic(), own_cpu(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     samples, routes = 0, set()
     for epoch in range(a.epochs):
         if loader is None:  # independent: this job's own order, its own prep
@@ -175,10 +215,13 @@ def run_job(a):
             samples += len(batch)
         routes.add(loader.route)
     seconds, cpu = time.monotonic() - t0, own_cpu() - c0
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
     if loader is not None:
         loader.close()
     print(json.dumps({"job": a.job, "seconds": seconds, "cpu": cpu, "samples": samples, "routes": sorted(routes),
-                      "alone": bool(loader and loader.alone)}), flush=True)
+                      "alone": bool(loader and loader.alone), "faults": faults,
+                      "f": [f.spent.cpu, f.spent.faults, f.spent.count],
+                      "a": [aug.spent.cpu, aug.spent.faults, aug.spent.count]}), flush=True)
 
 
 # -- the driver ------------------------------------------------------------------------
@@ -225,7 +268,26 @@ def run_row(a, mode, jobs, tmp, node_pid, stage, epochs):
             "cpu_ms_per_sample": 1000 * (jobs_cpu + node_cpu) / samples,
             "jobs_cpu_ms_per_sample": 1000 * jobs_cpu / samples, "node_cpu_ms_per_sample": 1000 * node_cpu / samples,
             "node_idle_cpu_per_s": idle, "load_before": load,
+            # Where the jobs' CPU goes: F per call and A per sample, in the
+            # threads that ran them, and the jobs' minor page faults.
+            "f_ms_per_call": _per(res, "f", 0, 1000), "f_faults_per_call": _per(res, "f", 1, 1),
+            "a_ms_per_sample": _per(res, "a", 0, 1000), "a_faults_per_sample": _per(res, "a", 1, 1),
+            "jobs_faults_per_sample": sum(r["faults"] for r in res) / samples,
             "routes": sorted({x for r in res for x in r["routes"]}), "detached": sum(r["alone"] for r in res)}
+
+
+def _ms(v):
+    return "-" if v is None else f"{v:.3f}"
+
+
+def _n(v):
+    return "-" if v is None else f"{v:.1f}"
+
+
+def _per(res, what, field, scale):
+    """The jobs' total of res[what][field] per call (res[what][2]), scaled; None without calls."""
+    calls = sum(r[what][2] for r in res)
+    return scale * sum(r[what][field] for r in res) / calls if calls else None
 
 
 def start_node(tmp, data, memory):
@@ -327,6 +389,9 @@ def main(argv):
                     f"  aggregate {r['samples_per_s']:8.1f} samples/s  CPU {r['cpu_ms_per_sample']:6.3f} ms/sample "
                     f"(jobs {r['jobs_cpu_ms_per_sample']:.3f}, node {r['node_cpu_ms_per_sample']:.3f}) = {ratio} "
                     f"independent  [{r['seconds']:.1f} s, load {r['load_before']:.2f}, routes {','.join(r['routes']) or '-'}]")
+                log(f"J={jobs:<2} {row:<12}   where: F {_ms(r['f_ms_per_call'])} ms/call, {_n(r['f_faults_per_call'])} "
+                    f"faults/call; A {_ms(r['a_ms_per_sample'])} ms/sample, {_n(r['a_faults_per_sample'])} faults/sample; "
+                    f"jobs' minor faults {r['jobs_faults_per_sample']:.1f}/sample")
             goal = {4: 0.35, 8: 0.25}.get(jobs)
             if base and goal:
                 for row in ("staging", "prep-cache"):
