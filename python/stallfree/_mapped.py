@@ -192,8 +192,10 @@ def _copy(rows, m, spans):
     waits; a copy per item that lets go of it (numpy's) takes it back 256
     times, each time behind the loop's thread. Without torch, the items are
     copied as before, under the GIL."""
+    if not spans:  # nothing mapped: the batch's buffer may not be set up
+        return
     torch = sys.modules.get("torch")
-    if torch is None or len(spans) < 2:
+    if torch is None:
         for p, start, stop in spans:
             rows.row(p)[:] = m.view[start:stop]
         return

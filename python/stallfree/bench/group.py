@@ -276,12 +276,8 @@ def run_row(a, mode, jobs, tmp, node_pid, stage, epochs):
             "routes": sorted({x for r in res for x in r["routes"]}), "detached": sum(r["alone"] for r in res)}
 
 
-def _ms(v):
-    return "-" if v is None else f"{v:.3f}"
-
-
-def _n(v):
-    return "-" if v is None else f"{v:.1f}"
+def _fmt(v, spec):
+    return "-" if v is None else format(v, spec)
 
 
 def _per(res, what, field, scale):
@@ -389,8 +385,9 @@ def main(argv):
                     f"  aggregate {r['samples_per_s']:8.1f} samples/s  CPU {r['cpu_ms_per_sample']:6.3f} ms/sample "
                     f"(jobs {r['jobs_cpu_ms_per_sample']:.3f}, node {r['node_cpu_ms_per_sample']:.3f}) = {ratio} "
                     f"independent  [{r['seconds']:.1f} s, load {r['load_before']:.2f}, routes {','.join(r['routes']) or '-'}]")
-                log(f"J={jobs:<2} {row:<12}   where: F {_ms(r['f_ms_per_call'])} ms/call, {_n(r['f_faults_per_call'])} "
-                    f"faults/call; A {_ms(r['a_ms_per_sample'])} ms/sample, {_n(r['a_faults_per_sample'])} faults/sample; "
+                log(f"J={jobs:<2} {row:<12}   where: F {_fmt(r['f_ms_per_call'], '.3f')} ms/call, "
+                    f"{_fmt(r['f_faults_per_call'], '.1f')} faults/call; A {_fmt(r['a_ms_per_sample'], '.3f')} ms/sample, "
+                    f"{_fmt(r['a_faults_per_sample'], '.1f')} faults/sample; "
                     f"jobs' minor faults {r['jobs_faults_per_sample']:.1f}/sample")
             goal = {4: 0.35, 8: 0.25}.get(jobs)
             if base and goal:

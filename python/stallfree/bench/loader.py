@@ -253,26 +253,25 @@ def loaders(args, data, url1, url3):
         rows["c"] = cached(url3, "owner")
     if "d" in args.rows:
         bds = CachedDataset(url1, "bench", transform=to_tensor)
-        bl = BatchLoader(bds, args.batch, shuffle=True, threads=args.threads, collate_fn=collate)
-        epoch = [0]
-
-        def make():
-            epoch[0] += 1
-            bl.set_epoch(epoch[0])
-            return bl
-        rows["d"] = make
+        rows["d"] = _each_epoch(BatchLoader(bds, args.batch, shuffle=True, threads=args.threads, collate_fn=collate))
     if "e" in args.rows:
         from stallfree.torch import DeviceLoader
 
         dl = DeviceLoader(CachedDataset(url1, "bench"), args.batch, device="cpu", shuffle=True, threads=args.threads)
-        epoch_e = [0]
-
-        def make_e():
-            epoch_e[0] += 1
-            dl.set_epoch(epoch_e[0])
-            return (x for x, _ in dl)
-        rows["e"] = make_e
+        rows["e"] = _each_epoch(dl, lambda it: (x for x, _ in it))
     return rows
+
+
+def _each_epoch(loader, batches=lambda it: it):
+    """A function making the loader's next epoch (its own order each time),
+    as ``batches`` of it."""
+    epoch = [0]
+
+    def make():
+        epoch[0] += 1
+        loader.set_epoch(epoch[0])
+        return batches(loader)
+    return make
 
 
 DESCR = {

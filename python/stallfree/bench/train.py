@@ -426,7 +426,7 @@ def main(argv):
     a = p.parse_args(argv)
     rows = [r for r in a.rows.split(",") if r]
     if not rows or set(rows) - set(ROWS) - set(EXTRA_ROWS):
-        p.error(f"--rows {a.rows!r}: among {', '.join(ROWS)}")
+        p.error(f"--rows {a.rows!r}: among {', '.join(ROWS + EXTRA_ROWS)}")
     try:
         import PIL  # noqa: F401
         import torch

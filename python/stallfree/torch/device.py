@@ -121,17 +121,28 @@ class DeviceLoader(BatchLoader):
         if stream is None:
             stream = self._thread.stream = torch.cuda.Stream(self.device)
         with torch.cuda.stream(stream):
+            x, y = self._on_device(host, y, idx, stream)
+            ready = torch.cuda.Event()
+            ready.record(stream)
+        return (x, ready), y, idx
+
+    def _on_device(self, x, y, idx, stream):
+        """The batch onto the device, queued on ``stream`` (the current one):
+        JPEG bytes decoded there, a host buffer copied (and kept from reuse
+        until the copy has run), then the augmentation and the labels."""
+        if isinstance(x, list):
+            x = self._decode(x)
+        else:
+            host = x
             x = host.to(self.device, non_blocking=True)
             copied = torch.cuda.Event()
             copied.record(stream)
             self._buffers.busy_until(host, copied)
-            if self.augment is not None:
-                x = self.augment(x, idx, epoch=self.epoch, seed=self.seed)
-            if y is not None:  # pinned, so that the copy waits for nothing
-                y = torch.from_numpy(y).pin_memory().to(self.device, non_blocking=True)
-            ready = torch.cuda.Event()
-            ready.record(stream)
-        return (x, ready), y, idx
+        if self.augment is not None:
+            x = self.augment(x, idx, epoch=self.epoch, seed=self.seed)
+        if y is not None:  # pinned, so that the copy waits for nothing queued on the device
+            y = torch.from_numpy(y).pin_memory().to(self.device, non_blocking=True)
+        return x, y
 
     def _read(self, indices, keys):
         ds, client = self.dataset, self.dataset.client
@@ -176,24 +187,10 @@ class DeviceLoader(BatchLoader):
                 y.record_stream(step)
             return x, y
         if self._cuda:
-            if isinstance(x, list):  # JPEG bytes: decoded on the GPU
-                x = self._decode(x)
-            else:
-                host = x
-                x = host.to(self.device, non_blocking=True)
-                ev = torch.cuda.Event()
-                # On the stream the copy went to: the target device's, which
-                # is not the current device's when the loader's is cuda:1.
-                ev.record(torch.cuda.current_stream(self.device))
-                self._buffers.busy_until(host, ev)
-            if self.augment is not None:
-                x = self.augment(x, idx, epoch=self.epoch, seed=self.seed)
-        if y is not None:
-            y = torch.from_numpy(y)
-            if self._cuda:  # pinned, so that the copy waits for nothing queued on the device
-                y = y.pin_memory().to(self.device, non_blocking=True)
-        return x, y
-
+            # On the stream of the loader's device, which is not the current
+            # device's when the loader's is cuda:1.
+            return self._on_device(x, y, idx, torch.cuda.current_stream(self.device))
+        return x, (torch.from_numpy(y) if y is not None else None)
 
 def _decodes_lists():
     """Whether this torchvision's ``decode_jpeg`` takes a list of images
