@@ -9,7 +9,7 @@
 #
 # Usage: scripts/gpu-bench.sh OUTDIR [ITEMS]   (ITEMS: the --train JPEGs, 25600 as in issue 48)
 # Environment: TRAIN_ROWS (--train's --rows), DELIVERY_EPOCHS (3), GROUP_EPOCHS (6),
-# QUIET_S (60: the longest wait for a quiet machine between benches).
+# QUIET_S (90: the longest wait for a quiet machine between benches).
 # Writes OUTDIR/machine.txt and a .json (figures) and .log (progress) per bench.
 set -u
 out=$(realpath -m "${1:?usage: scripts/gpu-bench.sh OUTDIR [ITEMS]}")
@@ -43,7 +43,7 @@ quiet() { # waits (at most $1 s) for a 1-minute load below 2: the last bench's p
 
 bench train 300 --train --items "$items" --rows "${TRAIN_ROWS:-files,cached,batchloader,prep,device-prep,device-jpeg}" \
 	--delivery-epochs "${DELIVERY_EPOCHS:-3}"
-quiet "${QUIET_S:-60}"
+quiet "${QUIET_S:-90}"
 bench loader 110 --items 12000 --rounds 2
-quiet "${QUIET_S:-60}"
+quiet "${QUIET_S:-90}"
 bench group 150 --group 4,8 --epochs "${GROUP_EPOCHS:-6}"
