@@ -312,6 +312,7 @@ class _Prep:
         self.alloc = None  # in the job's own process: buffers reused once nothing refers to them
         self._client = None
         self._pid = None
+        self._row_pool, self._row_pid = None, None  # per process: buffers for F's outputs (_rows)
         # The generators are the process's own: two threads preparing at
         # once would draw from them in turn and make each other's batches
         # irreproducible, so one batch is transformed at a time per process.
@@ -319,7 +320,7 @@ class _Prep:
 
     def __getstate__(self):
         s = dict(self.__dict__)
-        s["_client"], s["_seeded"], s["alloc"] = None, None, None
+        s["_client"], s["_seeded"], s["alloc"], s["_row_pool"] = None, None, None, None
         return s
 
     def __setstate__(self, s):
@@ -345,7 +346,7 @@ class _Prep:
         else:
             pairs = self.client.batch(self.dataset, indices)
             keys, raw = [k for k, _ in pairs], [d for _, d in pairs]
-        samples = self.seeded(epoch, b, lambda: [self.transform(x) for x in raw] if self.transform else raw)
+        samples = self.seeded(epoch, b, lambda: self._rows(self.transform, raw) if self.transform else raw)
         torch = sys.modules.get("torch")
         x = None
         if self.collate_fn is default_collate:
@@ -358,6 +359,46 @@ class _Prep:
             return x
         y = self.labels.of(indices, keys)
         return x, torch.from_numpy(y) if torch is not None else y
+
+    #: Outputs smaller than this are left as they are: they come from and go
+    #: back to malloc's small bins, which no trim gives back to the kernel.
+    rows_from = 64 << 10
+
+    def _rows(self, fn, items):
+        """[fn(x) for x in items], where each output that is a numpy array
+        of the first one's dtype and shape is copied at once into its row of
+        one (B, ...) buffer, reused from batch to batch, and let go: fn's
+        own memory is then freed before its next call, and reused by it.
+        Kept until the batch is encoded, B fresh outputs (B x 549 KiB for a
+        decoded 500x375 JPEG) were freed together, glibc's trim gave them
+        back to the kernel, and the next batch's fn faulted them in again:
+        ~140 page faults an image, a third of its decode's CPU in a
+        producer's threads (the group bench's "where" line). The rows are
+        views; the encoding copies them into the staged batch."""
+        if np is None:
+            return [fn(x) for x in items]
+        out, rows = [], None
+        for x in items:
+            y = fn(x)
+            if rows is None and not out and type(y) is np.ndarray and y.nbytes >= self.rows_from \
+                    and not y.dtype.hasobject:
+                rows = self._row_buffer(y.dtype, (len(items),) + y.shape)
+            if rows is not None and type(y) is np.ndarray and y.dtype == rows.dtype and y.shape == rows.shape[1:]:
+                row = rows[len(out)]
+                np.copyto(row, y)
+                y = row
+            out.append(y)
+        return out
+
+    def _row_buffer(self, dtype, shape):
+        if self._row_pool is None or self._row_pid != os.getpid():
+            from ._rows import _Pool
+
+            # A buffer is busy while any row of it lives: until its batch
+            # is encoded (or, uncollated, for as long as the caller keeps it).
+            self._row_pool, self._row_pid = _Pool(pinned=False, keep=4), os.getpid()
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        return self._row_pool.get(nbytes).view(dtype).reshape(shape)
 
     def stage_batch(self, indices):
         """(F's outputs for indices, stacked (with labels: and the labels, as

@@ -112,6 +112,69 @@ class BatchBytesTest(unittest.TestCase):
         self.assertTrue(all(n < asked for asked, n in calls[:-1]) and len(calls) > 20, "the writes were short")
 
 
+class TransformRowsTest(unittest.TestCase):
+    """A producer's transform outputs go into rows of one reused buffer as
+    they come, each output let go before the next call (no cluster)."""
+
+    def prep(self):
+        return co._Prep("http://127.0.0.1:1", "", "ds", False, None, co.default_collate, 0)
+
+    def test_each_output_is_let_go_before_the_next_call(self):
+        import weakref
+
+        import numpy as np
+        prep, alive, made = self.prep(), [], []
+
+        def f(x):
+            alive.append(sum(r() is not None for r in made))  # earlier outputs still held when this call starts
+            y = np.full((256, 256, 3), x, np.uint8)
+            made.append(weakref.ref(y))
+            return y
+
+        rows = prep._rows(f, [1, 2, 3, 4])
+        self.assertEqual(alive, [0, 0, 0, 0])
+        self.assertEqual([int(r[0, 0, 0]) for r in rows], [1, 2, 3, 4])
+        self.assertTrue(all(r.base is rows[0].base for r in rows), "rows of one buffer")
+        batch = co._Stacked.of(rows)
+        self.assertIsNotNone(batch, "the rows stack straight into the encoded batch")
+        want = np.stack([np.full((256, 256, 3), k, np.uint8) for k in (1, 2, 3, 4)])
+        self.assertEqual(co.encode_batch(batch), co.encode_batch(want))
+
+    def test_the_buffer_is_reused_once_its_rows_are_gone(self):
+        import numpy as np
+        prep = self.prep()
+
+        def f(x):
+            return np.full((128, 256, 3), x, np.uint8)
+
+        def where(rows):
+            return rows[0].__array_interface__["data"][0]
+
+        first = prep._rows(f, [1, 2])
+        held = prep._rows(f, [3, 4])
+        self.assertNotEqual(where(first), where(held), "a buffer in use is not handed out again")
+        self.assertEqual([int(r[0, 0, 0]) for r in first], [1, 2], "and its rows keep their values")
+        old = where(first)
+        del first
+        self.assertEqual(where(prep._rows(f, [5, 6])), old)
+
+    def test_other_outputs_are_left_as_they_are(self):
+        import numpy as np
+        prep = self.prep()
+        big = np.zeros((128, 256, 3), np.uint8)
+        odd = np.ones((64, 256, 3), np.uint8)
+        small = np.ones((4, 4), np.uint8)
+        rows = prep._rows(lambda y: y, [big, odd, big.astype(np.int16), "text", big])
+        self.assertIs(rows[1], odd, "another shape")
+        self.assertEqual(rows[2].dtype, np.int16)
+        self.assertEqual(rows[3], "text")
+        self.assertIsNot(rows[4], big)
+        self.assertIs(rows[4].base, rows[0].base, "a row, after outputs that are not")
+        self.assertIsNone(co._Stacked.of(rows), "collated as before: default_collate sees the mix")
+        self.assertTrue(all(r is small for r in prep._rows(lambda y: y, [small, small])), "too small to copy")
+        self.assertEqual(prep._rows(lambda y: y + 1, [1, 2]), [2, 3])
+
+
 class GroupCase(unittest.TestCase):
     """One cluster per class; a dataset of N items whose first six bytes are
     their index."""

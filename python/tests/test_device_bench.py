@@ -43,6 +43,10 @@ class TrainBenchTest(unittest.TestCase):
             for e in epochs:
                 self.assertTrue(0 <= e["stall"] <= 1, (row, e))
                 self.assertGreater(e["cpu_s_per_1k"]["all"], 0, row)
+                # Worker processes' page faults where there are worker processes.
+                self.assertEqual(e["faults_per_sample"]["workers"] > 0, row in ("files", "cached", "batchloader",
+                                                                              "prep"), (row, e))
+                self.assertGreater(e["faults_per_sample"]["training_process"], 0, row)
         self.assertEqual(rep["step"], "sleep 1 ms per batch")
         self.assertEqual([d["path"] for d in rep["delivery"]], ["mapped", "socket"])
         for d in rep["delivery"]:

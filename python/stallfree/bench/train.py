@@ -235,6 +235,13 @@ def _children_cpu():
     return r.ru_utime + r.ru_stime
 
 
+def _faults():
+    """Minor page faults of (this process, its waited-for children): fresh
+    memory a row touches costs CPU in the kernel, the more on a VM."""
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt,
+            resource.getrusage(resource.RUSAGE_CHILDREN).ru_minflt)
+
+
 # -- the rows ------------------------------------------------------------------------
 
 def loader_for(row, a, url, data, device):
@@ -287,7 +294,7 @@ def run_row(row, a, url, data, device, step, node_pid, model_s, model_cpu):
     for e in range(a.epochs):
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(e)
-        t0, s0, c0, n0 = time.perf_counter(), _self_cpu(), _children_cpu(), proc_cpu(node_pid)
+        t0, s0, c0, n0, f0 = time.perf_counter(), _self_cpu(), _children_cpu(), proc_cpu(node_pid), _faults()
         samples = batches = 0
         it = iter(loader)
         for x, y in it:
@@ -301,6 +308,7 @@ def run_row(row, a, url, data, device, step, node_pid, model_s, model_cpu):
         del it  # DataLoader workers exit: their CPU lands in RUSAGE_CHILDREN
         wall = time.perf_counter() - t0
         own, workers, node = _self_cpu() - s0, _children_cpu() - c0, proc_cpu(node_pid) - n0
+        faults = [b - a for a, b in zip(f0, _faults())]
         model_t = batches * model_s
         # The model's own CPU is not the loader's: on the CPU its compute, on
         # CUDA its launches (and the spinning while the launch queue is full),
@@ -311,11 +319,14 @@ def run_row(row, a, url, data, device, step, node_pid, model_s, model_cpu):
                        "stall": max(0.0, 1 - model_t / wall),
                        "cpu_s_per_1k": {"loader": loader_cpu * k, "workers": workers * k, "node": node * k,
                                         "all": (loader_cpu + workers + node) * k,
-                                        "training_process": own * k, "model": batches * model_cpu * k}})
+                                        "training_process": own * k, "model": batches * model_cpu * k},
+                       "faults_per_sample": {"training_process": faults[0] * k / 1000,
+                                             "workers": faults[1] * k / 1000}})
         r = epochs[-1]
         log(f"  {row:12s} epoch {e + 1}: {r['samples_per_s']:8.1f} samples/s  stall {r['stall']:5.1%}  "
             f"CPU s/1k: loader {r['cpu_s_per_1k']['loader']:.2f} workers {r['cpu_s_per_1k']['workers']:.2f} "
-            f"node {r['cpu_s_per_1k']['node']:.2f}")
+            f"node {r['cpu_s_per_1k']['node']:.2f}  page faults/sample: loader "
+            f"{r['faults_per_sample']['training_process']:.0f} workers {r['faults_per_sample']['workers']:.0f}")
     return epochs
 
 
