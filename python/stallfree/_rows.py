@@ -13,6 +13,7 @@ import threading
 
 import numpy as np
 
+from ._pool import _Buffer, _Pool  # noqa: F401 - imported from here by the loaders
 from .prep import MAGIC, _HEAD
 
 _PEEK = 512  # bytes of framing looked at at once: a key up to ~400 bytes and a prep header
@@ -245,58 +246,3 @@ def _torch_numpy_dtype(name):
 
     t = getattr(torch, name)
     return torch.empty(0, dtype=t).numpy().dtype
-
-
-class _Buffer:
-    __slots__ = ("array", "tensor", "event")
-
-    def __init__(self, array, tensor):
-        self.array, self.tensor, self.event = array, tensor, None
-
-
-class _Pool:
-    """Host buffers, reused once nothing refers to them: a buffer is in use
-    while a batch is read into it and while a tensor over it (a yielded
-    batch, or any view of one) lives, as numpy and torch.from_numpy hold the
-    array; pinned, also until its copy to the device has run."""
-
-    def __init__(self, pinned, keep):
-        self.pinned, self.keep = pinned, keep
-        self.lock = threading.Lock()
-        self.buffers = []
-
-    @staticmethod
-    def _free(b):
-        # Referred to by b and by getrefcount's argument only: no view.
-        return sys.getrefcount(b.array) <= 2 and (b.event is None or b.event.query())
-
-    def get(self, nbytes):
-        """A view of nbytes of a free buffer (made under the lock, so that
-        no other thread takes the buffer meanwhile)."""
-        with self.lock:
-            for b in self.buffers:
-                if len(b.array) >= nbytes and self._free(b):
-                    b.event = None
-                    return b.array[:nbytes]
-            if self.pinned:
-                import torch
-
-                t = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-                b = _Buffer(t.numpy(), t)
-            else:
-                b = _Buffer(np.empty(nbytes, dtype=np.uint8), None)
-            view = b.array[:nbytes]
-            self.buffers.append(b)
-            if len(self.buffers) > self.keep:  # forget free ones beyond what a loop holds at once
-                self.buffers = [x for x in self.buffers if not self._free(x)]
-            return view
-
-    def busy_until(self, host, event):
-        """The pinned buffer under tensor host stays in use until event."""
-        ptr = host.data_ptr()
-        with self.lock:
-            for b in self.buffers:
-                start = b.tensor.data_ptr()
-                if start <= ptr < start + b.tensor.numel():
-                    b.event = event
-                    return

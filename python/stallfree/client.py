@@ -69,6 +69,31 @@ def _loopback(host):
         return False
 
 
+def _msgpack_len(n, small, codes):
+    """msgpack's header for a length n: small | n when it fits in the
+    fix-format (small is not None), else the first of codes (8, 16, 32
+    bits) whose width holds n."""
+    if small is not None and n < 16:
+        return bytes([small | n])
+    for code, width in zip(codes, (1, 2, 4)[3 - len(codes):]):
+        if n < 1 << (8 * width):
+            return bytes([code]) + n.to_bytes(width, "big")
+    raise ValueError(f"{n} is too long for msgpack")
+
+
+def _items_body(items):
+    """The msgpack of [{"index": i, "data": d}] for a batch write, as a
+    tuple of buffers to send one after the other: each item's bytes are
+    sent from where they are (a reused buffer), not copied into one body
+    first."""
+    out = [_msgpack_len(len(items), 0x90, (0xdc, 0xdd))]
+    for i, d in items:
+        d = memoryview(d).cast("B")
+        out.append(b"\x82\xa5index" + msgpack.packb(int(i)) + b"\xa4data" + _msgpack_len(d.nbytes, None, (0xc4, 0xc5, 0xc6)))
+        out.append(d)
+    return tuple(out)
+
+
 class Client:
     """A client of one node, failing over to the cluster's other nodes.
 
@@ -347,9 +372,10 @@ class Client:
         2xx (409: other bytes were written first; 507: no room; 503: the
         owner unreachable). A bad batch raises StallfreeError, and nothing
         of it is written."""
-        body = msgpack.packb([{"index": int(i), "data": d} for i, d in items], use_bin_type=True)
+        body = _items_body(items)
         _, data = self.request("PUT", f"/v1/datasets/{self._q(dataset)}/batch", body,
-                               {"Content-Type": "application/msgpack"})
+                               {"Content-Type": "application/msgpack",
+                                "Content-Length": str(sum(memoryview(p).nbytes for p in body))})
         got = json.loads(data)
         if len(got) != len(items):
             raise StallfreeError(502, f"{dataset}: {len(got)} write results for {len(items)} items")

@@ -16,6 +16,7 @@ stage string starts a fresh cache (another derived dataset).
 
 import hashlib
 import json
+import os
 import re
 import struct
 
@@ -42,10 +43,12 @@ def derived_name(parent, stage):
     return f"{parent[:100]}.{hashlib.sha256(stage.encode()).hexdigest()[:16]}"
 
 
-def encode(value):
+def encode(value, alloc=None):
     """A numpy array or torch tensor as header + raw bytes (C order), in a
     bytearray written once: the array's bytes are copied into it, not
-    gathered first (``tobytes``) and joined after."""
+    gathered first (``tobytes``) and joined after. With ``alloc(n)`` (a
+    writable uint8 numpy array of n bytes, e.g. from a pool of reused
+    buffers), written into that array instead, which is returned."""
     if np is not None and isinstance(value, np.ndarray):
         if value.dtype.hasobject:
             raise TypeError("cache_stage: an array of Python objects cannot be cached; return numbers")
@@ -63,10 +66,11 @@ def encode(value):
         raise TypeError(f"cache_stage: the function must return a numpy array or a torch tensor, not {type(value).__name__}")
     h = json.dumps(head, separators=(",", ":")).encode()
     start = _HEAD.size + len(h)
-    out = bytearray(start + len(flat))
-    _HEAD.pack_into(out, 0, MAGIC, len(h))
-    out[_HEAD.size:start] = h
-    memoryview(out)[start:] = flat
+    out = bytearray(start + len(flat)) if alloc is None else alloc(start + len(flat))
+    view = memoryview(out)
+    _HEAD.pack_into(view, 0, MAGIC, len(h))
+    view[_HEAD.size:start] = h
+    view[start:] = flat
     return out
 
 
@@ -74,7 +78,7 @@ def decode(data, copy=True):
     """What ``encode`` made, back: same kind, dtype, shape and bytes. The
     result is writable (T may modify it in place): a copy of data's bytes,
     or with copy=False a view of data itself, which must then be a
-    bytearray the caller hands over."""
+    bytearray or a writable numpy array the caller hands over."""
     if len(data) < _HEAD.size:
         raise ValueError("prep cache: item too short for its header")
     magic, n = _HEAD.unpack_from(data)
@@ -96,10 +100,11 @@ def decode(data, copy=True):
 
 def _payload(data, start, itemsize, copy):
     """data's bytes from start, writable: a copy, or with copy=False a view
-    of data (a bytearray) when its first element is aligned for its dtype.
-    The header's length makes the offset arbitrary, and numpy and torch work
-    on a misaligned array, slower."""
-    if copy or not isinstance(data, bytearray) or start % max(itemsize, 1):
+    of data (a bytearray or a writable numpy array) when its first element
+    is aligned for its dtype. The header's length makes the offset
+    arbitrary, and numpy and torch work on a misaligned array, slower."""
+    owned = isinstance(data, bytearray) or (np is not None and isinstance(data, np.ndarray) and data.flags.writeable)
+    if copy or not owned or start % max(itemsize, 1):
         return bytearray(memoryview(data)[start:])  # copied once
     return memoryview(data)[start:]
 
@@ -163,6 +168,16 @@ def _chunks(pairs, limit):
         yield run
 
 
+def _big(value):
+    """Whether value is big enough (64 KiB and up) for malloc's trim to
+    give its bytes back to the kernel when freed; smaller ones are reused
+    from malloc's bins anyway."""
+    n = getattr(value, "nbytes", None)
+    if n is None and hasattr(value, "element_size"):
+        n = value.element_size() * value.numel()
+    return (n or 0) >= 64 << 10
+
+
 class PrepStage:
     """One prep stage of one parent dataset, cached in the cluster.
 
@@ -181,9 +196,31 @@ class PrepStage:
         self.parent, self.stage, self.fn, self.tar = parent, stage, fn, tar
         self.name = derived_name(parent, stage)
         self._batch_writes = True  # until a node answers 405 (one without PUT …/batch)
+        self._pool, self._pool_pid = None, None  # per process: buffers for F's encoded results
         # Idempotent: the same body from any process answers 200 with the
         # dataset as it is.
         client.json("PUT", f"/v1/datasets/{client._q(self.name)}", {"derived_from": parent, "stage": stage})
+
+    def __getstate__(self):
+        s = dict(self.__dict__)
+        s["_pool"] = None  # each process (a DataLoader worker) reuses buffers of its own
+        return s
+
+    def _encoded(self, value):
+        """encode(value), into a buffer reused once nothing refers to it (F's
+        result, handed to T, lives until T is done with it). A fresh
+        bytearray an item was freed with its batch, trimmed back to the
+        kernel by glibc, and faulted in again by the next batch: ~50 page
+        faults a 192 KiB item."""
+        if np is None or not _big(value):
+            return encode(value)
+        if self._pool is None or self._pool_pid != os.getpid():
+            from ._pool import _Pool
+
+            # keep: the free buffers are forgotten only past this many in
+            # all, more than a batch's items.
+            self._pool, self._pool_pid = _Pool(pinned=False, keep=4096), os.getpid()
+        return encode(value, self._pool.get)
 
     def _path(self, client, i):
         return f"/v1/datasets/{client._q(self.name)}/index/{int(i)}"
@@ -217,7 +254,7 @@ class PrepStage:
     def _compute(self, client, i, raw):
         """Runs F (its exceptions are the caller's) and writes the result
         back; another writer's result, when it was first, is what counts."""
-        return self._written(client, i, encode(self.fn(raw)))
+        return self._written(client, i, self._encoded(self.fn(raw)))
 
     def _written(self, client, i, data):
         """Writes F's encoded result for item i and returns what readers get."""
@@ -282,7 +319,7 @@ class PrepStage:
         counts. Against a node without batch writes (405), one by one."""
         if len(indices) == 1 or not self._batch_writes:
             return [self._compute(client, i, raw) for i, raw in zip(indices, raws)]
-        data = [encode(self.fn(raw)) for raw in raws]
+        data = [self._encoded(self.fn(raw)) for raw in raws]
         try:
             results = []
             for part in _chunks(list(zip(indices, data)), self.max_write_bytes):

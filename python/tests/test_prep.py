@@ -122,6 +122,35 @@ class EncodingTest(unittest.TestCase):
                     self.assertTrue(got.flags.aligned, shape)
                 self.assertTrue(same_array(got, v), shape)
 
+    def test_encode_into_a_given_buffer(self):
+        """encode(v, alloc) writes the same bytes into alloc's buffer, and
+        decode(copy=False) of that buffer is a view of it."""
+        for v in [np.arange(24, dtype=np.uint8).reshape(2, 3, 4), torch.arange(6, dtype=torch.uint8)]:
+            dirty = np.full(1000, 0xFF, np.uint8)
+            got = encode(v, lambda n: dirty[:n])
+            self.assertEqual(got.__array_interface__["data"][0], dirty.__array_interface__["data"][0])
+            self.assertEqual(bytes(got), bytes(encode(v)))
+            view = decode(got, copy=False)
+            view.reshape(-1)[0] = 7
+            self.assertEqual(decode(got).reshape(-1)[0], 7, "no copy: the buffer's own bytes")
+        frozen = encode(np.arange(8, dtype=np.uint8), lambda n: np.zeros(n, np.uint8))
+        frozen.flags.writeable = False
+        got = decode(frozen, copy=False)
+        got[0] = 9  # a read-only buffer is copied, never handed out as writable
+        self.assertEqual(decode(frozen)[0], 0)
+
+    def test_the_batch_write_body_is_msgpack(self):
+        """The batch write's body, sent piece by piece, is the msgpack of
+        [{"index", "data"}], at every length's header width."""
+        import msgpack
+
+        from stallfree.client import _items_body
+        for n, size in [(0, 0), (1, 0), (15, 255), (16, 256), (3, 65535), (2, 65536), (70000, 3), (1, 200_000)]:
+            items = [(i * 1000, np.full(size, i % 250, np.uint8)) for i in range(n)]
+            items[:1] = [(7, bytes(size)), (8, bytearray(size))][:min(n, 2)] if n else []
+            want = msgpack.packb([{"index": i, "data": bytes(d)} for i, d in items], use_bin_type=True)
+            self.assertEqual(b"".join(bytes(p) for p in _items_body(items)), want, (n, size))
+
     def test_names(self):
         self.assertEqual(derived_name("imgs", "decoded-224-v1"), "imgs.decoded-224-v1")
         odd = derived_name("imgs", "resize 224/crop")
@@ -313,6 +342,29 @@ class PrepTest(ClusterCase):
                 self.assertTrue(same_array(x, self.want[i]), f"epoch {epoch} item {i}")
             self.assert_f_once_per_item(lines(self.flog))  # epoch 2 adds no call
         self.assertEqual(len(lines(self.tlog)), 2 * n)
+
+    def test_big_results_are_written_from_reused_buffers(self):
+        """F's results of 64 KiB and up are encoded into buffers reused once
+        T is done with them (a fresh one an item was trimmed back to the
+        kernel with its batch and faulted in again), and written from there:
+        the same bytes are cached and returned."""
+        def big(raw):
+            return np.frombuffer(hashlib.sha256(raw).digest() * 2048, dtype=np.uint8).reshape(256, 256)
+
+        ds = CachedDataset(self.url1, "ds", cache_stage=("big", big))
+        where = lambda a: a.__array_interface__["data"][0]  # noqa: E731
+        first = ds.__getitems__(list(range(8)))
+        held = ds.__getitems__(list(range(8, 16)))
+        self.assertEqual(set(map(where, first)) & set(map(where, held)), set(), "no buffer in use handed out again")
+        self.assertTrue(all(same_array(x, big(self.files[self.keys[i]])) for i, x in enumerate(first + held)))
+        used = set(map(where, first))
+        del first
+        again = ds.__getitems__(list(range(16, 24)))
+        self.assertEqual(set(map(where, again)), used, "the first batch's buffers, once it was let go")
+        self.assertTrue(all(same_array(x, big(self.files[self.keys[16 + i]])) for i, x in enumerate(again)))
+        cached = CachedDataset(self.url2, "ds", cache_stage=("big", lambda raw: self.fail("F ran again")))
+        for i, x in enumerate(cached.__getitems__(list(range(24)))):
+            self.assertTrue(same_array(x, big(self.files[self.keys[i]])), f"item {i} as cached")
 
     def test_owner_routed(self):
         """route="owner": misses are answered by the owner (not written), not

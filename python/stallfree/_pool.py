@@ -1,0 +1,74 @@
+"""Host buffers reused once nothing refers to them: the batch buffers of
+the loaders (``stallfree.torch.DeviceLoader``, ``CoordinatedLoader``) and
+the prep cache's encoded items. A fresh buffer of a few hundred KiB or more
+comes from mmap or from the top of malloc's heap, which glibc trims back to
+the kernel when freed: each reuse then faults every page in again, which
+costs more CPU than filling it (on a VM, the more).
+"""
+
+import sys
+import threading
+
+import numpy as np
+
+
+class _Buffer:
+    __slots__ = ("array", "tensor", "event")
+
+    def __init__(self, array, tensor):
+        self.array, self.tensor, self.event = array, tensor, None
+
+
+class _Pool:
+    """Host buffers, reused once nothing refers to them: a buffer is in use
+    while a batch is read into it and while a tensor over it (a yielded
+    batch, or any view of one) lives, as numpy and torch.from_numpy hold the
+    array; pinned, also until its copy to the device has run."""
+
+    def __init__(self, pinned, keep):
+        self.pinned, self.keep = pinned, keep
+        self.lock = threading.Lock()
+        self.buffers = []
+        self.next = 0
+
+    @staticmethod
+    def _free(b):
+        # Referred to by b and by getrefcount's argument only: no view.
+        return sys.getrefcount(b.array) <= 2 and (b.event is None or b.event.query())
+
+    def get(self, nbytes):
+        """A view of nbytes of a free buffer (made under the lock, so that
+        no other thread takes the buffer meanwhile)."""
+        with self.lock:
+            # From the one after the last handed out: buffers come back in
+            # about the order they went, so a batch's k-th item finds a free
+            # one at once, not after k busy ones.
+            n = len(self.buffers)
+            for k in range(n):
+                b = self.buffers[(self.next + k) % n]
+                if len(b.array) >= nbytes and self._free(b):
+                    b.event = None
+                    self.next = (self.next + k + 1) % n
+                    return b.array[:nbytes]
+            if self.pinned:
+                import torch
+
+                t = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+                b = _Buffer(t.numpy(), t)
+            else:
+                b = _Buffer(np.empty(nbytes, dtype=np.uint8), None)
+            view = b.array[:nbytes]
+            self.buffers.append(b)
+            if len(self.buffers) > self.keep:  # forget free ones beyond what a loop holds at once
+                self.buffers = [x for x in self.buffers if not self._free(x)]
+            return view
+
+    def busy_until(self, host, event):
+        """The pinned buffer under tensor host stays in use until event."""
+        ptr = host.data_ptr()
+        with self.lock:
+            for b in self.buffers:
+                start = b.tensor.data_ptr()
+                if start <= ptr < start + b.tensor.numel():
+                    b.event = event
+                    return
