@@ -9,7 +9,11 @@
 #
 # Usage: scripts/gpu-bench.sh OUTDIR [ITEMS]   (ITEMS: the --train JPEGs, 25600 as in issue 48)
 # Environment: TRAIN_ROWS (--train's --rows), DELIVERY_EPOCHS (3), GROUP_EPOCHS (6),
-# QUIET_S (90: the longest wait for a quiet machine between benches).
+# QUIET_S (90: the longest wait for a quiet machine between benches),
+# GROUPS (4,8: the group bench's J), GROUP_ROWS (every row), GROUP_QUIET_S (0:
+# the longest wait for a load below 2 before each group row; after a row of 8
+# jobs the 1-minute load stays above 2 for a minute or more, so a J = 8 row
+# that starts at once is no figure. Each row may add up to that much).
 # Writes OUTDIR/machine.txt and a .json (figures) and .log (progress) per bench.
 set -u
 out=$(realpath -m "${1:?usage: scripts/gpu-bench.sh OUTDIR [ITEMS]}")
@@ -46,4 +50,6 @@ bench train 300 --train --items "$items" --rows "${TRAIN_ROWS:-files,cached,batc
 quiet "${QUIET_S:-90}"
 bench loader 110 --items 12000 --rounds 2
 quiet "${QUIET_S:-90}"
-bench group 150 --group 4,8 --epochs "${GROUP_EPOCHS:-6}"
+gq=${GROUP_QUIET_S:-0}
+bench group $((150 + 10 * ${gq%.*})) --group "${GROUPS:-4,8}" --epochs "${GROUP_EPOCHS:-6}" --quiet-wait "$gq" \
+	--rows "${GROUP_ROWS:-independent,staging,hand-off,prep-fill,prep-cache}"

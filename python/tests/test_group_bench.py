@@ -11,6 +11,10 @@ import unittest
 
 from harness import BIN, ROOT
 
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+from stallfree.bench.group import await_quiet  # noqa: E402
+
 try:
     import PIL  # noqa: F401
 except ImportError:  # pragma: no cover
@@ -42,6 +46,7 @@ class GroupBenchTest(unittest.TestCase):
             self.assertGreater(r["samples_per_s"], 0, name)
             self.assertGreaterEqual(r["node_cpu_ms_per_sample"], 0, name)
             self.assertGreater(r["cpu_ms_per_sample"], 0, name)
+            self.assertEqual(r["waited_for_quiet_s"], 0.0, name)  # no --quiet-wait
         self.assertEqual(rows["independent"]["cpu_vs_independent"], 1.0)
         # Where the CPU goes: F timed in every row that runs it, A in every
         # row that augments; the hand-off row runs neither.
@@ -61,3 +66,29 @@ class GroupBenchTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class AwaitQuietTest(unittest.TestCase):
+    """A row starts once the 1-minute load is below the bound, or after the
+    longest wait (a clock and a load of its own: no real waiting)."""
+
+    def run_with(self, loads, below, at_most):
+        now, polled = [0.0], []
+
+        def loadavg():
+            polled.append(now[0])
+            return (loads[min(len(polled) - 1, len(loads) - 1)], 0.0, 0.0)
+
+        def sleep(s):
+            now[0] += s
+        return await_quiet(below, at_most, loadavg, sleep, lambda: now[0]), polled
+
+    def test_waits_until_the_load_falls(self):
+        self.assertEqual(self.run_with([7.7, 4.0, 2.0, 1.9, 0.5], 2.0, 60)[0], 3.0)
+
+    def test_a_quiet_machine_starts_at_once(self):
+        self.assertEqual(self.run_with([1.2], 2.0, 60), (0.0, [0.0]))
+
+    def test_no_longer_than_the_longest_wait(self):
+        waited, polled = self.run_with([9.0], 2.0, 5)
+        self.assertEqual((waited, len(polled)), (5.0, 6))

@@ -37,8 +37,10 @@ independent job's CPU per consumed sample at J=4, 0.25x at J=8.
 
 Options: --items N (256) --batch B (16) --epochs E (2) --width W (500)
 --height H (375) --crop C (224) --window W (16) --url URL (an existing
-node; default: start bin/cachenode in a temporary directory) --json (the
-results as one JSON object on stdout; the table goes to stderr).
+node; default: start bin/cachenode in a temporary directory) --quiet-wait S
+(before each row, wait up to S seconds for the 1-minute load to fall below
+--quiet-load, 2) --json (the results as one JSON object on stdout; the table
+goes to stderr).
 """
 
 import argparse
@@ -226,6 +228,17 @@ def run_job(a):
 
 # -- the driver ------------------------------------------------------------------------
 
+def await_quiet(below, at_most, loadavg=os.getloadavg, sleep=time.sleep, clock=time.monotonic):
+    """Waits until the 1-minute load average is below ``below``, for at most
+    ``at_most`` seconds; returns the seconds waited. The load is an average:
+    it has no event to wait for, so it is polled. After a row of J jobs it
+    stays above 2 for a minute or more, and a row started then is no figure."""
+    t0 = clock()
+    while loadavg()[0] >= below and clock() - t0 < at_most:
+        sleep(1.0)
+    return clock() - t0
+
+
 def run_row(a, mode, jobs, tmp, node_pid, stage, epochs):
     counter = os.path.join(tmp, f"{mode}-{jobs}.calls")
     group = f"bench-{mode}-{jobs}-{os.getpid()}-{int(time.time() * 1000)}"
@@ -241,6 +254,9 @@ def run_row(a, mode, jobs, tmp, node_pid, stage, epochs):
         for p in procs:
             if p.stdout.readline().strip() != "ready":
                 raise RuntimeError(f"a {mode} job did not start")
+        # The jobs are ready and idle (blocked on the start signal): the load
+        # is the previous row's, decaying.
+        waited = await_quiet(a.quiet_load, a.quiet_wait) if a.quiet_wait > 0 else 0.0
         # The node's idle CPU (timers), taken off its figure below.
         i0, t0 = proc_cpu(node_pid), time.monotonic()
         time.sleep(1.0)
@@ -267,7 +283,7 @@ def run_row(a, mode, jobs, tmp, node_pid, stage, epochs):
             "seconds": slowest, "samples_per_s": samples / slowest,
             "cpu_ms_per_sample": 1000 * (jobs_cpu + node_cpu) / samples,
             "jobs_cpu_ms_per_sample": 1000 * jobs_cpu / samples, "node_cpu_ms_per_sample": 1000 * node_cpu / samples,
-            "node_idle_cpu_per_s": idle, "load_before": load,
+            "node_idle_cpu_per_s": idle, "load_before": load, "waited_for_quiet_s": waited,
             # Where the jobs' CPU goes: F per call and A per sample, in the
             # threads that ran them, and the jobs' minor page faults.
             "f_ms_per_call": _per(res, "f", 0, 1000), "f_faults_per_call": _per(res, "f", 1, 1),
@@ -314,6 +330,9 @@ def main(argv):
     ap.add_argument("--url", default="")
     ap.add_argument("--dataset", default="jpegs")
     ap.add_argument("--rows", default=",".join(ROWS), help="rows to run, comma-separated")
+    ap.add_argument("--quiet-wait", type=float, default=0.0,
+                    help="before each row, wait up to this many seconds for the 1-minute load to fall below --quiet-load")
+    ap.add_argument("--quiet-load", type=float, default=2.0)
     ap.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     # a job process
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -384,7 +403,7 @@ def main(argv):
                 log(f"J={jobs:<2} {row:<12} F calls/epoch {r['calls_per_epoch']:6.0f} ({r['calls_per_epoch'] / a.items:.2f} N)"
                     f"  aggregate {r['samples_per_s']:8.1f} samples/s  CPU {r['cpu_ms_per_sample']:6.3f} ms/sample "
                     f"(jobs {r['jobs_cpu_ms_per_sample']:.3f}, node {r['node_cpu_ms_per_sample']:.3f}) = {ratio} "
-                    f"independent  [{r['seconds']:.1f} s, load {r['load_before']:.2f}, routes {','.join(r['routes']) or '-'}]")
+                    f"independent  [{r['seconds']:.1f} s, load {r['load_before']:.2f} after {r['waited_for_quiet_s']:.0f} s, routes {','.join(r['routes']) or '-'}]")
                 log(f"J={jobs:<2} {row:<12}   where: F {_fmt(r['f_ms_per_call'], '.3f')} ms/call, "
                     f"{_fmt(r['f_faults_per_call'], '.1f')} faults/call; A {_fmt(r['a_ms_per_sample'], '.3f')} ms/sample, "
                     f"{_fmt(r['a_faults_per_sample'], '.1f')} faults/sample; "
