@@ -89,7 +89,8 @@ def _items_body(items):
     out = [_msgpack_len(len(items), 0x90, (0xdc, 0xdd))]
     for i, d in items:
         d = memoryview(d).cast("B")
-        out.append(b"\x82\xa5index" + msgpack.packb(int(i)) + b"\xa4data" + _msgpack_len(d.nbytes, None, (0xc4, 0xc5, 0xc6)))
+        head = _msgpack_len(d.nbytes, None, (0xc4, 0xc5, 0xc6))  # bin 8, 16 or 32
+        out.append(b"\x82\xa5index" + msgpack.packb(int(i)) + b"\xa4data" + head)
         out.append(d)
     return tuple(out)
 

@@ -331,7 +331,8 @@ def main(argv):
     ap.add_argument("--dataset", default="jpegs")
     ap.add_argument("--rows", default=",".join(ROWS), help="rows to run, comma-separated")
     ap.add_argument("--quiet-wait", type=float, default=0.0,
-                    help="before each row, wait up to this many seconds for the 1-minute load to fall below --quiet-load")
+                    help="before each row, wait up to this many seconds for the 1-minute load to fall "
+                         "below --quiet-load")
     ap.add_argument("--quiet-load", type=float, default=2.0)
     ap.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     # a job process
