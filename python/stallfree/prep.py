@@ -258,8 +258,11 @@ class PrepStage:
 
     def _written(self, client, i, data):
         """Writes F's encoded result for item i and returns what readers get."""
+        # A pooled buffer is a numpy array: http.client tests a body's truth,
+        # which an array of more than one element has none of.
+        body = data if isinstance(data, (bytes, bytearray)) else memoryview(data).cast("B")
         try:
-            client.request("PUT", self._path(client, i), data, {"Content-Type": "application/octet-stream"})
+            client.request("PUT", self._path(client, i), body, {"Content-Type": "application/octet-stream"})
         except StallfreeError as e:
             if e.status == 409:  # another process wrote first: read what is there
                 got = self._cached(client, i)

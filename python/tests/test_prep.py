@@ -362,8 +362,15 @@ class PrepTest(ClusterCase):
         again = ds.__getitems__(list(range(16, 24)))
         self.assertEqual(set(map(where, again)), used, "the first batch's buffers, once it was let go")
         self.assertTrue(all(same_array(x, big(self.files[self.keys[16 + i]])) for i, x in enumerate(again)))
+        # One item alone (ds[i], a minibatch's only missing item) and a node
+        # without batch writes: each result written on its own, from its buffer.
+        self.assertTrue(same_array(ds[24], big(self.files[self.keys[24]])))
+        self.assertTrue(same_array(ds.__getitems__([25])[0], big(self.files[self.keys[25]])))
+        ds.client.put_items = lambda dataset, items: (_ for _ in ()).throw(StallfreeError(405, "method not allowed"))
+        for i, x in enumerate(ds.__getitems__(list(range(26, 30)))):
+            self.assertTrue(same_array(x, big(self.files[self.keys[26 + i]])), f"item {26 + i}, one by one")
         cached = CachedDataset(self.url2, "ds", cache_stage=("big", lambda raw: self.fail("F ran again")))
-        for i, x in enumerate(cached.__getitems__(list(range(24)))):
+        for i, x in enumerate(cached.__getitems__(list(range(30)))):
             self.assertTrue(same_array(x, big(self.files[self.keys[i]])), f"item {i} as cached")
 
     def test_owner_routed(self):
