@@ -63,9 +63,23 @@ class GroupBenchTest(unittest.TestCase):
         self.assertIn("independent", out.stderr)
         self.assertIn("prep-cache", out.stderr)
 
-
-if __name__ == "__main__":
-    unittest.main()
+    def test_a_wait_for_quiet_comes_before_the_jobs_join(self):
+        """--quiet-wait longer than the node's --group-timeout: the jobs
+        start after the wait, so none is detached and F still runs once per
+        item (jobs that joined and then waited were detached, and each
+        prepared every batch)."""
+        env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), STALLFREE_BIN=BIN)
+        n = 16
+        with tempfile.TemporaryDirectory(prefix="stallfree-groupbench") as cwd:
+            out = subprocess.run([sys.executable, "-W", "ignore", "-m", "stallfree.bench", "--group", "2", "--items",
+                                  str(n), "--width", "64", "--height", "48", "--crop", "32", "--batch", "8",
+                                  "--epochs", "1", "--memory", "256MiB", "--rows", "staging", "--quiet-wait", "3",
+                                  "--quiet-load", "0", "--group-timeout", "1s", "--json"],
+                                 cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+        self.assertEqual(out.returncode, 0, out.stderr[-3000:])
+        (r,) = json.loads(out.stdout)["results"]
+        self.assertGreaterEqual(r["waited_for_quiet_s"], 3.0)  # a load of 0 is never reached: the longest wait
+        self.assertEqual((r["detached"], r["calls_per_epoch"]), (0, n))
 
 
 class AwaitQuietTest(unittest.TestCase):
@@ -92,3 +106,7 @@ class AwaitQuietTest(unittest.TestCase):
     def test_no_longer_than_the_longest_wait(self):
         waited, polled = self.run_with([9.0], 2.0, 5)
         self.assertEqual((waited, len(polled)), (5.0, 6))
+
+
+if __name__ == "__main__":
+    unittest.main()
