@@ -6,10 +6,18 @@ the kernel when freed: each reuse then faults every page in again, which
 costs more CPU than filling it (on a VM, the more).
 """
 
+import os
 import sys
 import threading
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError:  # pragma: no cover - a _ProcessPool is made without numpy, used only with it
+    np = None
+
+#: Buffers smaller than this are not worth pooling: malloc serves them from
+#: its small bins, which no trim gives back to the kernel.
+REUSE_FROM = 64 << 10
 
 
 class _Buffer:
@@ -72,3 +80,20 @@ class _Pool:
                 if start <= ptr < start + b.tensor.numel():
                     b.event = event
                     return
+
+
+class _ProcessPool:
+    """A _Pool of this process's own, made on first use: a forked worker,
+    or an unpickled copy (a DataLoader worker's dataset), gets a fresh one
+    rather than its parent's buffers and lock. Not pinned."""
+
+    def __init__(self, keep):
+        self.keep, self._pool, self._pid = keep, None, None
+
+    def __getstate__(self):
+        return {"keep": self.keep, "_pool": None, "_pid": None}
+
+    def get(self, nbytes):
+        if self._pool is None or self._pid != os.getpid():
+            self._pool, self._pid = _Pool(pinned=False, keep=self.keep), os.getpid()
+        return self._pool.get(nbytes)

@@ -57,6 +57,7 @@ import msgpack
 
 from .client import _UnixHTTPConnection, Client, StallfreeError
 from .labels import Labels
+from ._pool import REUSE_FROM, _Pool, _ProcessPool
 from .prep import PrepStage
 
 try:
@@ -312,7 +313,10 @@ class _Prep:
         self.alloc = None  # in the job's own process: buffers reused once nothing refers to them
         self._client = None
         self._pid = None
-        self._row_pool, self._row_pid = None, None  # per process: buffers for F's outputs (_rows)
+        # Buffers for F's outputs (_rows). A buffer is busy while any row of
+        # it lives: until its batch is encoded (or, uncollated, for as long
+        # as the caller keeps it).
+        self._rows_pool = _ProcessPool(keep=4)
         # The generators are the process's own: two threads preparing at
         # once would draw from them in turn and make each other's batches
         # irreproducible, so one batch is transformed at a time per process.
@@ -320,7 +324,7 @@ class _Prep:
 
     def __getstate__(self):
         s = dict(self.__dict__)
-        s["_client"], s["_seeded"], s["alloc"], s["_row_pool"] = None, None, None, None
+        s["_client"], s["_seeded"], s["alloc"] = None, None, None
         return s
 
     def __setstate__(self, s):
@@ -360,10 +364,6 @@ class _Prep:
         y = self.labels.of(indices, keys)
         return x, torch.from_numpy(y) if torch is not None else y
 
-    #: Outputs smaller than this are left as they are: they come from and go
-    #: back to malloc's small bins, which no trim gives back to the kernel.
-    rows_from = 64 << 10
-
     def _rows(self, fn, items):
         """[fn(x) for x in items], where each output that is a numpy array
         of the first one's dtype and shape is copied at once into its row of
@@ -380,25 +380,16 @@ class _Prep:
         out, rows = [], None
         for x in items:
             y = fn(x)
-            if rows is None and not out and type(y) is np.ndarray and y.nbytes >= self.rows_from \
+            if rows is None and not out and type(y) is np.ndarray and y.nbytes >= REUSE_FROM \
                     and not y.dtype.hasobject:
-                rows = self._row_buffer(y.dtype, (len(items),) + y.shape)
+                shape = (len(items),) + y.shape
+                rows = self._rows_pool.get(y.nbytes * len(items)).view(y.dtype).reshape(shape)
             if rows is not None and type(y) is np.ndarray and y.dtype == rows.dtype and y.shape == rows.shape[1:]:
                 row = rows[len(out)]
                 np.copyto(row, y)
                 y = row
             out.append(y)
         return out
-
-    def _row_buffer(self, dtype, shape):
-        if self._row_pool is None or self._row_pid != os.getpid():
-            from ._rows import _Pool
-
-            # A buffer is busy while any row of it lives: until its batch
-            # is encoded (or, uncollated, for as long as the caller keeps it).
-            self._row_pool, self._row_pid = _Pool(pinned=False, keep=4), os.getpid()
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        return self._row_pool.get(nbytes).view(dtype).reshape(shape)
 
     def stage_batch(self, indices):
         """(F's outputs for indices, stacked (with labels: and the labels, as
@@ -952,8 +943,6 @@ class CoordinatedLoader:
             ctx = multiprocessing.get_context("fork")
             self._pool = ctx.Pool(self.num_workers, initializer=_worker_init, initargs=(self._prep,))
         if self._buffers is None and np is not None:
-            from ._rows import _Pool
-
             # Buffers for the batches read from the prep cache, and for the
             # batches this process encodes to stage: reused once nothing refers
             # to them (a fresh 10 MB buffer a batch costs more CPU in page

@@ -16,12 +16,12 @@ stage string starts a fresh cache (another derived dataset).
 
 import hashlib
 import json
-import os
 import re
 import struct
 
 import msgpack
 
+from ._pool import REUSE_FROM, _ProcessPool
 from .client import StallfreeError
 
 try:
@@ -169,13 +169,11 @@ def _chunks(pairs, limit):
 
 
 def _big(value):
-    """Whether value is big enough (64 KiB and up) for malloc's trim to
-    give its bytes back to the kernel when freed; smaller ones are reused
-    from malloc's bins anyway."""
+    """Whether value's bytes are worth a reused buffer (REUSE_FROM)."""
     n = getattr(value, "nbytes", None)
     if n is None and hasattr(value, "element_size"):
         n = value.element_size() * value.numel()
-    return (n or 0) >= 64 << 10
+    return (n or 0) >= REUSE_FROM
 
 
 class PrepStage:
@@ -196,15 +194,13 @@ class PrepStage:
         self.parent, self.stage, self.fn, self.tar = parent, stage, fn, tar
         self.name = derived_name(parent, stage)
         self._batch_writes = True  # until a node answers 405 (one without PUT …/batch)
-        self._pool, self._pool_pid = None, None  # per process: buffers for F's encoded results
+        # Buffers for F's encoded results, of each process its own. keep: the
+        # free ones are forgotten only past this many in all, more than a
+        # batch's items.
+        self._pool = _ProcessPool(keep=4096)
         # Idempotent: the same body from any process answers 200 with the
         # dataset as it is.
         client.json("PUT", f"/v1/datasets/{client._q(self.name)}", {"derived_from": parent, "stage": stage})
-
-    def __getstate__(self):
-        s = dict(self.__dict__)
-        s["_pool"] = None  # each process (a DataLoader worker) reuses buffers of its own
-        return s
 
     def _encoded(self, value):
         """encode(value), into a buffer reused once nothing refers to it (F's
@@ -214,12 +210,6 @@ class PrepStage:
         faults a 192 KiB item."""
         if np is None or not _big(value):
             return encode(value)
-        if self._pool is None or self._pool_pid != os.getpid():
-            from ._pool import _Pool
-
-            # keep: the free buffers are forgotten only past this many in
-            # all, more than a batch's items.
-            self._pool, self._pool_pid = _Pool(pinned=False, keep=4096), os.getpid()
         return encode(value, self._pool.get)
 
     def _path(self, client, i):

@@ -7,7 +7,7 @@ import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from stallfree._pool import _Pool  # noqa: E402
+from stallfree._pool import _Pool, _ProcessPool  # noqa: E402
 
 
 class PoolTest(unittest.TestCase):
@@ -48,6 +48,27 @@ class PoolTest(unittest.TestCase):
         self.assertEqual([x.array.nbytes for x in pool.buffers], [10, 100])
         self.assertIs(pool.buffers[0].array, c.base)
         del d
+
+
+class ProcessPoolTest(unittest.TestCase):
+    def test_each_process_and_copy_has_buffers_of_its_own(self):
+        import pickle
+
+        def where(a):
+            return a.__array_interface__["data"][0]
+
+        pool = _ProcessPool(keep=4)
+        first = where(pool.get(100))  # free again: the view is gone
+        self.assertEqual(where(pool.get(100)), first, "reused within the process")
+        copy = pickle.loads(pickle.dumps(pool))
+        self.assertIsNone(copy._pool, "a copy carries no buffers")
+        held = pool.get(100)  # the parent's buffer in use: a copy reusing it would hand it out twice
+        self.assertNotEqual(where(copy.get(100)), where(held))
+        del held
+        parents = pool._pool  # its buffers stay, as in a forked child's copy of memory
+        pool._pid = -1  # as in a forked child: another process id
+        self.assertNotEqual(where(pool.get(100)), first, "a child makes its own")
+        self.assertIsNot(pool._pool, parents)
 
 
 if __name__ == "__main__":
