@@ -39,8 +39,8 @@ Options: --items N (256) --batch B (16) --epochs E (2) --width W (500)
 --height H (375) --crop C (224) --window W (16) --url URL (an existing
 node; default: start bin/cachenode in a temporary directory) --quiet-wait S
 (before each row's jobs start, wait up to S seconds for the 1-minute load to
-fall below --quiet-load, 2) --group-timeout D (the started node's) --json (the results as one JSON object on stdout; the table
-goes to stderr).
+fall below --quiet-load, 2) --group-timeout D (the started node's) --json
+(the results as one JSON object on stdout; the table goes to stderr).
 """
 
 import argparse

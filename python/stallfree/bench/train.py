@@ -320,8 +320,8 @@ def run_row(row, a, url, data, device, step, node_pid, model_s, model_cpu):
                        "cpu_s_per_1k": {"loader": loader_cpu * k, "workers": workers * k, "node": node * k,
                                         "all": (loader_cpu + workers + node) * k,
                                         "training_process": own * k, "model": batches * model_cpu * k},
-                       "faults_per_sample": {"training_process": faults[0] * k / 1000,
-                                             "workers": faults[1] * k / 1000}})
+                       "faults_per_sample": {"training_process": faults[0] / max(samples, 1),
+                                             "workers": faults[1] / max(samples, 1)}})
         r = epochs[-1]
         log(f"  {row:12s} epoch {e + 1}: {r['samples_per_s']:8.1f} samples/s  stall {r['stall']:5.1%}  "
             f"CPU s/1k: loader {r['cpu_s_per_1k']['loader']:.2f} workers {r['cpu_s_per_1k']['workers']:.2f} "
