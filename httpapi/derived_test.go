@@ -108,6 +108,10 @@ func TestDerivedBatchWrites(t *testing.T) {
 		"a float index":      pack([]map[string]any{{"index": 2.0, "data": []byte("x")}}),
 		"an index past 2^63": pack([]map[string]any{{"index": uint64(1) << 63, "data": []byte("x")}}),
 		"a string element":   pack([]any{"index"}),
+		// Five bytes that declare four billion elements: the msgpack
+		// library allocated them all (32 GiB) before reading one.
+		"a count past the body": {0xdd, 0xff, 0xff, 0xff, 0xff},
+		"a map past the body":   {0x91, 0xdf, 0xff, 0xff, 0xff, 0xff},
 	} {
 		r := h.do("PUT", "/v1/datasets/dec/batch", body)
 		if r.status != 400 {

@@ -4,10 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"math"
-	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -99,66 +96,6 @@ func (r derivedRoutes) putBatch(ctx *fasthttp.RequestCtx, p params) {
 	}
 	wg.Wait()
 	writeJSON(ctx, fasthttp.StatusOK, results)
-}
-
-// itemWire is an element of a batch write as sent: a field left out (or
-// nil) stays nil here, where decoding into api.ItemWrite would take it for
-// index 0 or empty bytes and write them.
-type itemWire struct {
-	Index any     `msgpack:"index"`
-	Data  *[]byte `msgpack:"data"`
-}
-
-// decodeItemWrites reads the body of a batch write: one msgpack array of
-// maps, each with an integer "index" and binary "data" and nothing else,
-// and no byte after the array.
-func decodeItemWrites(body []byte) ([]api.ItemWrite, error) {
-	r := bytes.NewReader(body)
-	dec := msgpack.NewDecoder(r)
-	dec.DisallowUnknownFields(true)
-	var wire []*itemWire
-	if err := dec.Decode(&wire); err != nil {
-		return nil, err
-	}
-	if r.Len() > 0 {
-		return nil, fmt.Errorf("%d bytes after the array", r.Len())
-	}
-	items := make([]api.ItemWrite, len(wire))
-	for j, w := range wire {
-		if w == nil {
-			return nil, fmt.Errorf("element %d is nil, not a map", j)
-		}
-		if w.Data == nil {
-			return nil, fmt.Errorf("element %d has no \"data\" (binary)", j)
-		}
-		index, err := wireInt(w.Index)
-		if err != nil {
-			return nil, fmt.Errorf("element %d: \"index\": %w", j, err)
-		}
-		items[j] = api.ItemWrite{Index: index, Data: *w.Data}
-	}
-	return items, nil
-}
-
-// wireInt is a decoded msgpack integer as an int: missing, not an integer,
-// or beyond an int is an error (a uint64 past 2^63 would wrap to a negative).
-func wireInt(v any) (int, error) {
-	if v == nil {
-		return 0, errors.New("missing")
-	}
-	switch x := reflect.ValueOf(v); {
-	case x.CanInt():
-		if n := x.Int(); n >= math.MinInt && n <= math.MaxInt {
-			return int(n), nil
-		}
-		return 0, fmt.Errorf("%d is out of range", x.Int())
-	case x.CanUint():
-		if n := x.Uint(); n <= math.MaxInt {
-			return int(n), nil
-		}
-		return 0, fmt.Errorf("%d is out of range", x.Uint())
-	}
-	return 0, fmt.Errorf("%v (%T) is not an integer", v, v)
 }
 
 // writeOne writes one item here and records its outcome.
