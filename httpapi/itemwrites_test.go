@@ -148,7 +148,7 @@ func itemWritesSeeds(t testing.TB) [][]byte {
 		pack([]any{}),
 		pack(nil),
 		pack(map[string]any{"index": 1}),
-		{0xdd, 0xff, 0xff, 0xff, 0xff},             // four billion elements in four bytes
+		{0xdd, 0xff, 0xff, 0xff, 0xff},              // four billion elements in four bytes
 		{0x91, 0x82, 0xa5, 'i', 'n', 'd', 'e', 'x'}, // cut short
 	}
 	withTail := append(pack([]api.ItemWrite{{Index: 1, Data: []byte("z")}}), 0)
