@@ -9,10 +9,12 @@ import (
 )
 
 // Buffers come in power-of-two classes from 4 KiB to 4 MiB; larger ones
-// (batches) are allocated and left to the collector.
+// (batches) are allocated and left to the collector, unless a Pool's Max
+// allows classes up to 256 MiB.
 const (
-	minClassShift = 12
-	maxClassShift = 22
+	minClassShift     = 12
+	defaultClassShift = 22
+	maxClassShift     = 28
 )
 
 // Pool recycles item-sized buffers: the ones peer fetches and storage reads
@@ -22,23 +24,38 @@ const (
 // up 1.1 GiB ran 7 collections for them (none with the pool). The zero value
 // is ready to use.
 type Pool struct {
+	// Max is the largest buffer recycled (0: 4 MiB; at most 256 MiB). Set
+	// it before the first Get. Only a user that never holds a buffer past
+	// its Put raises it: larger buffers are batches, and their users'
+	// slices of them live longer than an item's.
+	Max     int
 	classes [maxClassShift - minClassShift + 1]sync.Pool
 }
 
 // Buf is a buffer from a Pool; B is its bytes.
 type Buf struct{ B []byte }
 
-func classOf(size int) (int, bool) {
+// classOf is the class of a buffer of size bytes, and whether a pool
+// whose largest class is 1<<maxShift has it.
+func classOf(size, maxShift int) (int, bool) {
 	if size <= 1<<minClassShift {
 		return 0, true
 	}
 	shift := bits.Len(uint(size - 1))
-	return shift - minClassShift, shift <= maxClassShift
+	return shift - minClassShift, shift <= maxShift
+}
+
+// maxShift is the shift of p's largest class.
+func (p *Pool) maxShift() int {
+	if p.Max <= 0 {
+		return defaultClassShift
+	}
+	return min(bits.Len(uint(p.Max-1)), maxClassShift)
 }
 
 // Get returns a buffer of length n, recycled when one of its class is free.
 func (p *Pool) Get(n int) *Buf {
-	c, ok := classOf(n)
+	c, ok := classOf(n, p.maxShift())
 	if !ok {
 		return &Buf{B: make([]byte, n)}
 	}
@@ -51,7 +68,7 @@ func (p *Pool) Get(n int) *Buf {
 
 // Put takes a buffer back; nothing may use its bytes afterwards.
 func (p *Pool) Put(pb *Buf) {
-	c, ok := classOf(cap(pb.B))
+	c, ok := classOf(cap(pb.B), p.maxShift())
 	if !ok || cap(pb.B) != 1<<(c+minClassShift) {
 		return
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"stallfree/api"
+	"stallfree/bufpool"
 	"stallfree/catalog"
 	"stallfree/checkpoint"
 )
@@ -50,8 +51,10 @@ func (s *Server) checkpointStats() *api.CheckpointStats {
 // readBody reads a streamed request body whole, refusing one over the
 // route's limit with 413 as the parser did before bodies were streamed, and
 // one that MaxBodyBytes has no room for with 503, before reading it. The
-// caller calls release once done with the body.
-func (s *Server) readBody(ctx *fasthttp.RequestCtx, limit int) (release func(), ok bool) {
+// caller calls release once done with the body. With a pool, a body of
+// known length is read into a buffer from it, which release takes back
+// (and the request lets go of): nothing may hold the body past release.
+func (s *Server) readBody(ctx *fasthttp.RequestCtx, limit int, pool *bufpool.Pool) (release func(), ok bool) {
 	if !ctx.Request.IsBodyStream() {
 		return func() {}, true
 	}
@@ -98,7 +101,18 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, limit int) (release func(), 
 		// size, filled in place, where io.ReadAll would grow one by doubling
 		// and copy the body several times over (a derived item's PUT spent
 		// more in those copies than in storing it).
-		b = make([]byte, n)
+		if pool != nil {
+			pb := pool.Get(n)
+			charged := release
+			release = func() {
+				ctx.Request.SetBodyRaw(nil)
+				pool.Put(pb)
+				charged()
+			}
+			b = pb.B
+		} else {
+			b = make([]byte, n)
+		}
 		_, err = io.ReadFull(s.bodyStream(ctx), b)
 	} else {
 		b, err = io.ReadAll(io.LimitReader(s.bodyStream(ctx), int64(limit)+1))

@@ -25,6 +25,10 @@ type route struct {
 	// (nil: the server's MaxRequestBodySize).
 	stream bool
 	limit  func() int
+	// recycle routes' handlers keep nothing of the body once they return
+	// (they copy what they store and relay it before they answer): its
+	// buffer is reused for the next such body instead of allocated fresh.
+	recycle bool
 
 	segs []string // pattern, cut at its slashes
 	rest bool     // the last segment is {name...}

@@ -31,6 +31,7 @@ import (
 	"golang.org/x/sync/semaphore"
 
 	"stallfree/api"
+	"stallfree/bufpool"
 	"stallfree/catalog"
 	"stallfree/clusterauth"
 	"stallfree/control"
@@ -54,6 +55,11 @@ type Server struct {
 	router  *router
 	metrics fasthttp.RequestHandler
 	readers sync.Pool
+	// bodyBufs are the recycled bodies of routes that keep nothing of them
+	// (route.recycle): a prep cache's first epoch writes a minibatch of
+	// arrays per request, and a fresh buffer for each (12 MiB for 64 of
+	// 256×256×3) is memory the kernel must fault in and zero again.
+	bodyBufs bufpool.Pool
 	// SendBuffer is each client connection's SO_SNDBUF in bytes (0: kernel
 	// autotuning); set it before Serve. New sets DefaultSendBuffer.
 	SendBuffer int
@@ -103,6 +109,7 @@ func New(n *node.Node, token string, log *slog.Logger) *Server {
 		Help: "Bytes of request bodies being read whole now, charged against --max-body-bytes."},
 		func() float64 { return float64(s.bodyBytes.Load()) }))
 	s.readers.New = func() any { return &itemReader{} }
+	s.bodyBufs.Max = MaxWriteBatchBytes // a batch write's body; larger ones are rare enough to allocate
 	s.relay, s.peers = n.Control(), n.Control().Relay()
 	s.router = newRouter(s.routes(n))
 	s.srv = &fasthttp.Server{
@@ -326,7 +333,11 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	if rt.limit != nil {
 		limit = rt.limit()
 	}
-	release, ok := s.readBody(ctx, limit)
+	var pool *bufpool.Pool
+	if rt.recycle {
+		pool = &s.bodyBufs
+	}
+	release, ok := s.readBody(ctx, limit, pool)
 	if !ok {
 		return
 	}
