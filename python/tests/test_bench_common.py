@@ -1,6 +1,7 @@
 """The benches' shared helpers (stallfree.bench.common)."""
 
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -57,6 +58,34 @@ class CommonTest(unittest.TestCase):
         self.assertGreaterEqual(common.own_cpu() - mine, 0.25)
         self.assertEqual(common.proc_cpu(None), 0.0)
         self.assertTrue(common.cpu_model())
+
+    def test_memory_note(self):
+        """The note names a balloon that reports free pages, and nothing
+        else: another virtio device, a balloon without the feature bit,
+        unreadable files, no virtio at all."""
+        def sysfs(devices):
+            d = tempfile.mkdtemp()
+            self.addCleanup(shutil.rmtree, d)
+            for name, (device, features) in devices.items():
+                os.makedirs(os.path.join(d, name))
+                with open(os.path.join(d, name, "device"), "w") as f:
+                    f.write(device + "\n")
+                if features is not None:
+                    with open(os.path.join(d, name, "features"), "w") as f:
+                        f.write(features + "\n")
+            return d
+
+        reporting = "0110010100000000000000000000000010000000"  # this VM's balloon: bit 5 set
+        self.assertIn("free page reporting", common.memory_note(sysfs({"virtio0": ("0x0005", reporting)})))
+        self.assertIn("free page reporting", common.memory_note(sysfs({
+            "virtio0": ("0x0001", "1" * 40), "virtio1": ("0x0005", reporting)})))
+        for devices in ({"virtio0": ("0x0005", "0110000100000000")},  # a balloon, no reporting
+                        {"virtio0": ("0x0001", reporting)},  # a network card with bit 5
+                        {"virtio0": ("0x0005", "01100")},  # too few bits
+                        {"virtio0": ("0x0005", None)},  # no features file
+                        {"virtio0": ("balloon", reporting)}):  # unreadable id
+            self.assertEqual(common.memory_note(sysfs(devices)), "", devices)
+        self.assertEqual(common.memory_note("/nonexistent/virtio"), "")
 
     def test_write_section(self):
         with tempfile.TemporaryDirectory() as d:

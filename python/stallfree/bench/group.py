@@ -57,7 +57,7 @@ import time
 
 import numpy as np
 
-from .common import cpu_model, free_port, log, own_cpu, proc_cpu
+from .common import cpu_model, free_port, log, memory_note, own_cpu, proc_cpu
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 ROWS = ("independent", "staging", "hand-off", "prep-fill", "prep-cache")
@@ -382,12 +382,13 @@ def main(argv):
         for s in range(0, a.items, 64):  # every item in the node's memory before any row
             c.batch(a.dataset, list(range(s, min(s + 64, a.items))))
         size = sum(os.path.getsize(os.path.join(data, f)) for f in os.listdir(data)) / a.items
+        machine = ", ".join(filter(None, [cpu_model(), f"{os.cpu_count()} CPUs", memory_note()]))
         head = (f"coordinated prep bench: {a.items} JPEGs of {a.width}x{a.height} ({size / 1024:.0f} KiB avg; decoded "
                 f"{a.width * a.height * 3 / 1024:.0f} KiB), batch {a.batch}, {a.epochs} epoch(s) a row (prep-fill: 1), "
-                f"no worker processes, window {a.window}, crop {a.crop}; {cpu_model()}, {os.cpu_count()} CPUs; "
+                f"no worker processes, window {a.window}, crop {a.crop}; {machine}; "
                 f"load before: {os.getloadavg()[0]:.2f}")
         log(head)
-        out = {"machine": f"{cpu_model()}, {os.cpu_count()} CPUs", "items": a.items, "width": a.width,
+        out = {"machine": machine, "items": a.items, "width": a.width,
                "height": a.height, "batch": a.batch, "epochs": a.epochs, "window": a.window, "results": []}
         for jobs in [int(x) for x in str(a.group).split(",") if x]:
             stage = f"bench-{jobs}-{os.getpid()}"

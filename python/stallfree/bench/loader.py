@@ -40,7 +40,7 @@ import numpy as np
 
 from stallfree import Client
 
-from .common import cpu_model, free_port, log, own_cpu, proc_cpu  # noqa: F401 (train.py imports them from here)
+from .common import cpu_model, free_port, log, memory_note, own_cpu, proc_cpu  # noqa: F401 (train.py imports them from here)
 
 GOALS = {"b/a": 1.2, "d/a": 2.0, "c/b": 0.9}
 
@@ -582,8 +582,9 @@ def summarize(args, results, seconds):
     import torch
     return {"config": {"items": args.items, "size": args.size, "batch": args.batch, "workers": args.workers,
                        "threads": args.threads, "rounds": args.rounds},
-            "machine": f"{os.cpu_count()} cores, {cpu_model()}, "
-                       f"Python {platform.python_version()}, torch {torch.__version__}",
+            "machine": ", ".join(filter(None, [f"{os.cpu_count()} cores", cpu_model(),
+                                               f"Python {platform.python_version()}, torch {torch.__version__}",
+                                               memory_note()])),
             "load_average": os.getloadavg(), "seconds": seconds,
             "rows": {k: dict(med[k], description=DESCR[k], runs=results[k]) for k in med},
             "ratios": ratios, "goals": GOALS}

@@ -45,7 +45,7 @@ import numpy as np
 
 from ..client import Client
 from ..prep import DecodeResize
-from .loader import cpu_model, log, proc_cpu
+from .loader import cpu_model, log, memory_note, proc_cpu
 from .prep import start_node
 
 ROWS = ("files", "cached", "batchloader", "prep", "device-prep", "device-jpeg")
@@ -478,7 +478,8 @@ def main(argv):
             idx = np.arange(a.batch, dtype=np.int64)
             both, _ = step.alone(a.batch, a.crop, 10, make_x=lambda i: aug(raw, idx + i * a.batch, epoch=0))
             log(f"model + device augmentation alone {a.batch / both:.0f} samples/s")
-        out = {"machine": f"{cpu_model()}, {os.cpu_count()} cores, {platform.system()}", "device": str(device),
+        out = {"machine": ", ".join(filter(None, [cpu_model(), f"{os.cpu_count()} cores", platform.system(),
+                                                  memory_note()])), "device": str(device),
                "step": what, "items": a.items, "size": f"{a.width}x{a.height}", "jpeg_kib": avg / 1024,
                "crop": a.crop, "batch": a.batch, "workers": a.workers, "threads": a.threads,
                "model_alone_samples_per_s": a.batch / model_s,
