@@ -152,7 +152,13 @@ func itemWritesSeeds(t testing.TB) [][]byte {
 		{0x91, 0x82, 0xa5, 'i', 'n', 'd', 'e', 'x'}, // cut short
 	}
 	withTail := append(pack([]api.ItemWrite{{Index: 1, Data: []byte("z")}}), 0)
-	return append(seeds, withTail)
+	// Maps written out by hand: keys twice, data as a string, a key that is
+	// no string.
+	twiceIndex := []byte("\x91\x83\xa5index\x01\xa5index\x02\xa4data\xc4\x01z")
+	twiceData := []byte("\x91\x83\xa5index\x01\xa4data\xc4\x01z\xa4data\xc4\x01y")
+	strData := []byte("\x91\x82\xa5index\x01\xa4data\xa1z")
+	intKey := []byte("\x91\x82\x01\x01\xa4data\xc4\x01z")
+	return append(seeds, withTail, twiceIndex, twiceData, strData, intKey)
 }
 
 func FuzzDecodeItemWrites(f *testing.F) {
@@ -211,6 +217,10 @@ func TestDecodeItemWrites(t *testing.T) {
 		"an array of 4294967295 in the 0 bytes left",
 		`element 0: "index": the body ends inside a value`,
 		"1 bytes after the array",
+		`element 0: "index" twice`,
+		`element 0: "data" twice`,
+		`element 0: "data": want binary, found a string`,
+		"element 0: a key: want a string, found an integer",
 	}
 	if len(seeds) != len(want) {
 		t.Fatalf("%d seeds, %d outcomes", len(seeds), len(want))
