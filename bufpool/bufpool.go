@@ -66,6 +66,16 @@ func (p *Pool) Get(n int) *Buf {
 	return &Buf{B: make([]byte, n, 1<<(c+minClassShift))}
 }
 
+// Held is the capacity Get(n) returns: the memory a buffer of n bytes
+// holds (its class's size, or n where no class has it).
+func (p *Pool) Held(n int) int {
+	c, ok := classOf(n, p.maxShift())
+	if !ok {
+		return n
+	}
+	return 1 << (c + minClassShift)
+}
+
 // Put takes a buffer back; nothing may use its bytes afterwards.
 func (p *Pool) Put(pb *Buf) {
 	c, ok := classOf(cap(pb.B), p.maxShift())

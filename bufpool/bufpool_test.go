@@ -34,8 +34,11 @@ func TestLargerMax(t *testing.T) {
 		t.Fatalf("Max 1 TiB: largest class 1<<%d, want 1<<%d", got, maxClassShift)
 	}
 	body := p.Get(12<<20 + 5)
-	if len(body.B) != 12<<20+5 || cap(body.B) != 16<<20 {
-		t.Fatalf("len %d cap %d", len(body.B), cap(body.B))
+	if len(body.B) != 12<<20+5 || cap(body.B) != 16<<20 || p.Held(12<<20+5) != 16<<20 {
+		t.Fatalf("len %d cap %d, held %d", len(body.B), cap(body.B), p.Held(12<<20+5))
+	}
+	if got := p.Held(16<<20 + 1); got != 16<<20+1 {
+		t.Fatalf("past the largest class, a buffer holds %d bytes for 16 MiB + 1", got)
 	}
 	reused := false
 	for range 100 { // sync.Pool may drop what it is given

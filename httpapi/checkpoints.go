@@ -75,6 +75,9 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, limit int, pool *bufpool.Poo
 	charge := int64(limit)
 	if n := ctx.Request.Header.ContentLength(); n >= 0 {
 		charge = int64(n)
+		if pool != nil {
+			charge = int64(pool.Held(n)) // a recycled buffer is its class's size, up to twice the body
+		}
 	}
 	charge = min(charge, s.MaxBodyBytes) // a body larger than the bound is read alone
 	if !s.bodies.TryAcquire(charge) {

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -112,6 +113,10 @@ func (r derivedRoutes) putItem(ctx *fasthttp.RequestCtx, p params) {
 			ctx.Response.Header.Set("Retry-After", "1")
 			return
 		}
+		// The body's buffer is recycled once this handler returns, and
+		// net/http may still be reading a relayed body then (an owner that
+		// answers before reading it all): the relay sends a copy of its own.
+		ctx.Request.SetBodyRaw(bytes.Clone(body))
 		r.relayTo(ctx, addr)
 		return
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -47,17 +48,19 @@ func (r derivedRoutes) putBatch(ctx *fasthttp.RequestCtx, p params) {
 	if !ok {
 		return
 	}
-	items, err := decodeItemWrites(ctx.PostBody())
-	if err != nil {
+	// At most node.MaxBatch items, as for batch reads: each item costs a
+	// result, and the answer grows with them.
+	items, err := decodeItemWrites(ctx.PostBody(), node.MaxBatch)
+	var tooMany errTooManyItems
+	switch {
+	case errors.As(err, &tooMany):
+		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, err.Error())
+		return
+	case err != nil:
 		writeError(ctx, fasthttp.StatusBadRequest, "malformed msgpack body: want an array of {index, data}: "+err.Error())
 		return
-	}
-	if len(items) == 0 {
+	case len(items) == 0:
 		writeError(ctx, fasthttp.StatusBadRequest, "an empty batch: want an array of {index, data}")
-		return
-	}
-	if len(items) > node.MaxBatch { // as for batch reads: each item costs a result, and the answer grows with them
-		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, fmt.Sprintf("%d items in one batch; the limit is %d", len(items), node.MaxBatch))
 		return
 	}
 	for _, it := range items {
@@ -135,7 +138,11 @@ func (r derivedRoutes) relayBatch(req *fasthttp.Request, addr, path string, item
 	}
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetBody(body)
+	// Raw: net/http may still read a relayed body after Forward returns
+	// (an owner that answers before reading it all), and a body of
+	// fasthttp's pool goes back to it with req; Marshal's is the
+	// collector's.
+	req.SetBodyRaw(body)
 	if err := r.peers.Forward(rctx, addr, path, req, resp, nil, 1<<20); err != nil {
 		unreachable(positions, err.Error())
 		return
@@ -163,7 +170,7 @@ func (r derivedRoutes) relayBatch(req *fasthttp.Request, addr, path string, item
 func (r derivedRoutes) relayEach(rctx context.Context, req *fasthttp.Request, resp *fasthttp.Response, addr, prefix string, items []api.ItemWrite, positions []int, results []api.WriteResult) {
 	for _, j := range positions {
 		res := &results[j]
-		req.SetBody(items[j].Data)
+		req.SetBodyRaw(bytes.Clone(items[j].Data)) // a slice of the recycled request body: relayed as a copy of its own (relayBatch)
 		req.Header.SetContentType("application/octet-stream")
 		resp.Reset()
 		if err := r.peers.Forward(rctx, addr, prefix+strconv.Itoa(items[j].Index), req, resp, nil, 1<<16); err != nil {

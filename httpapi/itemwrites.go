@@ -8,9 +8,22 @@ import (
 	"stallfree/api"
 )
 
-// decodeItemWrites reads the body of a batch write: one msgpack array of
-// maps, each with an integer "index" and binary "data" and nothing else,
-// and no byte after the array.
+// errTooManyItems is a batch write of more items than its limit.
+type errTooManyItems struct{ n, limit int }
+
+func (e errTooManyItems) Error() string {
+	return fmt.Sprintf("%d items in one batch; the limit is %d", e.n, e.limit)
+}
+
+// minItemWrite is the size of the smallest element a batch write can hold:
+// a map of two pairs, "index" with a one-byte integer and "data" with empty
+// binary (1 + 6 + 1 + 5 + 2 bytes).
+const minItemWrite = 15
+
+// decodeItemWrites reads the body of a batch write: one msgpack array of at
+// most limit maps, each with an integer "index" and binary "data" and
+// nothing else, and no byte after the array. More elements than limit is
+// an errTooManyItems, found before anything is allocated for them.
 //
 // Each item's Data is a slice of body, not a copy. A prep cache's first
 // epoch sends a minibatch of decoded arrays per request (12 MiB for 64 of
@@ -19,11 +32,20 @@ import (
 // the node's CPU in a first fill. The format is small enough to read by
 // hand, and FuzzDecodeItemWrites holds this reader to the msgpack library's
 // answers.
-func decodeItemWrites(body []byte) ([]api.ItemWrite, error) {
+func decodeItemWrites(body []byte, limit int) ([]api.ItemWrite, error) {
 	r := mpReader{b: body}
 	n, err := r.header(mpArray)
 	if err != nil {
 		return nil, err
+	}
+	// An element costs 32 bytes here and 15 of the body at least: a count
+	// that one byte an element allows would still have a 256 MiB body
+	// allocate 8 GiB.
+	if left := len(r.b) - r.at; n > left/minItemWrite {
+		return nil, fmt.Errorf("an array of %d maps in the %d bytes left (each takes %d at least)", n, left, minItemWrite)
+	}
+	if n > limit {
+		return nil, errTooManyItems{n, limit}
 	}
 	items := make([]api.ItemWrite, n)
 	for j := range items {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"reflect"
+	"runtime"
 	"strings"
 	"testing"
 	"unsafe"
@@ -142,9 +143,9 @@ func itemWritesSeeds(t testing.TB) [][]byte {
 		pack([]map[string]any{{"index": 1, "data": []byte("y"), "extra": 1}}),
 		pack([]map[string]any{{"index": 1.5, "data": []byte("y")}}),
 		pack([]map[string]any{{"index": nil, "data": []byte("y")}}),
-		pack([]map[string]any{{"index": 1, "data": nil}}),
-		pack([]map[string]any{{"index": 1}}),
-		pack([]any{nil}),
+		pack([]map[string]any{{"index": 1, "data": nil}, {"index": 2, "data": bytes.Repeat([]byte{9}, 20)}}),
+		pack([]map[string]any{{"index": 1}, {"index": 2, "data": bytes.Repeat([]byte{9}, 20)}}), // padded: a body too short for two elements is refused as such
+		pack([]any{nil, map[string]any{"index": 2, "data": bytes.Repeat([]byte{9}, 20)}}),
 		pack([]any{}),
 		pack(nil),
 		pack(map[string]any{"index": 1}),
@@ -157,7 +158,7 @@ func itemWritesSeeds(t testing.TB) [][]byte {
 	twiceIndex := []byte("\x91\x83\xa5index\x01\xa5index\x02\xa4data\xc4\x01z")
 	twiceData := []byte("\x91\x83\xa5index\x01\xa4data\xc4\x01z\xa4data\xc4\x01y")
 	strData := []byte("\x91\x82\xa5index\x01\xa4data\xa1z")
-	intKey := []byte("\x91\x82\x01\x01\xa4data\xc4\x01z")
+	intKey := []byte("\x91\x82\x01\x01\xa4data\xc4\x05zzzzz")
 	return append(seeds, withTail, twiceIndex, twiceData, strData, intKey)
 }
 
@@ -166,7 +167,7 @@ func FuzzDecodeItemWrites(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		got, err := decodeItemWrites(body)
+		got, err := decodeItemWrites(body, math.MaxInt)
 		want, refErr := referenceItemWrites(body)
 		if err == nil {
 			if refErr != nil || !sameItems(got, want) {
@@ -186,7 +187,7 @@ func FuzzDecodeItemWrites(f *testing.F) {
 		if perr != nil {
 			t.Fatal(perr)
 		}
-		if got, err := decodeItemWrites(plain); err != nil || !sameItems(got, want) {
+		if got, err := decodeItemWrites(plain, math.MaxInt); err != nil || !sameItems(got, want) {
 			t.Fatalf("%x, as a client writes it (%x): %+v, %v; the library: %+v", body, plain, got, err, want)
 		}
 	})
@@ -215,7 +216,7 @@ func TestDecodeItemWrites(t *testing.T) {
 		"want an array, found nil",
 		"want an array, found a map",
 		"an array of 4294967295 in the 0 bytes left",
-		`element 0: "index": the body ends inside a value`,
+		"an array of 1 maps in the 7 bytes left (each takes 15 at least)",
 		"1 bytes after the array",
 		`element 0: "index" twice`,
 		`element 0: "data" twice`,
@@ -226,7 +227,7 @@ func TestDecodeItemWrites(t *testing.T) {
 		t.Fatalf("%d seeds, %d outcomes", len(seeds), len(want))
 	}
 	for i, body := range seeds {
-		got, err := decodeItemWrites(body)
+		got, err := decodeItemWrites(body, math.MaxInt)
 		if want[i] == "" {
 			ref, refErr := referenceItemWrites(body)
 			if err != nil || refErr != nil || !sameItems(got, ref) {
@@ -241,13 +242,43 @@ func TestDecodeItemWrites(t *testing.T) {
 	// Every integer width reads back, at its bounds.
 	for _, index := range []any{int8(-128), int16(-32768), int32(math.MinInt32), int64(math.MinInt64), uint8(255), uint16(65535), uint32(math.MaxUint32), uint64(math.MaxInt64), 127, -32} {
 		body, _ := msgpack.Marshal([]map[string]any{{"index": index, "data": []byte{1}}})
-		got, err := decodeItemWrites(body)
+		got, err := decodeItemWrites(body, math.MaxInt)
 		if err != nil || fmt.Sprint(got[0].Index) != fmt.Sprint(index) {
 			t.Errorf("index %v (%T): %+v, %v", index, index, got, err)
 		}
 	}
 	body, _ := msgpack.Marshal([]map[string]any{{"index": uint64(math.MaxInt64) + 1, "data": []byte{1}}})
-	if _, err := decodeItemWrites(body); err == nil || !strings.Contains(err.Error(), "out of range") {
+	if _, err := decodeItemWrites(body, math.MaxInt); err == nil || !strings.Contains(err.Error(), "out of range") {
 		t.Errorf("an index past MaxInt64: %v", err)
+	}
+}
+
+// A count that the body could not hold, or past the limit, is refused
+// before the items are allocated: a slice of them costs 32 bytes an
+// element, twice the smallest element's 15 bytes of body.
+func TestItemWritesCountsBeforeAllocating(t *testing.T) {
+	liar := make([]byte, 5+1<<20) // one MiB of zeros declared as 2^20 elements
+	liar[0], liar[1], liar[2], liar[3], liar[4] = 0xdd, 0, 0x10, 0, 0
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, err := decodeItemWrites(liar, math.MaxInt)
+	runtime.ReadMemStats(&after)
+	if err == nil || !strings.Contains(err.Error(), "an array of 1048576 maps in the 1048576 bytes left (each takes 15 at least)") {
+		t.Fatalf("2^20 elements in 1 MiB: %v", err)
+	}
+	if grew := after.TotalAlloc - before.TotalAlloc; grew > 64<<10 {
+		t.Fatalf("refusing it allocated %d bytes", grew)
+	}
+	three, _ := msgpack.Marshal([]api.ItemWrite{{Index: 1, Data: []byte("a")}, {Index: 2, Data: []byte("b")}, {Index: 3, Data: []byte("c")}})
+	var tooMany errTooManyItems
+	if _, err := decodeItemWrites(three, 2); !errors.As(err, &tooMany) || err.Error() != "3 items in one batch; the limit is 2" {
+		t.Fatalf("three items, a limit of two: %v", err)
+	}
+	if items, err := decodeItemWrites(three, 3); err != nil || len(items) != 3 {
+		t.Fatalf("three items, a limit of three: %v, %v", items, err)
+	}
+	exact := bytes.Repeat([]byte("\x82\xa5index\x00\xa4data\xc4\x00"), 3) // the smallest elements: 15 bytes each
+	if items, err := decodeItemWrites(append([]byte{0x93}, exact...), 3); err != nil || len(items) != 3 || items[2].Data == nil {
+		t.Fatalf("three elements of 15 bytes: %v, %v", items, err)
 	}
 }

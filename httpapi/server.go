@@ -78,7 +78,8 @@ type Server struct {
 	waiting       *semaphore.Weighted
 	// MaxBodyBytes bounds the bytes of request bodies being read whole at
 	// once, over all connections (--max-body-bytes): a body is charged its
-	// Content-Length (its route's limit when chunked) before a byte of it
+	// Content-Length (its route's limit when chunked; on a recycle route the
+	// recycled buffer's size) before a byte of it
 	// is read, and given back when its handler returns; past the bound,
 	// 503 with Retry-After. Without it, a few token holders sending large
 	// bodies slowly made a node hold gigabytes. A body a route allows but
