@@ -87,6 +87,24 @@ class CommonTest(unittest.TestCase):
             self.assertEqual(common.memory_note(sysfs(devices)), "", devices)
         self.assertEqual(common.memory_note("/nonexistent/virtio"), "")
 
+    def test_fresh_memory_script(self):
+        """scripts/fresh-memory.py prints its machine line and one row a
+        round, a figure (CPU µs, never negative) in each of its four columns."""
+        import subprocess
+
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "fresh-memory.py")
+        for args in ([], ["--small-pages"]):
+            out = subprocess.run([sys.executable, script, "--mib", "8", "--pause", "0", "--rounds", "2"] + args,
+                                 capture_output=True, text=True, timeout=120, check=True).stdout.splitlines()
+            self.assertIn("8 MiB a row, CPU µs per 4 KiB page", out[0])
+            self.assertIn("without" if args else "with", out[0])
+            rows = [line for line in out if line.startswith("| ") and line[2].isdigit()]
+            self.assertEqual([r.split("|")[1].strip() for r in rows], ["1", "2"], out)
+            for row in rows:
+                figures = [float(x) for x in row.strip("|").split("|")[1:]]
+                self.assertEqual(len(figures), 4, row)
+                self.assertTrue(all(f >= 0 for f in figures), row)
+
     def test_write_section(self):
         with tempfile.TemporaryDirectory() as d:
             doc = os.path.join(d, "B.md")
