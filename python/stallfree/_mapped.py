@@ -181,6 +181,32 @@ class ItemMapper:
         return sorted(left)
 
 
+    def read_items(self, name, indices):
+        """Each item of ``indices`` as a ``(key, bytes)`` pair copied out of
+        the node's memory, or None where it must be read otherwise (not
+        resident on this node, or its pages' generations moved while it was
+        copied); None when nothing can be mapped. For items of any size
+        (``CachedDataset``); ``read`` fills a batch's rows instead."""
+        ans = self._locate(name, indices)
+        if ans is None:
+            return None
+        m = self._mapping(ans)
+        if m is None:
+            return None
+        page, out = ans["page"], []
+        for it in ans["items"]:
+            if it is None:
+                out.append(None)
+                continue
+            off, size, gens, key = it
+            data = bytes(m.view[off:off + size])
+            out.append((key, data) if m.gen_sum(off, size, page) == gens else None)
+        left = out.count(None)
+        self.copied += len(out) - left
+        self.fallbacks += left
+        return out
+
+
 def _copy(rows, m, spans):
     """Copies each (row, start, stop) span of mapping m into its row.
 

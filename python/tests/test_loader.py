@@ -97,6 +97,46 @@ class LoaderTest(ClusterCase):
                                              batch_size=None, num_workers=2, collate_fn=list)
         self.assertEqual([n for batch in loader for n in batch], [len(self.files[self.keys[i]]) for i in order])
 
+    def test_items_copied_from_the_nodes_memory(self):
+        """CachedDataset copies the items the node on its host holds out of
+        that node's memory, mapped read-only; the rest (another node's, not
+        yet read, or reused while copied) come through a batch request.
+        Items of every size stay byte-exact, keys (for labels) included."""
+        (n1, url1), _ = self.cluster.nodes
+        c = Client(url1)
+        wait_until(lambda: c.json("PUT", "/v1/datasets/ds", {"source": self.data}), 30, "registration")
+        ds = CachedDataset(url1, "ds", with_key=True)
+        everything = list(range(len(self.keys)))
+        want = [(self.keys[i], self.files[self.keys[i]]) for i in everything]
+        self.assertEqual(ds.__getitems__(everything), want)  # node 1's own items become resident
+        mapper = ds._mapper
+        self.assertIsNotNone(mapper, "no mapper for a node on this host")
+        copied, fallbacks = mapper.copied, mapper.fallbacks
+        self.assertEqual(copied + fallbacks, len(want))
+        self.assertEqual(ds.__getitems__(everything), want)
+        mine = mapper.copied - copied
+        self.assertGreater(mine, 0, "nothing copied from node 1's memory")
+        self.assertLess(mine, len(want), "node 2's items cannot be in node 1's memory")
+        self.assertEqual(mapper.fallbacks - fallbacks, len(want) - mine)
+        # Every third copied item's pages "freed" between the answer and
+        # the copy's end: read again through the socket, still exact.
+        m, moved = mapper._map, {}
+        real = m.gen_sum
+
+        def gen_sum(off, size, page):
+            moved.setdefault(off, len(moved) % 3 == 0)
+            return real(off, size, page) + (1 if moved[off] else 0)
+        m.gen_sum = gen_sum
+        copied = mapper.copied
+        self.assertEqual(ds.__getitems__(everything), want)
+        self.assertEqual(mapper.copied - copied, mine - sum(moved.values()))
+        # A node with nothing to map (204: --share-items=false, or TCP):
+        # plain batches from then on.
+        mapper._locate = lambda name, indices: None
+        self.assertEqual(ds.__getitems__(everything[::-1]), want[::-1])
+        self.assertIsNone(ds._mapper)
+        self.assertEqual(ds.__getitems__(everything[:5]), want[:5])
+
     def test_failover_to_another_node(self):
         (_, url1), (_, url2) = self.cluster.nodes
         c = Client(url2)

@@ -2,8 +2,11 @@
 stall meter, and the device path (``DeviceLoader``, ``augment``:
 docs/device.md)."""
 
+import os
+
 import torch.utils.data
 
+from .._mapped import ItemMapper
 from ..client import Client
 from ..batchloader import BatchLoader  # noqa: F401  (stallfree.torch.BatchLoader, docs/api.md)
 from ..meter import StallMeter  # noqa: F401 - stallfree.torch.StallMeter (docs/api.md)
@@ -47,6 +50,7 @@ class CachedDataset(torch.utils.data.Dataset):
         self.url, self.name, self.transform, self.token, self.route = url, dataset, transform, token, route
         self.with_key = with_key
         self._client = None
+        self._mapper, self._mapper_pid = None, None  # this process's ItemMapper (_item_mapper)
         info = self.client.dataset(dataset)
         self.tar = bool(info.get("samples"))
         self._len = int(info["samples"] if self.tar else info["items"])
@@ -63,7 +67,7 @@ class CachedDataset(torch.utils.data.Dataset):
 
     def __getstate__(self):  # workers get a fresh client, not the parent's sockets
         s = dict(self.__dict__)
-        s["_client"] = None
+        s["_client"], s["_mapper"], s["_mapper_pid"] = None, None, None
         return s
 
     def __len__(self):
@@ -104,16 +108,45 @@ class CachedDataset(torch.utils.data.Dataset):
             elif self.tar:
                 part = self.client.samples(self.name, chunk)
                 part = [(d["__key__"], d) for d in part] if keys else part
-            elif keys:
-                part = self.client.batch(self.name, chunk)
             else:
-                part = [data for _, data in self.client.batch(self.name, chunk)]
+                part = self._read(chunk)
+                part = part if keys else [data for _, data in part]
             if keys:
                 got_keys.extend(k for k, _ in part)
                 out.extend(d for _, d in part)
             else:
                 out.extend(part)
         return got_keys, out
+
+    def _read(self, indices):
+        """``(key, bytes)`` of each of indices: the items the node on this
+        host holds copied out of its memory, mapped read-only (one copy of
+        each byte, and the node only says where they lie: in the loader
+        bench, 3-5 node µs a sample against 32-35 for a batch answer), the
+        rest through one batch request (the owners' for owner routing)."""
+        mapper = self._item_mapper()
+        got = None
+        if mapper is not None:
+            try:
+                got = mapper.read_items(self.name, indices)
+            except OSError:
+                got = None  # the socket is an optimisation
+            if got is None:
+                self._mapper = None  # nothing to map on this node: plain batches from now on
+        if got is None:
+            return self.client.batch(self.name, indices)
+        left = [p for p, item in enumerate(got) if item is None]
+        if left:
+            for p, pair in zip(left, self.client.batch(self.name, [indices[p] for p in left])):
+                got[p] = pair
+        return got
+
+    def _item_mapper(self):
+        """This process's ItemMapper for the node on this host (None: none,
+        or it has nothing to map)."""
+        if self._mapper_pid != os.getpid():  # a new worker: its own connections, its own answer
+            self._mapper, self._mapper_pid = ItemMapper.for_client(self.client), os.getpid()
+        return self._mapper
 
     def items(self, indices, keys=False):
         """``(keys, samples)``: the samples after ``transform`` (without
