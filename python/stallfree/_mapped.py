@@ -144,17 +144,24 @@ class ItemMapper:
                 return None  # not ours to open (another user's node, another container)
             return m
 
+    def _located(self, name, indices):
+        """(the node's answer for indices, the mapping it names), or None
+        when the node has nothing to map or the mapping cannot be opened."""
+        ans = self._locate(name, indices)
+        if ans is None:
+            return None
+        m = self._mapping(ans)
+        return None if m is None else (ans, m)
+
     def read(self, name, indices, rows, keys, prep):
         """Copies the items of ``indices`` resident on the node into their
         rows of ``rows`` (a ``_Rows``), their keys into ``keys`` when given;
         returns the positions left to read otherwise, or None when nothing
         can be mapped."""
-        ans = self._locate(name, indices)
-        if ans is None:
+        found = self._located(name, indices)
+        if found is None:
             return None
-        m = self._mapping(ans)
-        if m is None:
-            return None
+        ans, m = found
         page = ans["page"]
         left, placed = [], []
         for p, it in enumerate(ans["items"]):
@@ -180,19 +187,16 @@ class ItemMapper:
         self.fallbacks += len(left)
         return sorted(left)
 
-
     def read_items(self, name, indices):
         """Each item of ``indices`` as a ``(key, bytes)`` pair copied out of
         the node's memory, or None where it must be read otherwise (not
         resident on this node, or its pages' generations moved while it was
         copied); None when nothing can be mapped. For items of any size
         (``CachedDataset``); ``read`` fills a batch's rows instead."""
-        ans = self._locate(name, indices)
-        if ans is None:
+        found = self._located(name, indices)
+        if found is None:
             return None
-        m = self._mapping(ans)
-        if m is None:
-            return None
+        ans, m = found
         page, out = ans["page"], []
         for it in ans["items"]:
             if it is None:
