@@ -14,6 +14,7 @@ memory ordering (loads are not reordered with older loads), so this path is
 taken only there.
 """
 
+import http.client
 import json
 import mmap
 import os
@@ -125,7 +126,7 @@ class ItemMapper:
             c.request("POST", f"/v1/datasets/{self.client._q(name)}/batch?map=1", body=body, headers=h)
             r = c.getresponse()
             data = r.read()
-        except OSError:
+        except (OSError, http.client.HTTPException):  # the node gone mid-answer too: the next ask reconnects
             c.close()
             raise
         if r.status == 204:
@@ -279,7 +280,7 @@ def read_batch(client, mapper, name, indices, rows, keys, prep):
     if mapper is not None:
         try:
             todo = mapper.read(name, indices, rows, keys, prep)
-        except OSError:
+        except (OSError, http.client.HTTPException):
             todo = None  # the socket is an optimisation
         if todo is None:
             mapper = None

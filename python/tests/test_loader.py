@@ -5,6 +5,7 @@ import random
 import shutil
 import signal
 import hashlib
+import http.client
 import io
 import json
 import socket
@@ -130,6 +131,30 @@ class LoaderTest(ClusterCase):
         copied = mapper.copied
         self.assertEqual(ds.__getitems__(everything), want)
         self.assertEqual(mapper.copied - copied, mine - sum(moved.values()))
+        m.gen_sum = real
+        # A node that answers the locate with an error (503 while it
+        # catches up): this minibatch by batch request, which retries it;
+        # the next one mapped again.
+        locate = mapper._locate
+
+        def busy(name, indices):
+            raise StallfreeError(503, "catching up", retry_after=1)
+        mapper._locate = busy
+        self.assertEqual(ds.__getitems__(everything), want)
+        self.assertIs(ds._mapper, mapper)
+        mapper._locate = locate
+        copied = mapper.copied
+        self.assertEqual(ds.__getitems__(everything), want)
+        self.assertEqual(mapper.copied - copied, mine)
+        # A node gone mid-answer: plain batches (which fail over) from then on.
+        ds2 = CachedDataset(url1, "ds", with_key=True)
+        ds2.__getitems__(everything[:1])
+
+        def cut(name, indices):
+            raise http.client.IncompleteRead(b"")
+        ds2._mapper._locate = cut
+        self.assertEqual(ds2.__getitems__(everything), want)
+        self.assertIsNone(ds2._mapper)
         # A node with nothing to map (204: --share-items=false, or TCP):
         # plain batches from then on.
         mapper._locate = lambda name, indices: None

@@ -2,12 +2,13 @@
 stall meter, and the device path (``DeviceLoader``, ``augment``:
 docs/device.md)."""
 
+import http.client
 import os
 
 import torch.utils.data
 
 from .._mapped import ItemMapper
-from ..client import Client
+from ..client import Client, StallfreeError
 from ..batchloader import BatchLoader  # noqa: F401  (stallfree.torch.BatchLoader, docs/api.md)
 from ..meter import StallMeter  # noqa: F401 - stallfree.torch.StallMeter (docs/api.md)
 from ..coordinated import CoordinatedLoader  # noqa: F401  (stallfree.torch.CoordinatedLoader, docs/api.md)
@@ -129,10 +130,12 @@ class CachedDataset(torch.utils.data.Dataset):
         if mapper is not None:
             try:
                 got = mapper.read_items(self.name, indices)
-            except OSError:
-                got = None  # the socket is an optimisation
-            if got is None:
-                self._mapper = None  # nothing to map on this node: plain batches from now on
+                if got is None:
+                    self._mapper = None  # nothing to map on this node: plain batches from now on
+            except (OSError, http.client.HTTPException):
+                self._mapper = None  # the node gone: the batch request fails over to another
+            except StallfreeError:
+                pass  # a 503 while the node catches up, say: the batch request retries it, or says what it is
         if got is None:
             return self.client.batch(self.name, indices)
         left = [p for p, item in enumerate(got) if item is None]
