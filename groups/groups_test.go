@@ -474,3 +474,64 @@ func TestVersionOfAGroup(t *testing.T) {
 		t.Fatalf("version of a deleted group: %d %v", v, ok)
 	}
 }
+
+// A dropped batch's file goes about when its linger ends, by the service's
+// own clock (not up to a second later): its memory is what the next batches
+// reuse. A relayed batch kept for the host's other jobs is not such a file:
+// it outlives the linger, as those jobs may read it a window later.
+func TestTheClockRemovesADroppedFileAfterItsLingerAndHostCopiesStay(t *testing.T) {
+	dir := t.TempDir()
+	s := New(newFakeHost(1<<20), Config{Timeout: time.Hour, MaxBatchBytes: 1 << 20, ShmDir: dir, Linger: 20 * time.Millisecond})
+	t.Cleanup(s.Close)
+	ctx := context.Background()
+	if _, _, err := s.Put(ctx, "g", api.GroupSpec{Dataset: "ds", Seed: 1, BatchSize: 4, Jobs: 2}); err != nil {
+		t.Fatal(err)
+	}
+	copied, ok := s.KeepHostCopy("other", 1, 0, 0, []byte("a relayed batch"))
+	if !ok || copied.Path == "" {
+		t.Fatalf("host copy: %+v %v", copied, ok)
+	}
+	if _, err := s.PutBatch(ctx, Batch{Group: "g", Job: 0, Index: 0}, []byte("a staged batch"), time.Second); err != nil {
+		t.Fatal(err)
+	}
+	st, _, err := s.GetStaged(ctx, Batch{Group: "g", Job: 1, Index: 0}, 0)
+	if err != nil || st.Path == "" {
+		t.Fatalf("staged: %+v %v", st, err)
+	}
+	deadline := time.Now().Add(10 * time.Second) // the clock ticks every 10 ms here (TestTheClocksPeriod)
+	for {
+		if _, err := os.Stat(st.Path); os.IsNotExist(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the dropped batch's file is still there 10 s after its linger of 20 ms")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got, ok := s.HostCopy("other", 1, 0, 0); !ok || got.Path != copied.Path {
+		t.Fatalf("the host copy went with the linger: %+v %v", got, ok)
+	}
+	if _, err := os.Stat(copied.Path); err != nil {
+		t.Fatalf("the host copy's file: %v", err)
+	}
+	s.tick(time.Now().Add(hostCopyLife + time.Second))
+	if _, ok := s.HostCopy("other", 1, 0, 0); ok {
+		t.Fatal("the host copy outlived hostCopyLife")
+	}
+}
+
+func TestTheClocksPeriod(t *testing.T) {
+	for _, c := range []struct {
+		timeout, linger, want time.Duration
+	}{
+		{time.Hour, time.Hour, time.Second},
+		{time.Hour, DefaultLinger, DefaultLinger / 2},
+		{time.Hour, 20 * time.Millisecond, 10 * time.Millisecond},
+		{400 * time.Millisecond, time.Minute, 50 * time.Millisecond},
+		{40 * time.Millisecond, time.Minute, 10 * time.Millisecond},
+	} {
+		if got := (Config{Timeout: c.timeout, Linger: c.linger}).tickEvery(); got != c.want {
+			t.Errorf("timeout %v, linger %v: every %v, want %v", c.timeout, c.linger, got, c.want)
+		}
+	}
+}

@@ -14,11 +14,16 @@ import (
 // get this copy. Only the fact of their read crosses to the owner (a
 // "record" read: the owner counts it and sends no bytes), so the owner's
 // accounting — who has read what, the window, detachment — stays the one
-// truth. A copy lives Linger, long enough for the jobs of a host to read a
-// batch about together, and is bounded by maxHostCopyBytes.
+// truth. A copy lives hostCopyLife, long enough for the jobs of a host to
+// read a batch about together, and is bounded by maxHostCopyBytes.
 
 // maxHostCopyBytes bounds the bytes of relayed batches a node keeps.
 const maxHostCopyBytes = 512 << 20
+
+// hostCopyLife is how long a host keeps a relayed batch for its other jobs:
+// they may read it well after the first (a window apart), unlike a reader
+// told a file's path, who opens it at once (Config.Linger).
+const hostCopyLife = 30 * time.Second
 
 type hostCopy struct {
 	Staged
@@ -63,7 +68,7 @@ func (s *Service) KeepHostCopy(group string, version, epoch uint64, index int, d
 	if !room {
 		return Staged{}, false
 	}
-	c := hostCopy{Staged: Staged{Size: int64(len(data)), Version: version}, until: time.Now().Add(s.cfg.Linger)}
+	c := hostCopy{Staged: Staged{Size: int64(len(data)), Version: version}, until: time.Now().Add(hostCopyLife)}
 	if s.cfg.ShmDir != "" {
 		if path, err := s.writeShm(fmt.Sprintf("copy-%s", group), epoch<<20|uint64(index), data); err == nil {
 			c.Path = path

@@ -162,7 +162,7 @@ func (s *Service) MaxBatchBytes() int { return s.cfg.MaxBatchBytes }
 // stages of groups that were deleted or redefined.
 func (s *Service) clock(ctx context.Context) {
 	defer s.wg.Done()
-	t := time.NewTicker(min(max(s.cfg.Timeout/8, 10*time.Millisecond), time.Second))
+	t := time.NewTicker(s.cfg.tickEvery())
 	defer t.Stop()
 	for {
 		select {
@@ -172,6 +172,13 @@ func (s *Service) clock(ctx context.Context) {
 		}
 		s.tick(time.Now())
 	}
+}
+
+// tickEvery is the clock's period: a fraction of the timeout, and often
+// enough to remove a dropped batch's file about when its linger ends, not up
+// to a second later (its memory is what the next batches reuse).
+func (c Config) tickEvery() time.Duration {
+	return max(min(c.Timeout/8, c.Linger/2, time.Second), 10*time.Millisecond)
 }
 
 func (s *Service) tick(now time.Time) {

@@ -84,6 +84,33 @@ class BatchBytesTest(unittest.TestCase):
                     os.close(fd)
                 self.assertEqual(co.encode_batch(back), want, "read back, the same batch")
 
+    def test_a_mapped_batch_is_read_without_page_faults(self):
+        """The mapping a job reads a staged batch through comes with its
+        page table filled: reading every page of it faults none in (on a
+        kernel with MADV_POPULATE_READ), and a write copies a page for this
+        job only."""
+        import resource
+        fd = os.memfd_create("stallfree-test")
+        try:
+            os.write(fd, bytes(range(256)) * (256 * 16))  # 256 pages
+            try:
+                probe = co._map_fd(fd)
+                probe.madvise(co._MADV_POPULATE_READ)
+            except OSError:
+                self.skipTest("this kernel has no MADV_POPULATE_READ (Linux < 5.14)")
+            probe.close()
+            m = co._map_fd(fd)
+            before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+            total = sum(m[k] for k in range(0, len(m), 4096))
+            faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before
+            self.assertEqual(total, 0, "every page begins with byte 0")
+            self.assertEqual(faults, 0, "every page was mapped already")
+            m[0] = 7
+            self.assertEqual(os.pread(fd, 1, 0), b"\x00", "copy-on-write: the file is unchanged")
+            m.close()
+        finally:
+            os.close(fd)
+
     def test_short_writes_go_on_where_they_stopped(self):
         """writev may write less than asked: the rest follows, from the byte
         it stopped at, whatever the pieces' sizes."""
@@ -312,6 +339,47 @@ class SharedMemoryTest(GroupCase):
         got["x"][0, 0] = -1  # copy-on-write: the node's copy stays
         self.assertEqual(bytes(memoryview(_map_file(path))), body)
         conn.close()
+
+    def test_a_file_gone_before_its_reader_opens_it(self):
+        """A reader that opens a batch's file only after the node let it go
+        (its linger is a moment) reads that batch's bytes instead, and maps
+        the next batch again."""
+        import mmap
+        import numpy as np
+        import stallfree.coordinated as co
+        from stallfree.client import _UnixHTTPConnection
+        write(self.urls[0], "PUT", "/v1/groups/gone", {"dataset": "ds", "seed": 1, "batch_size": BATCH, "jobs": 3})
+        owner = Client(self.urls[0]).json("GET", "/v1/groups/gone")["owner"]
+        url = next(u for name, u in self.cluster.nodes if name == owner)
+        conn = _UnixHTTPConnection(Client(url)._socket_of(url), timeout=30)
+        self.addCleanup(conn.close)
+        bodies = [co.encode_batch({"x": np.full((4, 6), b, dtype=np.float32)}) for b in range(2)]
+        for b, body in enumerate(bodies):
+            conn.request("PUT", f"/v1/groups/gone/epochs/0/batches/{b}?job=0", body=body)
+            r = conn.getresponse()
+            self.assertEqual((r.status, r.read()[:0]), (201, b""))
+        loader = co.CoordinatedLoader(url, "gone", 1, "ds", batch_size=BATCH, collate_fn=list)
+        self.addCleanup(loader.close)
+        opened = []
+        real = co._map_file
+
+        def gone_once(path, ino=None, dev=None):
+            opened.append(path)
+            if len(opened) == 1:
+                raise FileNotFoundError(2, "No such file or directory", path)
+            return real(path, ino, dev)
+
+        co._map_file = gone_once
+        try:
+            first = loader._call("GET", 0, 0, None, 5)
+            second = loader._call("GET", 0, 1, None, 5)
+        finally:
+            co._map_file = real
+        self.assertEqual(len(opened), 2, "the reader was told a path for each batch")
+        self.assertEqual(bytes(first), bodies[0], "batch 0: its bytes, read instead")
+        self.assertIsInstance(second, mmap.mmap, "batch 1: mapped again")
+        self.assertEqual(bytes(memoryview(second)), bodies[1])
+        self.assertTrue(loader._map)
 
     def test_a_producer_hands_its_batch_over(self):
         """A producer on the owner's host hands its batch over in a memfd

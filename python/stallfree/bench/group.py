@@ -223,7 +223,8 @@ def run_job(a):
     print(json.dumps({"job": a.job, "seconds": seconds, "cpu": cpu, "samples": samples, "routes": sorted(routes),
                       "alone": bool(loader and loader.alone), "faults": faults,
                       "f": [f.spent.cpu, f.spent.faults, f.spent.count],
-                      "a": [aug.spent.cpu, aug.spent.faults, aug.spent.count]}), flush=True)
+                      "a": [aug.spent.cpu, aug.spent.faults, aug.spent.count],
+                      "w": [loader.handoff_cpu, 0, loader.handed_over] if loader else [0.0, 0, 0]}), flush=True)
 
 
 # -- the driver ------------------------------------------------------------------------
@@ -289,6 +290,7 @@ def run_row(a, mode, jobs, tmp, node_pid, stage, epochs):
             # threads that ran them, and the jobs' minor page faults.
             "f_ms_per_call": _per(res, "f", 0, 1000), "f_faults_per_call": _per(res, "f", 1, 1),
             "a_ms_per_sample": _per(res, "a", 0, 1000), "a_faults_per_sample": _per(res, "a", 1, 1),
+            "handoff_write_ms_per_batch": _per(res, "w", 0, 1000),
             "jobs_faults_per_sample": sum(r["faults"] for r in res) / samples,
             "routes": sorted({x for r in res for x in r["routes"]}), "detached": sum(r["alone"] for r in res)}
 
@@ -413,6 +415,7 @@ def main(argv):
                 log(f"J={jobs:<2} {row:<12}   where: F {_fmt(r['f_ms_per_call'], '.3f')} ms/call, "
                     f"{_fmt(r['f_faults_per_call'], '.1f')} faults/call; A {_fmt(r['a_ms_per_sample'], '.3f')} ms/sample, "
                     f"{_fmt(r['a_faults_per_sample'], '.1f')} faults/sample; "
+                    f"hand-off write {_fmt(r['handoff_write_ms_per_batch'], '.2f')} ms/batch; "
                     f"jobs' minor faults {r['jobs_faults_per_sample']:.1f}/sample")
             goal = {4: 0.35, 8: 0.25}.get(jobs)
             if base and goal:
