@@ -508,6 +508,14 @@ func TestTheClockRemovesADroppedFileAfterItsLingerAndHostCopiesStay(t *testing.T
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+	// Looked up before and opened after: gone, a dropped batch (404, the
+	// asker makes it).
+	if _, err := st.Open(); !errors.Is(err, ErrGone) || !errors.Is(err, ErrNotStaged) {
+		t.Fatalf("opening the let-go file: %v", err)
+	}
+	if _, err := st.Bytes(); !errors.Is(err, ErrGone) {
+		t.Fatalf("reading the let-go file: %v", err)
+	}
 	if got, ok := s.HostCopy("other", 1, 0, 0); !ok || got.Path != copied.Path {
 		t.Fatalf("the host copy went with the linger: %+v %v", got, ok)
 	}

@@ -446,7 +446,7 @@ func (s *Service) GetStaged(ctx context.Context, b Batch, wait time.Duration) (_
 				bt.has[b.Job] = true
 				st.jobs[b.Job].served++
 			}
-			got := Staged{Data: bt.data, Path: bt.path, Size: int64(bt.len()), Version: st.spec.Version}
+			got := Staged{Data: bt.data, Path: bt.path, Size: int64(bt.len()), Ino: bt.ino, Version: st.spec.Version}
 			if st.complete(bt) {
 				s.host.UnclaimMemory(st.drop(pos, bt))
 			}
@@ -618,7 +618,7 @@ func (s *Service) put(ctx context.Context, b Batch, in incoming, wait time.Durat
 	if shm != "" {
 		bt.path, bt.size = shm, n
 		if in.file != nil {
-			bt.held = in.file
+			bt.held, bt.ino = in.file, in.file.Ino
 		}
 	} else {
 		bt.data = append([]byte(nil), in.data...)

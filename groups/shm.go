@@ -1,11 +1,14 @@
 package groups
 
 import (
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"time"
 
+	"stallfree/handoff"
 	"stallfree/shmdir"
 )
 
@@ -15,7 +18,8 @@ import (
 // a batch is in memory once per host however many jobs read it, and no
 // bytes cross a socket. A reader opens the file as soon as it has the path;
 // a dropped batch's file stays for Linger before it is removed, so that a
-// reader told the path always finds it. Once removed, its pages go back to
+// reader told the path finds it (one too late is told the batch was dropped,
+// and makes it itself: Staged.Open, ErrGone). Once removed, its pages go back to
 // the system when the last reader unmaps them, or exits: a killed job leaks
 // nothing.
 
@@ -25,28 +29,60 @@ type Staged struct {
 	Data []byte
 	Path string
 	Size int64
+	// Ino, when not 0, is the inode of the file Path names when it names a
+	// descriptor (a handed-over batch's /proc/PID/fd/N): once the batch is
+	// dropped and its linger over, the number may name another file.
+	Ino uint64
 	// Version is the group definition's the batch was staged under (set on
 	// what GetStaged returns).
 	Version uint64
 }
+
+// ErrGone is a staged batch's file let go before it was opened: the batch
+// was dropped meanwhile and its linger is over. The asker makes the batch
+// itself, as for any batch dropped.
+var ErrGone = fmt.Errorf("%w: the batch was dropped and its file let go", ErrNotStaged)
 
 // Bytes are the batch's bytes (read from its file when it has one).
 func (s Staged) Bytes() ([]byte, error) {
 	if s.Path == "" {
 		return s.Data, nil
 	}
-	return os.ReadFile(s.Path)
+	f, err := s.Open()
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(f)
+}
+
+// Open opens the batch's file, if it is still the batch's: ErrGone when it
+// was let go (removed, or a handed-over file's descriptor closed and its
+// number perhaps reused, which Ino tells).
+func (s Staged) Open() (*os.File, error) {
+	var f *os.File
+	var err error
+	if s.Ino != 0 {
+		f, err = handoff.Reopen(s.Path, s.Ino)
+	} else {
+		f, err = os.Open(s.Path)
+	}
+	if err != nil && (s.Ino != 0 || errors.Is(err, fs.ErrNotExist)) {
+		return nil, fmt.Errorf("%w (%v)", ErrGone, err)
+	}
+	return f, err
 }
 
 // DefaultLinger is how long a dropped batch's file stays. A reader opens
 // the file as soon as it has the answer naming it, so a moment will do; one
-// that is later reads the bytes instead (or makes the batch itself, when it
-// was the last reader). Every staged batch is new memory, and what a file
-// holds while it lingers is memory the next batches cannot reuse: with 30 s
-// (the old default) a group staging 140 MB/s kept 4 GB of dropped batches,
-// and each new batch was written into pages freed long ago, which on a VM
-// that hands free memory back to its host cost 9 µs a 4 KiB page (six times
-// the copy; BENCHMARKS.md, "Dropped batches' files").
+// that is later is answered that the batch was dropped and makes it itself
+// (its augmentation is seeded: the same bytes). Every staged batch is new
+// memory, and what a file holds while it lingers is memory the next batches
+// cannot reuse: with 30 s (the old default) a group staging 140 MB/s kept
+// 4 GB of dropped batches, and each new batch went into pages freed long
+// ago, which a VM that hands free memory back to its host must fault in
+// again: 19 ms of CPU to write a 9 MB batch, against 2 ms into pages freed
+// a moment before (BENCHMARKS.md, "Dropped batches' files").
 const DefaultLinger = 250 * time.Millisecond
 
 // shmPrefix names this node's files, so that a restarted node removes what

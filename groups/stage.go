@@ -61,6 +61,7 @@ type batch struct {
 	// held is the file when it was handed over by its producer (a sealed
 	// memfd, opened by path): closed, not removed, when the batch retires.
 	held io.Closer
+	ino  uint64 // held's inode
 	has  []bool // job j staged or read it
 }
 

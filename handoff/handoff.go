@@ -37,6 +37,9 @@ type File struct {
 	f    *os.File
 	Size int64
 	Path string
+	// Ino is the file's inode: Path names a descriptor number, which names
+	// another file once this one is closed and the number reused.
+	Ino uint64
 }
 
 // Take opens descriptor fd of process pid, which must be the memfd with
@@ -49,7 +52,7 @@ func Take(pid, fd int, ino uint64, maxSize int64) (*File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: descriptor %d of process %d: %v", ErrRefused, fd, pid, err)
 	}
-	h := &File{f: f}
+	h := &File{f: f, Ino: ino}
 	if err := h.seal(maxSize); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("%w: descriptor %d of process %d: %v", ErrRefused, fd, pid, err)
@@ -65,9 +68,21 @@ func Take(pid, fd int, ino uint64, maxSize int64) (*File, error) {
 // the open cannot see different files. A pid or fd out of range names
 // nothing under /proc.
 func openRegular(pid, fd int, ino uint64) (*os.File, error) {
-	path, err := unix.Open(fmt.Sprintf("/proc/%d/fd/%d", pid, fd), unix.O_PATH|unix.O_CLOEXEC, 0)
+	return openChecked(fmt.Sprintf("/proc/%d/fd/%d", pid, fd), ino, os.O_RDWR)
+}
+
+// Reopen opens for reading the file a File's Path names, if it still is
+// that file (inode ino). Path names a descriptor number of this process,
+// which names another file (or a socket, whose open would fail, or a pipe,
+// whose open would block) once the File is closed and the number reused.
+func Reopen(path string, ino uint64) (*os.File, error) {
+	return openChecked(path, ino, os.O_RDONLY)
+}
+
+func openChecked(name string, ino uint64, flag int) (*os.File, error) {
+	path, err := unix.Open(name, unix.O_PATH|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("opening it: %v", err)
+		return nil, fmt.Errorf("opening it: %w", err)
 	}
 	defer unix.Close(path)
 	var st unix.Stat_t
@@ -77,7 +92,7 @@ func openRegular(pid, fd int, ino uint64) (*os.File, error) {
 	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Ino != ino {
 		return nil, fmt.Errorf("not the file named (mode %#o, inode %d; want a regular file, inode %d)", st.Mode, st.Ino, ino)
 	}
-	return os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", path), os.O_RDWR, 0)
+	return os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", path), flag, 0)
 }
 
 func (h *File) seal(maxSize int64) error {

@@ -3,6 +3,7 @@ package handoff
 import (
 	"bytes"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -205,5 +206,58 @@ func TestPeerPID(t *testing.T) {
 	defer tc.Close()
 	if _, err := PeerPID(tc); !errors.Is(err, ErrRefused) {
 		t.Fatalf("PeerPID over TCP: %v, want ErrRefused", err)
+	}
+}
+
+// Reopen opens a taken file by its Path only while the Path still names
+// it: once the file is closed and the descriptor number reused by another
+// file, or by a pipe (whose plain open would block), it is an error.
+func TestReopenChecksTheFileIsStillTheOneTaken(t *testing.T) {
+	data := []byte("a staged batch")
+	w, ino := testutil.Memfd(t, data, unix.MFD_ALLOW_SEALING)
+	h, err := Take(os.Getpid(), int(w.Fd()), ino, int64(len(data)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := Reopen(h.Path, h.Ino)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(f)
+	f.Close()
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("reopened: %q, %v", got, err)
+	}
+	if _, err := f.Write([]byte("X")); err == nil {
+		t.Error("reopened for writing")
+	}
+	path := h.Path
+	fd := int(h.f.Fd())
+	if err := h.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Reopen(path, ino); err == nil {
+		t.Error("reopened after Close")
+	}
+	// The number reused: by another memfd, then by a pipe's read end.
+	other, _ := testutil.Memfd(t, data, 0)
+	if err := unix.Dup2(int(other.Fd()), fd); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Reopen(path, ino); err == nil {
+		t.Error("reopened another file under the same number")
+	}
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(p[0])
+	defer unix.Close(p[1])
+	if err := unix.Dup2(p[0], fd); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if _, err := Reopen(path, ino); err == nil {
+		t.Error("reopened a pipe under the same number")
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
 	"strconv"
 	"syscall"
 	"time"
@@ -223,11 +222,19 @@ func serveStaged(ctx *fasthttp.RequestCtx, staged groups.Staged, mapIt bool) {
 		ctx.Response.SetBodyRaw(staged.Data) // staged bytes are never changed, only dropped
 	case mapIt && overUnixSocket(ctx):
 		// A job on this host maps the batch's file itself: no byte crosses
-		// the socket. It opens the file at once; the file outlives the batch
-		// by the group service's linger.
+		// the socket. It opens the file at once (the file outlives the
+		// batch by the group service's linger) and checks it is the file
+		// named here, whose inode is the one checked now.
+		f, err := staged.Open()
+		if err != nil {
+			stagedGone(ctx, err)
+			return
+		}
 		var st syscall.Stat_t
-		if err := syscall.Stat(staged.Path, &st); err != nil { // dropped since: the bytes instead
-			serveStaged(ctx, staged, false)
+		err = syscall.Fstat(int(f.Fd()), &st)
+		f.Close()
+		if err != nil {
+			writeError(ctx, fasthttp.StatusInternalServerError, "the staged batch's file: "+err.Error())
 			return
 		}
 		ctx.Response.Header.Set(api.HeaderGroupMap, staged.Path)
@@ -235,13 +242,27 @@ func serveStaged(ctx *fasthttp.RequestCtx, staged groups.Staged, mapIt bool) {
 		ctx.Response.Header.Set(api.HeaderGroupMapIno, strconv.FormatUint(st.Ino, 10))
 		ctx.Response.Header.Set(api.HeaderGroupMapDev, strconv.FormatUint(uint64(st.Dev), 10))
 	default:
-		f, err := os.Open(staged.Path)
+		f, err := staged.Open()
 		if err != nil {
-			writeError(ctx, fasthttp.StatusInternalServerError, "opening the staged batch: "+err.Error())
+			stagedGone(ctx, err)
 			return
 		}
 		ctx.SetBodyStream(f, int(staged.Size)) // fasthttp closes f
 	}
+}
+
+// stagedGone answers a staged batch whose file could not be opened: one let
+// go since it was looked up (the batch dropped by the other jobs' reads and
+// its linger over while this answer waited) is 404 with producer -1, as any
+// dropped batch, and the asker makes it itself (its augmentation is seeded,
+// so the bytes are the same).
+func stagedGone(ctx *fasthttp.RequestCtx, err error) {
+	if !errors.Is(err, groups.ErrGone) {
+		writeError(ctx, fasthttp.StatusInternalServerError, "opening the staged batch: "+err.Error())
+		return
+	}
+	writeError(ctx, fasthttp.StatusNotFound, err.Error())
+	ctx.Response.Header.Set(api.HeaderGroupProducer, "-1")
 }
 
 // takeHandedOver takes over the file a producer on this host names in a

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/valyala/fasthttp"
 	"golang.org/x/sys/unix"
 
 	"stallfree/api"
@@ -115,4 +116,67 @@ func TestHandedOverBatchOverTheSocket(t *testing.T) {
 func unsealable(t *testing.T) string {
 	w, ino := testutil.Memfd(t, []byte("x"), 0)
 	return fmt.Sprintf("/v1/groups/g/epochs/0/batches/0?job=0&memfd=%d&ino=%d", w.Fd(), ino)
+}
+
+// A staged batch whose file was let go between its lookup and its answer
+// (dropped by the other jobs' reads, its linger over) is answered as any
+// dropped batch, mapped or read: 404 with producer -1, so the asker makes
+// it; a handed-over file's descriptor number reused by another file is let
+// go too, never served.
+func TestAStagedFileLetGoIsADroppedBatch(t *testing.T) {
+	other, _ := testutil.Memfd(t, []byte("another batch"), 0)
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(other.Fd()), &st); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name   string
+		staged groups.Staged
+	}{
+		{"removed", groups.Staged{Path: filepath.Join(t.TempDir(), "gone"), Size: 3}},
+		{"a reused number", groups.Staged{Path: fmt.Sprintf("/proc/self/fd/%d", other.Fd()), Size: 13, Ino: st.Ino + 1}},
+	} {
+		for _, mapIt := range []bool{false, true} {
+			var ctx fasthttp.RequestCtx
+			ctx.Init2(unixConn(t), nil, false) // over the Unix socket: map=1 is answered with a path
+			serveStaged(&ctx, c.staged, mapIt)
+			if code, p := ctx.Response.StatusCode(), string(ctx.Response.Header.Peek(api.HeaderGroupProducer)); code != fasthttp.StatusNotFound || p != "-1" {
+				t.Errorf("%s (map %v): %d, producer %q: %s", c.name, mapIt, code, p, ctx.Response.Body())
+			}
+		}
+	}
+	itself := groups.Staged{Path: fmt.Sprintf("/proc/self/fd/%d", other.Fd()), Size: 13, Ino: st.Ino}
+	var ctx fasthttp.RequestCtx
+	ctx.Init2(unixConn(t), nil, false)
+	serveStaged(&ctx, itself, true)
+	if ino := string(ctx.Response.Header.Peek(api.HeaderGroupMapIno)); ctx.Response.StatusCode() != fasthttp.StatusOK || ino != fmt.Sprint(st.Ino) {
+		t.Fatalf("the file itself, mapped: %d, inode %q: %s", ctx.Response.StatusCode(), ino, ctx.Response.Body())
+	}
+	ctx.Response.Reset()
+	serveStaged(&ctx, itself, false)
+	if ctx.Response.StatusCode() != fasthttp.StatusOK {
+		t.Fatalf("the file itself: %d %s", ctx.Response.StatusCode(), ctx.Response.Body())
+	}
+	if body := ctx.Response.Body(); string(body) != "another batch" {
+		t.Fatalf("the file itself: %q", body)
+	}
+}
+
+// unixConn is one end of a Unix socket pair, as a request over the node's
+// Unix socket arrives on.
+func unixConn(t *testing.T) net.Conn {
+	t.Helper()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fds[1]) })
+	f := os.NewFile(uintptr(fds[0]), "socketpair")
+	defer f.Close()
+	c, err := net.FileConn(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }

@@ -2,7 +2,7 @@
 # The figures issues 48 and 49 ask of a 16-core GPU machine, in one bounded
 # run that fits a lent machine's 15 minutes (docs/device.md): the training
 # loop (--train), the loader rows (b/a, d/a) and coordinated prep
-# (--group 4,8). Each bench has its own time limit, so that one that hangs
+# (--group 4,8), and --micro. Each bench has its own time limit, so that one that hangs
 # or fails leaves the others' figures. Needs bin/cachenode built (make build;
 # the machine needs no Go) and python3 with torch, torchvision, Pillow,
 # numpy and msgpack.
@@ -30,6 +30,11 @@ export PYTHONUNBUFFERED=1
 	nvidia-smi -L
 	$py -c 'import sys, torch, torchvision, numpy, msgpack, PIL; print(sys.version.split()[0], "torch", torch.__version__, "torchvision", torchvision.__version__, "numpy", numpy.__version__, "Pillow", PIL.__version__, "cuda", torch.cuda.is_available())'
 	df -h /dev/shm /tmp
+	# A VM whose page tables the hypervisor shadows (PVM) makes every fresh
+	# mapping dear, and a VM with free page reporting every fresh page:
+	# BENCHMARKS.md, "Dropped batches' files".
+	dmesg 2>/dev/null | grep -m2 -i -E "hypervisor detected|pvm"
+	cat /sys/bus/virtio/devices/*/features 2>/dev/null
 } >"$out/machine.txt" 2>&1
 
 bench() { # NAME LIMIT_S ARGS...: one bench, its figures and its progress apart
@@ -50,6 +55,10 @@ bench train 300 --train --items "$items" --rows "${TRAIN_ROWS:-files,cached,batc
 quiet "${QUIET_S:-90}"
 bench loader 110 --items 12000 --rounds 2
 quiet "${QUIET_S:-90}"
+# What a fresh mapping, a memfd write and a prep step cost here (single
+# process, ~30 s): the figures that tell this machine's memory from the
+# 2-core VM's.
+bench micro 90 --micro --copy-mb 256 --writes 50 --images 64 --rounds 1
 gq=${GROUP_QUIET_S:-0}
 bench group $((150 + 10 * ${gq%.*})) --group "${GROUPS:-4,8}" --epochs "${GROUP_EPOCHS:-6}" --quiet-wait "$gq" \
 	--rows "${GROUP_ROWS:-independent,staging,hand-off,prep-fill,prep-cache}"

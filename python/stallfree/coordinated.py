@@ -1002,14 +1002,18 @@ class CoordinatedLoader:
                 return got
             try:
                 return _map_file(*got)
-            except (_Reused, FileNotFoundError):
-                # This job was too slow to open it (the node let the file
-                # go a moment after the batch was dropped): the bytes, while
-                # the node still has them. The next batch is mapped again.
-                pass
-            except OSError:
-                # Not ours to open (another user's node): read it instead.
+            except PermissionError:
+                # Not ours to open (another user's node): read it instead,
+                # from now on.
                 self._map = False
+            except (_Reused, OSError):
+                # This job was too slow to open it: the node let the file go
+                # (a moment after the batch was dropped by the other jobs'
+                # reads) and its descriptor number may name another file by
+                # now. Asked again without map, the node sends the bytes if
+                # it still has the batch, or answers that it was dropped and
+                # this job makes it itself. The next batch is mapped again.
+                pass
         return self._request(method, path, body, wait)
 
     def _request(self, method, path, body, wait):

@@ -313,7 +313,10 @@ class SharedMemoryTest(GroupCase):
         from stallfree.client import _UnixHTTPConnection
         from stallfree.coordinated import decode_batch, encode_batch, _map_file
         c = Client(self.urls[0])
-        write(self.urls[0], "PUT", "/v1/groups/shm", {"dataset": "ds", "seed": 1, "batch_size": BATCH, "jobs": 2})
+        # Three jobs: job 2 never reads, so the batch stays staged and its
+        # file stays while the test opens it again (a dropped batch's file
+        # goes a moment later).
+        write(self.urls[0], "PUT", "/v1/groups/shm", {"dataset": "ds", "seed": 1, "batch_size": BATCH, "jobs": 3})
         owner = c.json("GET", "/v1/groups/shm")["owner"]
         url = next(u for name, u in self.cluster.nodes if name == owner)
         sock = Client(url)._socket_of(url)
@@ -390,7 +393,8 @@ class SharedMemoryTest(GroupCase):
         from stallfree.client import _UnixHTTPConnection
         from stallfree.coordinated import decode_batch, encode_batch, _map_file, _memfd_of
         c = Client(self.urls[0])
-        write(self.urls[0], "PUT", "/v1/groups/handed", {"dataset": "ds", "seed": 1, "batch_size": BATCH, "jobs": 2})
+        # Three jobs: the batch stays staged while the test opens its file.
+        write(self.urls[0], "PUT", "/v1/groups/handed", {"dataset": "ds", "seed": 1, "batch_size": BATCH, "jobs": 3})
         owner = c.json("GET", "/v1/groups/handed")["owner"]
         url = next(u for name, u in self.cluster.nodes if name == owner)
         conn = _UnixHTTPConnection(Client(url)._socket_of(url), timeout=30)
@@ -458,6 +462,47 @@ class InProcessLoaderTest(GroupCase):
         # augment runs in the loader's threads, so batches in any order
         want = [(e, g[k:k + BATCH]) for e, g in zip((0, 1, 0), got) for k in range(0, N, BATCH)]
         self.assertEqual(sorted(seen), sorted(want), "augment got each batch's indices")
+
+    def test_a_reader_too_late_for_a_file_makes_the_batch(self):
+        """A job that opens a batch's file only after the node let it go
+        (the batch dropped by its read, the linger over) gets the same batch
+        all the same: asked again, the node answers that the batch was
+        dropped, and the job makes it itself, once; it maps the next
+        batches again."""
+        import threading
+        import stallfree.coordinated as co
+
+        real, opened = co._map_file, []
+
+        def late_once(path, ino=None, dev=None):
+            opened.append(path)
+            if len(opened) == 1:
+                raise FileNotFoundError(2, "No such file or directory", path)
+            return real(path, ino, dev)
+
+        loaders = [co.CoordinatedLoader(self.urls[0], "late", j, "ds", transform=lambda b: bytes(b[:6]),
+                                        batch_size=BATCH, jobs=2, collate_fn=list) for j in range(2)]
+        for loader in loaders:
+            self.addCleanup(loader.close)
+        got = [None, None]
+
+        def run(j):
+            got[j] = [x for x in loaders[j]]
+
+        co._map_file = late_once
+        try:
+            threads = [threading.Thread(target=run, args=(j,)) for j in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(120)
+        finally:
+            co._map_file = real
+        self.assertEqual(len(got[0]), N // BATCH)
+        self.assertEqual(got[0], got[1], "both jobs got the same batches")
+        self.assertEqual(len(opened), N // BATCH, "each job mapped the other's batches")
+        self.assertEqual(sum(loader.calls for loader in loaders), N + BATCH, "the late batch was made twice")
+        self.assertTrue(all(loader._map for loader in loaders), "mapping stays on")
 
     def test_a_refused_hand_over_sends_the_bytes(self):
         """A node that will not take the job's file (here: a memfd that
