@@ -543,3 +543,49 @@ func TestTheClocksPeriod(t *testing.T) {
 		}
 	}
 }
+
+// Past the bound on relayed copies the oldest go, not the newest batch: a
+// group relaying more than the bound in a copy's life keeps copying. A
+// batch over the bound itself is not kept; an evicted copy's file lingers
+// as a dropped batch's does.
+func TestHostCopiesPastTheBoundEvictTheOldest(t *testing.T) {
+	dir := t.TempDir()
+	s := New(newFakeHost(1<<20), Config{Timeout: time.Hour, ShmDir: dir, Linger: time.Minute, MaxHostCopyBytes: 100})
+	t.Cleanup(s.Close)
+	batch := bytes.Repeat([]byte("x"), 40)
+	var kept []Staged
+	for i := range 3 {
+		c, ok := s.KeepHostCopy("g", 1, 0, i, batch)
+		if !ok {
+			t.Fatalf("copy %d not kept", i)
+		}
+		kept = append(kept, c)
+	}
+	if _, ok := s.HostCopy("g", 1, 0, 0); ok {
+		t.Error("the oldest copy was kept past the bound")
+	}
+	for i := 1; i < 3; i++ {
+		if got, ok := s.HostCopy("g", 1, 0, i); !ok || got.Path != kept[i].Path {
+			t.Errorf("copy %d: %+v %v", i, got, ok)
+		}
+	}
+	s.mu.Lock()
+	held := s.copyBytes
+	s.mu.Unlock()
+	if held != 80 {
+		t.Errorf("%d bytes of copies held, want 80", held)
+	}
+	if _, err := os.Stat(kept[0].Path); err != nil {
+		t.Errorf("the evicted copy's file went before its linger: %v", err)
+	}
+	if _, ok := s.KeepHostCopy("g", 1, 0, 9, bytes.Repeat([]byte("x"), 101)); ok {
+		t.Error("a batch over the bound was kept")
+	}
+	if got, ok := s.HostCopy("g", 1, 0, 1); !ok || got.Path != kept[1].Path {
+		t.Error("a batch over the bound evicted the others")
+	}
+	s.tick(time.Now().Add(2 * time.Minute))
+	if _, err := os.Stat(kept[0].Path); !os.IsNotExist(err) {
+		t.Errorf("the evicted copy's file outlived its linger: %v", err)
+	}
+}

@@ -3,6 +3,7 @@ package groups
 import (
 	"fmt"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,10 +16,12 @@ import (
 // "record" read: the owner counts it and sends no bytes), so the owner's
 // accounting — who has read what, the window, detachment — stays the one
 // truth. A copy lives hostCopyLife, long enough for the jobs of a host to
-// read a batch about together, and is bounded by maxHostCopyBytes.
+// read a batch about together. Their bytes are bounded by
+// Config.MaxHostCopyBytes: past it the oldest copies go first, as a group
+// moves on from them.
 
-// maxHostCopyBytes bounds the bytes of relayed batches a node keeps.
-const maxHostCopyBytes = 512 << 20
+// DefaultMaxHostCopyBytes bounds the bytes of relayed batches a node keeps.
+const DefaultMaxHostCopyBytes = 512 << 20
 
 // hostCopyLife is how long a host keeps a relayed batch for its other jobs:
 // they may read it well after the first (a window apart), unlike a reader
@@ -54,19 +57,22 @@ func (s *Service) HostCopy(group string, version, epoch uint64, index int) (Stag
 
 // KeepHostCopy keeps a batch relayed from its owner (staged under the
 // group's definition version) for the other jobs on this host, and returns
-// the copy; a batch over the bound is not kept (false), one kept already is
-// returned as it is.
+// the copy; one kept already is returned as it is. To make room the oldest
+// copies go: a bound that refused new copies instead (as it did) stopped
+// keeping any once a group relayed more than the bound in a copy's life
+// (512 MiB in 30 s: 17 MB/s, two batches of 500x375 images a second), and
+// every job of the host then had each batch cross again. A batch larger
+// than the bound itself is not kept (false).
 func (s *Service) KeepHostCopy(group string, version, epoch uint64, index int, data []byte) (Staged, bool) {
+	if int64(len(data)) > s.cfg.MaxHostCopyBytes {
+		return Staged{}, false
+	}
 	k := copyKey{group, version, epoch, index}
 	s.mu.Lock()
 	old, had := s.copies[k]
-	room := s.copyBytes+int64(len(data)) <= maxHostCopyBytes
 	s.mu.Unlock()
 	if had {
 		return old.Staged, true
-	}
-	if !room {
-		return Staged{}, false
 	}
 	c := hostCopy{Staged: Staged{Size: int64(len(data)), Version: version}, until: time.Now().Add(hostCopyLife)}
 	if s.cfg.ShmDir != "" {
@@ -85,9 +91,28 @@ func (s *Service) KeepHostCopy(group string, version, epoch uint64, index int, d
 		}
 		return old.Staged, true
 	}
+	if s.copyBytes+c.Size > s.cfg.MaxHostCopyBytes {
+		s.evictCopies(c.Size, time.Now())
+	}
 	s.copies[k] = c
 	s.copyBytes += c.Size
 	return c.Staged, true
+}
+
+// evictCopies drops the oldest copies until n more bytes fit. Caller holds
+// s.mu.
+func (s *Service) evictCopies(n int64, now time.Time) {
+	keys := make([]copyKey, 0, len(s.copies))
+	for k := range s.copies {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b copyKey) int { return s.copies[a].until.Compare(s.copies[b].until) })
+	for _, k := range keys {
+		if s.copyBytes+n <= s.cfg.MaxHostCopyBytes {
+			return
+		}
+		s.dropCopy(k, now)
+	}
 }
 
 // expireCopies drops the copies whose time is up (every one when now is
@@ -95,15 +120,21 @@ func (s *Service) KeepHostCopy(group string, version, epoch uint64, index int, d
 func (s *Service) expireCopies(now time.Time) {
 	for k, c := range s.copies {
 		if now.IsZero() || now.After(c.until) {
-			if c.Path != "" {
-				// A job may be about to open it: the same linger as a
-				// dropped batch's file.
-				s.linger = append(s.linger, lingering{path: c.Path, at: now.Add(s.cfg.Linger)})
-			}
-			delete(s.copies, k)
-			s.copyBytes -= c.Size
+			s.dropCopy(k, now)
 		}
 	}
+}
+
+// dropCopy forgets copy k; its file lingers. Caller holds s.mu.
+func (s *Service) dropCopy(k copyKey, now time.Time) {
+	c := s.copies[k]
+	if c.Path != "" {
+		// A job may be about to open it: the same linger as a dropped
+		// batch's file.
+		s.linger = append(s.linger, lingering{path: c.Path, at: now.Add(s.cfg.Linger)})
+	}
+	delete(s.copies, k)
+	s.copyBytes -= c.Size
 }
 
 // HostCopyHits counts reads answered from a host copy (no bytes crossed).

@@ -85,6 +85,9 @@ type Config struct {
 	ShmDir string
 	// Linger is how long a dropped batch's file stays (0: DefaultLinger).
 	Linger time.Duration
+	// MaxHostCopyBytes bounds the relayed batches kept for this host's
+	// jobs (hostcopy.go; 0: DefaultMaxHostCopyBytes).
+	MaxHostCopyBytes int64
 	// ShmTag tells this node's files from those of another node of the same
 	// name on this host (cachenode: a digest of its data directory).
 	ShmTag string
@@ -118,6 +121,9 @@ func New(host Host, cfg Config) *Service {
 	}
 	if cfg.Linger <= 0 {
 		cfg.Linger = DefaultLinger
+	}
+	if cfg.MaxHostCopyBytes <= 0 {
+		cfg.MaxHostCopyBytes = DefaultMaxHostCopyBytes
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Service{host: host, cfg: cfg, stages: map[string]*stage{}, cancel: cancel, copies: map[copyKey]hostCopy{}}
