@@ -87,12 +87,12 @@ class BatchBytesTest(unittest.TestCase):
     def test_a_mapped_batch_is_read_without_page_faults(self):
         """The mapping a job reads a staged batch through comes with its
         page table filled: reading every page of it faults none in (on a
-        kernel with MADV_POPULATE_READ), and a write copies a page for this
-        job only."""
+        kernel with MADV_POPULATE_READ; a few faults are the interpreter's
+        own), and a write copies a page for this job only."""
         import resource
         fd = os.memfd_create("stallfree-test")
         try:
-            os.write(fd, bytes(range(256)) * (256 * 16))  # 256 pages
+            os.write(fd, bytes(range(256)) * (256 * 64))  # 1024 pages
             try:
                 probe = co._map_fd(fd)
                 probe.madvise(co._MADV_POPULATE_READ)
@@ -104,7 +104,9 @@ class BatchBytesTest(unittest.TestCase):
             total = sum(m[k] for k in range(0, len(m), 4096))
             faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before
             self.assertEqual(total, 0, "every page begins with byte 0")
-            self.assertEqual(faults, 0, "every page was mapped already")
+            # Unpopulated, the kernel maps 16 pages a fault: 64 faults. A
+            # few may be this interpreter's own allocations.
+            self.assertLess(faults, 8, "every page was mapped already")
             m[0] = 7
             self.assertEqual(os.pread(fd, 1, 0), b"\x00", "copy-on-write: the file is unchanged")
             m.close()
