@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -426,6 +427,9 @@ func TestBatchesInSharedMemory(t *testing.T) {
 	if err != nil || st.Path == "" || st.Data != nil || st.Size != int64(len(data)) {
 		t.Fatalf("staged: %+v %v", st, err)
 	}
+	if got, err := st.Bytes(); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("the staged file's bytes: %q %v", got, err)
+	}
 	held, err := os.Open(st.Path) // a reader maps it
 	if err != nil {
 		t.Fatal(err)
@@ -584,8 +588,58 @@ func TestHostCopiesPastTheBoundEvictTheOldest(t *testing.T) {
 	if got, ok := s.HostCopy("g", 1, 0, 1); !ok || got.Path != kept[1].Path {
 		t.Error("a batch over the bound evicted the others")
 	}
+	// Filling the bound exactly evicts nothing; past it, no more than the
+	// room needs; a batch the size of the bound is kept, alone.
+	if _, ok := s.KeepHostCopy("g", 1, 0, 3, batch[:20]); !ok {
+		t.Fatal("a copy that fills the bound exactly was not kept")
+	}
+	for i := 1; i <= 3; i++ {
+		if _, ok := s.HostCopy("g", 1, 0, i); !ok {
+			t.Errorf("copy %d went when the bound was just filled", i)
+		}
+	}
+	if _, ok := s.KeepHostCopy("g", 1, 0, 4, batch); !ok { // evicting copy 1 leaves the bound filled exactly
+		t.Fatal("copy 4 not kept")
+	}
+	if _, ok := s.HostCopy("g", 1, 0, 1); ok {
+		t.Error("copy 1, the oldest, stayed past the bound")
+	}
+	if _, ok := s.HostCopy("g", 1, 0, 2); !ok {
+		t.Error("copy 2 went, though evicting copy 1 made room")
+	}
+	if _, ok := s.KeepHostCopy("g", 1, 0, 5, bytes.Repeat([]byte("y"), 100)); !ok {
+		t.Error("a batch the size of the bound was not kept")
+	}
+	for i := 2; i <= 4; i++ {
+		if _, ok := s.HostCopy("g", 1, 0, i); ok {
+			t.Errorf("copy %d stayed beside a batch the size of the bound", i)
+		}
+	}
 	s.tick(time.Now().Add(2 * time.Minute))
 	if _, err := os.Stat(kept[0].Path); !os.IsNotExist(err) {
 		t.Errorf("the evicted copy's file outlived its linger: %v", err)
+	}
+}
+
+// A file named by a descriptor number (a handed-over batch's) is opened
+// only while it is still the batch's: another inode under that number is
+// the batch let go, whatever the error.
+func TestAStagedFileUnderAReusedNumberIsGone(t *testing.T) {
+	f, err := os.CreateTemp(t.TempDir(), "batch")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	f.WriteString("a batch")
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		t.Fatal(err)
+	}
+	path := fmt.Sprintf("/proc/self/fd/%d", f.Fd())
+	if got, err := (Staged{Path: path, Ino: st.Ino}).Bytes(); err != nil || string(got) != "a batch" {
+		t.Fatalf("the file itself: %q %v", got, err)
+	}
+	if _, err := (Staged{Path: path, Ino: st.Ino + 1}).Open(); !errors.Is(err, ErrGone) {
+		t.Fatalf("another inode under the number: %v", err)
 	}
 }
