@@ -233,6 +233,7 @@ func TestReopenChecksTheFileIsStillTheOneTaken(t *testing.T) {
 	}
 	path := h.Path
 	fd := int(h.f.Fd())
+	other, _ := testutil.Memfd(t, data, 0) // opened first: its own number is not fd
 	if err := h.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -240,7 +241,6 @@ func TestReopenChecksTheFileIsStillTheOneTaken(t *testing.T) {
 		t.Error("reopened after Close")
 	}
 	// The number reused: by another memfd, then by a pipe's read end.
-	other, _ := testutil.Memfd(t, data, 0)
 	if err := unix.Dup2(int(other.Fd()), fd); err != nil {
 		t.Fatal(err)
 	}
