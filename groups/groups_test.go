@@ -636,10 +636,13 @@ func TestAStagedFileUnderAReusedNumberIsGone(t *testing.T) {
 		t.Fatal(err)
 	}
 	path := fmt.Sprintf("/proc/self/fd/%d", f.Fd())
-	if got, err := (Staged{Path: path, Ino: st.Ino}).Bytes(); err != nil || string(got) != "a batch" {
+	if got, err := (Staged{Path: path, Ino: st.Ino, Dev: st.Dev}).Bytes(); err != nil || string(got) != "a batch" {
 		t.Fatalf("the file itself: %q %v", got, err)
 	}
-	if _, err := (Staged{Path: path, Ino: st.Ino + 1}).Open(); !errors.Is(err, ErrGone) {
+	if _, err := (Staged{Path: path, Ino: st.Ino + 1, Dev: st.Dev}).Open(); !errors.Is(err, ErrGone) {
 		t.Fatalf("another inode under the number: %v", err)
+	}
+	if _, err := (Staged{Path: path, Ino: st.Ino, Dev: st.Dev + 1}).Open(); !errors.Is(err, ErrGone) {
+		t.Fatalf("the same inode on another device under the number: %v", err)
 	}
 }

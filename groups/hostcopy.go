@@ -3,7 +3,6 @@ package groups
 import (
 	"fmt"
 	"os"
-	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -31,6 +30,12 @@ const hostCopyLife = 30 * time.Second
 type hostCopy struct {
 	Staged
 	until time.Time
+	seq   uint64
+}
+
+type copyEntry struct {
+	key copyKey
+	seq uint64
 }
 
 // A copy is keyed by the version of the group's definition too: a group
@@ -91,38 +96,37 @@ func (s *Service) KeepHostCopy(group string, version, epoch uint64, index int, d
 		}
 		return old.Staged, true
 	}
-	if s.copyBytes+c.Size > s.cfg.MaxHostCopyBytes {
-		s.evictCopies(c.Size, time.Now())
-	}
+	s.dropOldestCopies(time.Now(), func(hostCopy) bool { return s.copyBytes+c.Size > s.cfg.MaxHostCopyBytes })
+	s.copySeq++
+	c.seq = s.copySeq
 	s.copies[k] = c
 	s.copyBytes += c.Size
+	s.copyOrder = append(s.copyOrder, copyEntry{k, c.seq})
 	return c.Staged, true
 }
 
-// evictCopies drops the oldest copies until n more bytes fit. Caller holds
-// s.mu.
-func (s *Service) evictCopies(n int64, now time.Time) {
-	keys := make([]copyKey, 0, len(s.copies))
-	for k := range s.copies {
-		keys = append(keys, k)
-	}
-	slices.SortFunc(keys, func(a, b copyKey) int { return s.copies[a].until.Compare(s.copies[b].until) })
-	for _, k := range keys {
-		if s.copyBytes+n <= s.cfg.MaxHostCopyBytes {
-			return
+// dropOldestCopies drops copies, oldest first, while drop says so of the
+// oldest. Caller holds s.mu.
+func (s *Service) dropOldestCopies(now time.Time, drop func(hostCopy) bool) {
+	for len(s.copyOrder) > 0 {
+		e := s.copyOrder[0]
+		c, ok := s.copies[e.key]
+		if ok && c.seq == e.seq {
+			if !drop(c) {
+				return
+			}
+			s.dropCopy(e.key, now)
 		}
-		s.dropCopy(k, now)
+		s.copyOrder[0] = copyEntry{}
+		s.copyOrder = s.copyOrder[1:]
 	}
+	s.copyOrder = nil // empty: let go of the array
 }
 
 // expireCopies drops the copies whose time is up (every one when now is
 // zero). Caller holds s.mu.
 func (s *Service) expireCopies(now time.Time) {
-	for k, c := range s.copies {
-		if now.IsZero() || now.After(c.until) {
-			s.dropCopy(k, now)
-		}
-	}
+	s.dropOldestCopies(now, func(c hostCopy) bool { return now.IsZero() || now.After(c.until) })
 }
 
 // dropCopy forgets copy k; its file lingers. Caller holds s.mu.

@@ -105,6 +105,11 @@ type Service struct {
 	// copies are batches relayed from owners on other hosts (hostcopy.go).
 	copies    map[copyKey]hostCopy
 	copyBytes int64
+	// copyOrder is the copies in the order they were kept, which is the
+	// order they expire in (one life for all): eviction and expiry take
+	// from its front. An entry whose copy is gone or newer (seq) is skipped.
+	copyOrder []copyEntry
+	copySeq   uint64
 	copyHits  atomic.Uint64
 
 	cancel context.CancelFunc
@@ -412,7 +417,9 @@ func (s *Service) Get(ctx context.Context, b Batch, wait time.Duration) (data []
 	if err != nil {
 		return nil, producer, err
 	}
-	data, err = st.Bytes()
+	if data, err = st.Bytes(); err != nil && errors.Is(err, ErrGone) {
+		producer = -1 // dropped meanwhile: the asker makes it
+	}
 	return data, producer, err
 }
 
@@ -452,7 +459,7 @@ func (s *Service) GetStaged(ctx context.Context, b Batch, wait time.Duration) (_
 				bt.has[b.Job] = true
 				st.jobs[b.Job].served++
 			}
-			got := Staged{Data: bt.data, Path: bt.path, Size: int64(bt.len()), Ino: bt.ino, Version: st.spec.Version}
+			got := Staged{Data: bt.data, Path: bt.path, Size: int64(bt.len()), Ino: bt.ino, Dev: bt.dev, Version: st.spec.Version}
 			if st.complete(bt) {
 				s.host.UnclaimMemory(st.drop(pos, bt))
 			}
@@ -624,7 +631,7 @@ func (s *Service) put(ctx context.Context, b Batch, in incoming, wait time.Durat
 	if shm != "" {
 		bt.path, bt.size = shm, n
 		if in.file != nil {
-			bt.held, bt.ino = in.file, in.file.Ino
+			bt.held, bt.ino, bt.dev = in.file, in.file.Ino, in.file.Dev
 		}
 	} else {
 		bt.data = append([]byte(nil), in.data...)

@@ -29,10 +29,11 @@ type Staged struct {
 	Data []byte
 	Path string
 	Size int64
-	// Ino, when not 0, is the inode of the file Path names when it names a
-	// descriptor (a handed-over batch's /proc/PID/fd/N): once the batch is
-	// dropped and its linger over, the number may name another file.
-	Ino uint64
+	// Ino and Dev, when Ino is not 0, are the inode and device of the file
+	// Path names when it names a descriptor (a handed-over batch's
+	// /proc/PID/fd/N): once the batch is dropped and its linger over, the
+	// number may name another file.
+	Ino, Dev uint64
 	// Version is the group definition's the batch was staged under (set on
 	// what GetStaged returns).
 	Version uint64
@@ -58,16 +59,17 @@ func (s Staged) Bytes() ([]byte, error) {
 
 // Open opens the batch's file, if it is still the batch's: ErrGone when it
 // was let go (removed, or a handed-over file's descriptor closed and its
-// number perhaps reused, which Ino tells).
+// number perhaps reused, which Ino and Dev tell). Any other failure (out
+// of descriptors) is itself.
 func (s Staged) Open() (*os.File, error) {
 	var f *os.File
 	var err error
 	if s.Ino != 0 {
-		f, err = handoff.Reopen(s.Path, s.Ino)
+		f, err = handoff.Reopen(s.Path, s.Ino, s.Dev)
 	} else {
 		f, err = os.Open(s.Path)
 	}
-	if err != nil && (s.Ino != 0 || errors.Is(err, fs.ErrNotExist)) {
+	if err != nil && (errors.Is(err, fs.ErrNotExist) || errors.Is(err, handoff.ErrNotTheFile)) {
 		return nil, fmt.Errorf("%w (%v)", ErrGone, err)
 	}
 	return f, err

@@ -61,7 +61,8 @@ type batch struct {
 	// held is the file when it was handed over by its producer (a sealed
 	// memfd, opened by path): closed, not removed, when the batch retires.
 	held io.Closer
-	ino  uint64 // held's inode
+	ino  uint64 // held's inode and device
+	dev  uint64
 	has  []bool // job j staged or read it
 }
 

@@ -23,6 +23,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// ErrNotTheFile is a path that names another file than the one expected
+// (Reopen): a descriptor number reused since.
+var ErrNotTheFile = errors.New("not the file named")
+
 // ErrRefused is the cause of every error for a file that cannot be taken
 // over (the caller's fault: a 400).
 var ErrRefused = errors.New("handoff refused")
@@ -37,9 +41,10 @@ type File struct {
 	f    *os.File
 	Size int64
 	Path string
-	// Ino is the file's inode: Path names a descriptor number, which names
-	// another file once this one is closed and the number reused.
-	Ino uint64
+	// Ino and Dev are the file's inode and device: Path names a descriptor
+	// number, which names another file once this one is closed and the
+	// number reused.
+	Ino, Dev uint64
 }
 
 // Take opens descriptor fd of process pid, which must be the memfd with
@@ -52,7 +57,12 @@ func Take(pid, fd int, ino uint64, maxSize int64) (*File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: descriptor %d of process %d: %v", ErrRefused, fd, pid, err)
 	}
-	h := &File{f: f, Ino: ino}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("%w: descriptor %d of process %d: %v", ErrRefused, fd, pid, err)
+	}
+	h := &File{f: f, Ino: ino, Dev: st.Dev}
 	if err := h.seal(maxSize); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("%w: descriptor %d of process %d: %v", ErrRefused, fd, pid, err)
@@ -68,18 +78,22 @@ func Take(pid, fd int, ino uint64, maxSize int64) (*File, error) {
 // the open cannot see different files. A pid or fd out of range names
 // nothing under /proc.
 func openRegular(pid, fd int, ino uint64) (*os.File, error) {
-	return openChecked(fmt.Sprintf("/proc/%d/fd/%d", pid, fd), ino, os.O_RDWR)
+	return openChecked(fmt.Sprintf("/proc/%d/fd/%d", pid, fd), ino, nil, os.O_RDWR)
 }
 
 // Reopen opens for reading the file a File's Path names, if it still is
-// that file (inode ino). Path names a descriptor number of this process,
-// which names another file (or a socket, whose open would fail, or a pipe,
-// whose open would block) once the File is closed and the number reused.
-func Reopen(path string, ino uint64) (*os.File, error) {
-	return openChecked(path, ino, os.O_RDONLY)
+// that file (inode ino on device dev; else ErrNotTheFile). Path names a
+// descriptor number of this process, which names another file (or a
+// socket, whose open would fail, or a pipe, whose open would block) once
+// the File is closed and the number reused; the inode alone could match a
+// file of another file system.
+func Reopen(path string, ino, dev uint64) (*os.File, error) {
+	return openChecked(path, ino, &dev, os.O_RDONLY)
 }
 
-func openChecked(name string, ino uint64, flag int) (*os.File, error) {
+// openChecked opens name (flag) if it is a regular file with inode ino (and,
+// unless dev is nil, on device *dev).
+func openChecked(name string, ino uint64, dev *uint64, flag int) (*os.File, error) {
 	path, err := unix.Open(name, unix.O_PATH|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("opening it: %w", err)
@@ -89,8 +103,8 @@ func openChecked(name string, ino uint64, flag int) (*os.File, error) {
 	if err := unix.Fstat(path, &st); err != nil {
 		return nil, err
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Ino != ino {
-		return nil, fmt.Errorf("not the file named (mode %#o, inode %d; want a regular file, inode %d)", st.Mode, st.Ino, ino)
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Ino != ino || (dev != nil && st.Dev != *dev) {
+		return nil, fmt.Errorf("%w (mode %#o, inode %d on device %d; want a regular file, inode %d)", ErrNotTheFile, st.Mode, st.Ino, st.Dev, ino)
 	}
 	return os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", path), flag, 0)
 }

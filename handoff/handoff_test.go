@@ -219,17 +219,20 @@ func TestReopenChecksTheFileIsStillTheOneTaken(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, err := Reopen(h.Path, h.Ino)
+	f, err := Reopen(h.Path, h.Ino, h.Dev)
 	if err != nil {
 		t.Fatal(err)
 	}
 	got, err := io.ReadAll(f)
-	f.Close()
 	if err != nil || !bytes.Equal(got, data) {
 		t.Fatalf("reopened: %q, %v", got, err)
 	}
-	if _, err := f.Write([]byte("X")); err == nil {
-		t.Error("reopened for writing")
+	if mode, err := unix.FcntlInt(f.Fd(), unix.F_GETFL, 0); err != nil || mode&unix.O_ACCMODE != unix.O_RDONLY {
+		t.Errorf("reopened with flags %#o, %v: want read-only", mode, err)
+	}
+	f.Close()
+	if _, err := Reopen(h.Path, h.Ino, h.Dev+1); !errors.Is(err, ErrNotTheFile) {
+		t.Errorf("the same inode on another device: %v", err)
 	}
 	path := h.Path
 	fd := int(h.f.Fd())
@@ -237,15 +240,15 @@ func TestReopenChecksTheFileIsStillTheOneTaken(t *testing.T) {
 	if err := h.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Reopen(path, ino); err == nil {
+	if _, err := Reopen(path, ino, h.Dev); err == nil {
 		t.Error("reopened after Close")
 	}
 	// The number reused: by another memfd, then by a pipe's read end.
 	if err := unix.Dup2(int(other.Fd()), fd); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Reopen(path, ino); err == nil {
-		t.Error("reopened another file under the same number")
+	if _, err := Reopen(path, ino, h.Dev); !errors.Is(err, ErrNotTheFile) {
+		t.Errorf("another file under the same number: %v", err)
 	}
 	var p [2]int
 	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
@@ -257,7 +260,7 @@ func TestReopenChecksTheFileIsStillTheOneTaken(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Close(fd)
-	if _, err := Reopen(path, ino); err == nil {
-		t.Error("reopened a pipe under the same number")
+	if _, err := Reopen(path, ino, h.Dev); !errors.Is(err, ErrNotTheFile) {
+		t.Errorf("a pipe under the same number: %v", err)
 	}
 }

@@ -134,7 +134,7 @@ func TestAStagedFileLetGoIsADroppedBatch(t *testing.T) {
 		staged groups.Staged
 	}{
 		{"removed", groups.Staged{Path: filepath.Join(t.TempDir(), "gone"), Size: 3}},
-		{"a reused number", groups.Staged{Path: fmt.Sprintf("/proc/self/fd/%d", other.Fd()), Size: 13, Ino: st.Ino + 1}},
+		{"a reused number", groups.Staged{Path: fmt.Sprintf("/proc/self/fd/%d", other.Fd()), Size: 13, Ino: st.Ino + 1, Dev: st.Dev}},
 	} {
 		for _, mapIt := range []bool{false, true} {
 			var ctx fasthttp.RequestCtx
@@ -145,7 +145,7 @@ func TestAStagedFileLetGoIsADroppedBatch(t *testing.T) {
 			}
 		}
 	}
-	itself := groups.Staged{Path: fmt.Sprintf("/proc/self/fd/%d", other.Fd()), Size: 13, Ino: st.Ino}
+	itself := groups.Staged{Path: fmt.Sprintf("/proc/self/fd/%d", other.Fd()), Size: 13, Ino: st.Ino, Dev: st.Dev}
 	var ctx fasthttp.RequestCtx
 	ctx.Init2(unixConn(t), nil, false)
 	serveStaged(&ctx, itself, true)

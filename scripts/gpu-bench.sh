@@ -8,7 +8,7 @@
 # numpy and msgpack.
 #
 # Usage: scripts/gpu-bench.sh OUTDIR [ITEMS]   (ITEMS: the --train JPEGs, 25600 as in issue 48)
-# Environment: TRAIN_ROWS (--train's --rows), DELIVERY_EPOCHS (3), GROUP_EPOCHS (6),
+# Environment: TRAIN_ROWS (--train's --rows), DELIVERY_EPOCHS (3), GROUP_EPOCHS (6), MICRO (1; 0 skips --micro),
 # QUIET_S (90: the longest wait for a quiet machine between benches),
 # GROUPS (4,8: the group bench's J), GROUP_ROWS (every row), GROUP_QUIET_S (0:
 # the longest wait for a load below 2 before each group row; after a row of 8
@@ -33,7 +33,8 @@ export PYTHONUNBUFFERED=1
 	# A VM whose page tables the hypervisor shadows (PVM) makes every fresh
 	# mapping dear, and a VM with free page reporting every fresh page:
 	# BENCHMARKS.md, "Dropped batches' files".
-	dmesg 2>/dev/null | grep -m2 -i -E "hypervisor detected|pvm"
+	dmesg 2>/dev/null | grep -m2 -i -E "hypervisor detected|pvm" # may be restricted: lscpu too
+	lscpu 2>/dev/null | grep -i -E "hypervisor|virtuali"
 	cat /sys/bus/virtio/devices/*/features 2>/dev/null
 } >"$out/machine.txt" 2>&1
 
@@ -55,10 +56,10 @@ bench train 300 --train --items "$items" --rows "${TRAIN_ROWS:-files,cached,batc
 quiet "${QUIET_S:-90}"
 bench loader 110 --items 12000 --rounds 2
 quiet "${QUIET_S:-90}"
-# What a fresh mapping, a memfd write and a prep step cost here (single
-# process, ~30 s): the figures that tell this machine's memory from the
-# 2-core VM's.
-bench micro 90 --micro --copy-mb 256 --writes 50 --images 64 --rounds 1
+# What a fresh mapping, a memfd write and a prep step cost here (one
+# process, about a minute; MICRO=0 skips it): the figures that tell this
+# machine's memory from the 2-core VM's.
+[ "${MICRO:-1}" = 0 ] || bench micro 90 --micro --copy-mb 256 --writes 50 --images 64 --rounds 1
 gq=${GROUP_QUIET_S:-0}
 bench group $((150 + 10 * ${gq%.*})) --group "${GROUPS:-4,8}" --epochs "${GROUP_EPOCHS:-6}" --quiet-wait "$gq" \
 	--rows "${GROUP_ROWS:-independent,staging,hand-off,prep-fill,prep-cache}"
