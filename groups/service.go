@@ -417,7 +417,7 @@ func (s *Service) Get(ctx context.Context, b Batch, wait time.Duration) (data []
 	if err != nil {
 		return nil, producer, err
 	}
-	if data, err = st.Bytes(); err != nil && errors.Is(err, ErrGone) {
+	if data, err = st.Bytes(); errors.Is(err, ErrGone) {
 		producer = -1 // dropped meanwhile: the asker makes it
 	}
 	return data, producer, err

@@ -83,8 +83,8 @@ func (s Staged) Open() (*os.File, error) {
 // cannot reuse: with 30 s (the old default) a group staging 140 MB/s kept
 // 4 GB of dropped batches, and each new batch went into pages freed long
 // ago, which a VM that hands free memory back to its host must fault in
-// again: 19 ms of CPU to write a 9 MB batch, against 2 ms into pages freed
-// a moment before (BENCHMARKS.md, "Dropped batches' files").
+// again: 19 ms of CPU to write a 9 MB batch, against 1.5 ms into pages
+// freed a moment before (BENCHMARKS.md, "Dropped batches' files").
 const DefaultLinger = 250 * time.Millisecond
 
 // shmPrefix names this node's files, so that a restarted node removes what

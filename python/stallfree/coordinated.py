@@ -483,8 +483,8 @@ def _populate_read(m):
     where the job's transform first touches them. On a VM whose page tables
     the hypervisor shadows, each fault is dear, and a staged batch is mapped
     afresh for every batch: cropping 224x224 out of 16 mapped 500x375 images
-    cost 135 µs an image populated against 216 (BENCHMARKS.md, "Dropped
-    batches' files"). A read populate keeps a private mapping's pages shared:
+    cost 134-228 µs an image populated against 157-318 (BENCHMARKS.md,
+    "Dropped batches' files"). A read populate keeps a private mapping's pages shared:
     MAP_POPULATE would break copy-on-write, copying them all. Older kernels
     refuse it (EINVAL): the faults happen as before."""
     try:

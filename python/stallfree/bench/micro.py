@@ -128,7 +128,7 @@ def mapped_crops(n):
 
     rows, h, w = 16, 375, 500
     size = rows * h * w * 3
-    fd = os.memfd_create("stallfree-micro", os.MFD_CLOEXEC)
+    fd, kept = os.memfd_create("stallfree-micro", os.MFD_CLOEXEC), None
     try:
         os.write(fd, np.random.default_rng(1).integers(0, 255, size, dtype=np.uint8).tobytes())
         rng = np.random.default_rng(2)
@@ -157,9 +157,10 @@ def mapped_crops(n):
                 way()
             out[name] = {"cpu_us": (time.process_time() - t) / (n * rows) * 1e6,
                          "faults": (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f) / (n * rows)}
-        kept.close()
         return out
     finally:
+        if kept is not None:
+            kept.close()
         os.close(fd)
 
 
