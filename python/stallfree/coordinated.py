@@ -159,7 +159,16 @@ def _arrays_out(batch, arrays):
         if isinstance(obj, tuple):
             return msgpack.ExtType(_TUPLE, msgpack.packb(list(obj), default=default, use_bin_type=True, strict_types=True))
         raise TypeError(f"coordinated prep cannot send a {type(obj).__name__} in a batch")
-    return msgpack.packb(batch, default=default, use_bin_type=True, strict_types=True)
+    try:
+        return msgpack.packb(batch, default=default, use_bin_type=True, strict_types=True)
+    finally:
+        # As decode_batch's ext_hook: default refers to itself through its
+        # closure, which holds arrays. The cycle kept every batch's arrays
+        # (a producer's pooled rows) until the cyclic GC ran, so the pool
+        # found none free and made a fresh 9 MB buffer for almost every other
+        # batch, whose pages then cost more to fault in than F's decode
+        # (BENCHMARKS.md, "A producer's rows, freed when encoded").
+        del default
 
 
 def _pad(n):
