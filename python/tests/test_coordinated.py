@@ -495,6 +495,38 @@ class InProcessLoaderTest(GroupCase):
         want = [(e, g[k:k + BATCH]) for e, g in zip((0, 1, 0), got) for k in range(0, N, BATCH)]
         self.assertEqual(sorted(seen), sorted(want), "augment got each batch's indices")
 
+    def test_a_producers_rows_buffer_is_reused_batch_after_batch(self):
+        """F's outputs go into a pooled rows buffer that is free again once
+        its batch is staged, without the cyclic GC: a buffer held until the
+        GC ran made the pool allocate (and the kernel fault in) a fresh one
+        for most batches."""
+        import gc
+
+        import numpy as np
+        import stallfree.coordinated as co
+
+        def f(b):  # 96 KiB, above the size the pool takes
+            return np.full((128, 256, 3), int(bytes(b[:6])) % 251, np.uint8)
+
+        loader = co.CoordinatedLoader(self.urls[0], "rows", 0, "ds", transform=f, batch_size=BATCH, jobs=1,
+                                      window=2)
+        self.addCleanup(loader.close)
+        was = gc.isenabled()
+        gc.disable()
+        try:
+            seen = 0
+            for b, x in enumerate(loader):
+                want = np.array(loader.indices(0, b)) % 251
+                self.assertTrue(np.array_equal(np.asarray(x)[:, 0, 0, 0], want), f"batch {b}'s samples")
+                seen += 1
+            buffers = len(loader._prep._rows_pool._pool.buffers)
+        finally:
+            if was:
+                gc.enable()
+        self.assertEqual(seen, N // BATCH)
+        # One batch in flight (window 2): its rows, and the next batch's.
+        self.assertLessEqual(buffers, 2, f"{buffers} rows buffers for {seen} batches")
+
     def test_a_reader_too_late_for_a_file_makes_the_batch(self):
         """A job that opens a batch's file only after the node let it go
         (the batch dropped by its read, the linger over) gets the same batch
