@@ -1,6 +1,8 @@
 """What every Python test needs: free ports, awaiting a condition, a real
 cluster of cachenode processes and a temporary dataset on disk."""
 
+import contextlib
+import gc
 import os
 import random
 import shutil
@@ -25,6 +27,20 @@ class PortTaken(Exception):
 
 class NodeExited(AssertionError):
     """A node stopped while the test waited for it."""
+
+
+@contextlib.contextmanager
+def without_cyclic_gc():
+    """Runs the block with Python's cyclic garbage collector off, so that a
+    buffer kept by a reference cycle stays kept and a test of reuse sees it
+    (with the collector on, such a leak shows only now and then)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def wait_until(cond, timeout, what, passes=()):

@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import stallfree.coordinated as co  # noqa: E402
 from stallfree import Client  # noqa: E402
 
-from harness import BIN, Cluster, wait_until  # noqa: E402
+from harness import BIN, Cluster, wait_until, without_cyclic_gc  # noqa: E402
 
 JOB = os.path.join(os.path.dirname(__file__), "coordinated_job.py")
 N, BATCH = 96, 4  # 24 batches an epoch
@@ -192,17 +192,13 @@ class TransformRowsTest(unittest.TestCase):
         batch's rows are let go as soon as the caller drops them, without
         the cyclic GC: a cycle kept every producer's pooled buffer busy
         until the GC ran, and the pool made a fresh one instead."""
-        import gc
-
         import numpy as np
         prep = self.prep()
 
         def f(x):
             return np.full((128, 256, 3), x, np.uint8)
 
-        was = gc.isenabled()
-        gc.disable()
-        try:
+        with without_cyclic_gc():
             for encode in (co.encode_batch, lambda b: co.encode_batch(b, bytearray), co._pieces):
                 rows = prep._rows(f, [1, 2])
                 buffer = prep._rows_pool._pool.buffers[-1].array
@@ -213,9 +209,6 @@ class TransformRowsTest(unittest.TestCase):
                 del rows, pieces
                 self.assertEqual(sys.getrefcount(buffer), held - 2, "only the pool refers to the buffer")
                 del buffer
-        finally:
-            if was:
-                gc.enable()
 
     def test_other_outputs_are_left_as_they_are(self):
         import numpy as np
@@ -500,8 +493,6 @@ class InProcessLoaderTest(GroupCase):
         its batch is staged, without the cyclic GC: a buffer held until the
         GC ran made the pool allocate (and the kernel fault in) a fresh one
         for most batches."""
-        import gc
-
         import numpy as np
         import stallfree.coordinated as co
 
@@ -511,18 +502,13 @@ class InProcessLoaderTest(GroupCase):
         loader = co.CoordinatedLoader(self.urls[0], "rows", 0, "ds", transform=f, batch_size=BATCH, jobs=1,
                                       window=2)
         self.addCleanup(loader.close)
-        was = gc.isenabled()
-        gc.disable()
-        try:
+        with without_cyclic_gc():
             seen = 0
             for b, x in enumerate(loader):
                 want = np.array(loader.indices(0, b)) % 251
                 self.assertTrue(np.array_equal(np.asarray(x)[:, 0, 0, 0], want), f"batch {b}'s samples")
                 seen += 1
             buffers = len(loader._prep._rows_pool._pool.buffers)
-        finally:
-            if was:
-                gc.enable()
         self.assertEqual(seen, N // BATCH)
         # One batch in flight (window 2): its rows, and the next batch's.
         self.assertLessEqual(buffers, 2, f"{buffers} rows buffers for {seen} batches")
