@@ -201,17 +201,22 @@ class BatchLoader:
     def _retrying(self, fetch):
         """fetch(), tried again on node loss (up to ``retries`` times)."""
         last = None
-        for attempt in range(self.retries + 1):
-            try:
-                return fetch()
-            except (NodeUnreachable, StallfreeError) as e:
-                # The client has tried every node it knows; membership may
-                # settle (a dead owner leaves the ring) before the next try.
-                if isinstance(e, StallfreeError) and e.status not in (502, 503, 504):
-                    raise
-                last = e
-                time.sleep(min(0.5 * (attempt + 1), 2.0))
-        raise last
+        try:
+            for attempt in range(self.retries + 1):
+                try:
+                    return fetch()
+                except (NodeUnreachable, StallfreeError) as e:
+                    # The client has tried every node it knows; membership may
+                    # settle (a dead owner leaves the ring) before the next try.
+                    if isinstance(e, StallfreeError) and e.status not in (502, 503, 504):
+                        raise
+                    last = e
+                    time.sleep(min(0.5 * (attempt + 1), 2.0))
+            raise last
+        finally:
+            # As in Client.request: the caught exception and this frame would
+            # hold each other, and fetch (its pooled buffer) with them.
+            last = None
 
     def _fetch(self, indices):
         ds = self.dataset

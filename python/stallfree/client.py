@@ -299,33 +299,40 @@ class Client:
         last = None
         attempt, turn = 0, 0
         backoff, waited = self.busy_backoff, 0.0
-        while True:
-            base = self.urls[turn % len(self.urls)]
-            turn += 1
-            try:
-                return self._request_once(base, method, path, body, headers, reader)
-            except StallfreeError as e:
-                if e.status != 503:
-                    raise
-                last = e
-                if e.retry_after is not None:  # busy or catching up, not down
-                    if turn % len(self.urls):
-                        continue  # another node may answer now
-                    wait = max(e.retry_after, backoff)
-                    backoff = min(2 * backoff, 4.0)
-                    if waited + wait > self.busy_wait:
+        try:
+            while True:
+                base = self.urls[turn % len(self.urls)]
+                turn += 1
+                try:
+                    return self._request_once(base, method, path, body, headers, reader)
+                except StallfreeError as e:
+                    if e.status != 503:
                         raise
-                    waited += wait
-                    time.sleep(wait)
-                    continue
-            except _RETRYABLE as e:
-                last = e
-            attempt += 1
-            if attempt >= self.retries * len(self.urls):
-                if isinstance(last, StallfreeError):
-                    raise last
-                raise NodeUnreachable(self.urls, last) from last
-            time.sleep(min(0.05 * attempt, 0.5))
+                    last = e
+                    if e.retry_after is not None:  # busy or catching up, not down
+                        if turn % len(self.urls):
+                            continue  # another node may answer now
+                        wait = max(e.retry_after, backoff)
+                        backoff = min(2 * backoff, 4.0)
+                        if waited + wait > self.busy_wait:
+                            raise
+                        waited += wait
+                        time.sleep(wait)
+                        continue
+                except _RETRYABLE as e:
+                    last = e
+                attempt += 1
+                if attempt >= self.retries * len(self.urls):
+                    if isinstance(last, StallfreeError):
+                        raise last
+                    raise NodeUnreachable(self.urls, last) from last
+                time.sleep(min(0.05 * attempt, 0.5))
+        finally:
+            # A caught exception's traceback holds this frame, whose `last`
+            # holds the exception: a cycle that would keep body and reader
+            # (pooled buffers) until the cyclic GC runs, after a retry that
+            # succeeded too.
+            last = None
 
     def json(self, method, path, body=None):
         _, data = self.request(method, path, body)

@@ -494,7 +494,7 @@ def _populate_read(m):
     afresh for every batch: cropping 224x224 out of 16 mapped 500x375 images
     cost 134-228 µs an image populated against 157-318 (BENCHMARKS.md,
     "Dropped batches' files"). On a KVM guest the same crops cost more
-    populated (52 against 35 µs: every page is mapped, a crop touches ~60%),
+    populated (52 against 35-36 µs: every page is mapped, a crop touches ~60%),
     but a staging job's total was the same within the noise ("A producer's
     rows, freed when encoded"). A read populate keeps a private mapping's pages shared:
     MAP_POPULATE would break copy-on-write, copying them all. Older kernels

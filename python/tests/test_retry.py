@@ -6,11 +6,16 @@ import json
 import os
 import sys
 import threading
+import types
 import unittest
+import weakref
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from stallfree import Client, StallfreeError  # noqa: E402
+from stallfree.batchloader import BatchLoader  # noqa: E402
+
+from harness import without_cyclic_gc  # noqa: E402
 
 
 class Stub(http.server.BaseHTTPRequestHandler):
@@ -74,6 +79,47 @@ class RetryTest(unittest.TestCase):
         self.assertIn("catalog not caught up", e.exception.message)
         self.assertLess(handler.calls, 1000)
 
+
+    def test_a_retried_request_lets_go_of_what_it_held(self):
+        """After a 503 and a retry that succeeds, what the request held (its
+        reader here, its body, pooled buffers in the loaders) is freed when
+        it returns, not when the cyclic GC runs: the caught exception would
+        hold the request's frame, and the frame the exception."""
+        handler, url = self.serve(busy=1)
+        c = Client(url, retries=3)
+        c.busy_backoff = 0.001
+
+        class Reader:
+            def __call__(self, response):
+                return response.read()
+
+        reader = Reader()
+        gone = weakref.ref(reader)
+        with without_cyclic_gc():
+            _, data = c.request("GET", "/v1/datasets", reader=reader)
+            del reader
+            self.assertIsNone(gone(), "the reader is freed")
+        self.assertEqual((json.loads(data), handler.calls), ([{"name": "imgs"}], 2))
+
+    def test_a_loader_retry_lets_go_of_its_fetch(self):
+        """BatchLoader's retry after node loss, likewise: the fetch (which
+        holds the batch's buffer) is freed once the retry returns."""
+        class Fetch:
+            tries = 0
+
+            def __call__(self):
+                self.tries += 1
+                if self.tries == 1:
+                    raise StallfreeError(503, "owner gone")
+                return "batch"
+
+        fetch = Fetch()
+        gone = weakref.ref(fetch)
+        with without_cyclic_gc():
+            got = BatchLoader._retrying(types.SimpleNamespace(retries=2), fetch)
+            self.assertEqual((got, fetch.tries), ("batch", 2))
+            del fetch
+            self.assertIsNone(gone(), "the fetch is freed")
 
 if __name__ == "__main__":
     unittest.main()
