@@ -646,3 +646,31 @@ func TestAStagedFileUnderAReusedNumberIsGone(t *testing.T) {
 		t.Fatalf("the same inode on another device under the number: %v", err)
 	}
 }
+
+// Defining a group and asking for it start no clock: a loader does both when
+// it is made, and its job may then build a model for longer than the timeout
+// before it reads a batch. The clock starts at the group's first batch
+// request, for every job.
+func TestDefiningOrAskingStartsNoClock(t *testing.T) {
+	s, _ := newService(t, 1<<20, 2, 4) // defined (Put), and asked for through it
+	ctx := bounded(t)
+	if _, err := s.LocalInfo("g"); err != nil {
+		t.Fatal(err)
+	}
+	s.tick(time.Now().Add(2 * time.Hour)) // past the timeout since both
+	if _, err := s.PutBatch(ctx, Batch{Group: "g", Job: 0, Index: 0}, []byte("abcd"), time.Second); err != nil {
+		t.Fatalf("the first batch after a long setup: %v", err)
+	}
+	info, err := s.LocalInfo("g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Jobs[0].Detached || info.Jobs[1].Detached || !info.Jobs[0].Seen || info.Jobs[1].Seen {
+		t.Fatalf("jobs after the first batch: %+v", info.Jobs)
+	}
+	// From there on a silent job is detached as before.
+	s.tick(time.Now().Add(2 * time.Hour))
+	if info, _ := s.LocalInfo("g"); !info.Jobs[1].Detached {
+		t.Fatalf("job 1 silent past the timeout since the first batch: %+v", info.Jobs[1])
+	}
+}

@@ -338,15 +338,26 @@ func (s *Service) Info(ctx context.Context, name string, after uint64) (api.Grou
 	return s.LocalInfo(name)
 }
 
-// LocalInfo is this node's view of a group it owns.
+// LocalInfo is this node's view of a group it owns. Asking starts nothing:
+// a group's stage, and with it the clock that detaches a silent job, starts
+// at its first batch request. A loader defines its group and asks for it
+// when it is made, and a training job then builds its model, which may take
+// longer than --group-timeout, before it reads a batch; had this made the
+// stage, every job would be detached before any batch was shared.
 func (s *Service) LocalInfo(name string) (api.GroupInfo, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	st, err := s.stageOf(name)
-	if err != nil {
-		return api.GroupInfo{}, err
+	g, ok := s.host.Group(name)
+	if !ok {
+		return api.GroupInfo{}, fmt.Errorf("%w: group %q", catalog.ErrNotFound, name)
 	}
-	return st.info(name, s.host.Name()), nil
+	if st, ok := s.stages[name]; ok {
+		if st.spec.Version == g.Version {
+			return st.info(name, s.host.Name()), nil
+		}
+		s.release(name, st) // a redefinition: what the old one staged goes now
+	}
+	return newStage(g, time.Time{}).info(name, s.host.Name()), nil
 }
 
 func (s *Service) remoteInfo(ctx context.Context, addr, name string) (api.GroupInfo, error) {

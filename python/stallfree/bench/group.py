@@ -182,24 +182,29 @@ def run_job(a):
     from ..coordinated import CoordinatedLoader, epoch_order
 
     f, aug = Decode(a.counter), CropFlip(a.crop)
-    loader = None
     client = Client(a.url)
     n = client.dataset(a.dataset)["items"]
+    premade = None
+    if a.mode == "hand-off":
+        # The batch's arrays: decoded images of the dataset's size, made
+        # before the start (item 0 decoded, repeated).
+        premade = Premade(np.stack([Decode(os.devnull)(client.batch(a.dataset, [0])[0][1])] * a.batch))
+    print("ready", flush=True)
+    sys.stdin.readline()  # the common start
+    # The loader joins its group only now: a job that joined and then waited
+    # for the start (the others starting up, the node's idle CPU measured)
+    # longer than the node's --group-timeout would be detached.
+    loader = None
     if a.mode == "staging":
         loader = CoordinatedLoader(a.url, a.group_name, a.job, a.dataset, f, a.batch, 0, jobs=a.jobs, seed=SEED,
                                    window=a.window, augment=aug)
     elif a.mode == "hand-off":
         loader = CoordinatedLoader(a.url, a.group_name, a.job, a.dataset, None, a.batch, 0, jobs=a.jobs, seed=SEED,
                                    window=a.window)
-        # The batch's arrays: decoded images of the dataset's size, made
-        # before the start (item 0 decoded, repeated).
-        one = Decode(os.devnull)(client.batch(a.dataset, [0])[0][1])
-        loader._prep = Premade(np.stack([one] * a.batch))
+        loader._prep = premade
     elif a.mode in ("prep-fill", "prep-cache"):
         loader = CoordinatedLoader(a.url, a.group_name, a.job, a.dataset, None, a.batch, 0, jobs=a.jobs, seed=SEED,
                                    window=a.window, cache_stage=(a.stage, f), augment=aug)
-    print("ready", flush=True)
-    sys.stdin.readline()  # the common start
     f.spent.reset()
     aug.spent.reset()
     t0, c0, faults0 = time.monotonic(), own_cpu(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
