@@ -668,6 +668,39 @@ class DetachTest(GroupCase):
     def detached_everywhere(self, group, j):
         return all(self.group(u, group)["jobs"][j]["detached"] for u in self.urls)
 
+    def test_jobs_made_long_before_their_first_batch_stay_attached(self):
+        """Two loaders made (the group defined and asked for), then a setup
+        longer than --group-timeout (a model built, a checkpoint loaded)
+        before either reads: the group's clock starts at its first batch
+        request, so both stay attached and F runs once per item."""
+        import threading
+
+        calls = []
+
+        def f(b):
+            calls.append(1)
+            return bytes(b[:6])
+
+        loaders = [co.CoordinatedLoader(self.urls[0], "setup", j, "ds", transform=f, batch_size=BATCH, jobs=2,
+                                        collate_fn=list) for j in range(2)]
+        for loader in loaders:
+            self.addCleanup(loader.close)
+        time.sleep(3.0)  # the setup: longer than the 2 s timeout (nothing to await: the time is the point)
+        got = [None, None]
+
+        def run(j):
+            got[j] = [x for x in loaders[j]]
+
+        threads = [threading.Thread(target=run, args=(j,)) for j in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        self.assertEqual(len(got[0]), N // BATCH)
+        self.assertEqual(got[0], got[1], "both jobs got the same batches")
+        self.assertEqual([loader.alone for loader in loaders], [False, False], "neither was detached")
+        self.assertEqual(len(calls), N, "each item prepared once in the group")
+
     def test_stopped_job_is_detached_and_finishes_alone(self):
         # Job 2 stops itself after its third batch (SIGSTOP), for longer
         # than the window and the group timeout.
