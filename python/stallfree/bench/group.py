@@ -191,9 +191,10 @@ def run_job(a):
         premade = Premade(np.stack([Decode(os.devnull)(client.batch(a.dataset, [0])[0][1])] * a.batch))
     print("ready", flush=True)
     sys.stdin.readline()  # the common start
-    # The loader joins its group only now: a job that joined and then waited
-    # for the start (the others starting up, the node's idle CPU measured)
-    # longer than the node's --group-timeout would be detached.
+    # The loader is made only now: a node older than c3bba9e (--url) starts
+    # its group's detach clock when a loader is made, and the wait for the
+    # start (the others starting up, the node's idle CPU measured for a
+    # second) then detached the jobs under a short --group-timeout.
     loader = None
     if a.mode == "staging":
         loader = CoordinatedLoader(a.url, a.group_name, a.job, a.dataset, f, a.batch, 0, jobs=a.jobs, seed=SEED,
