@@ -87,6 +87,9 @@ type GroupInfo struct {
 	StagedBatches int    `json:"staged_batches"`
 	StagedBytes   uint64 `json:"staged_bytes"`
 	Owner         string `json:"owner,omitempty"`
+	// TimeoutS is the owner's --group-timeout in seconds: a job silent this
+	// long (no batch request, no POST .../jobs/{j}/alive) is detached.
+	TimeoutS float64 `json:"timeout_s,omitempty"`
 }
 
 // GroupJob is one job index of a group, as its owner sees it.

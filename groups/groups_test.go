@@ -674,3 +674,55 @@ func TestDefiningOrAskingStartsNoClock(t *testing.T) {
 		t.Fatalf("job 1 silent past the timeout since the first batch: %+v", info.Jobs[1])
 	}
 }
+
+// A job that says it is alive is not detached for silence, whatever the
+// others do; one that stops saying so is, as before. Before the group's
+// first batch request there is no clock and nothing is made; a detached job
+// is told so; a job index out of range is a bad request.
+func TestAliveHoldsOffTheSilenceTimeout(t *testing.T) {
+	s, _ := newService(t, 1<<20, 2, 4)
+	ctx := bounded(t)
+	if err := s.Alive("g", 1); err != nil {
+		t.Fatalf("before the first batch: %v", err)
+	}
+	s.mu.Lock()
+	_, made := s.stages["g"]
+	s.mu.Unlock()
+	if made {
+		t.Fatal("a liveness report made the group's stage")
+	}
+	if _, err := s.PutBatch(ctx, Batch{Group: "g", Job: 0, Index: 0}, []byte("abcd"), time.Second); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Millisecond) // job 1's report comes strictly after job 0's batch
+	if err := s.Alive("g", 1); err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	last0, last1 := s.stages["g"].jobs[0].last, s.stages["g"].jobs[1].last
+	s.mu.Unlock()
+	if !last1.After(last0) {
+		t.Fatalf("job 1's report at %v, not after job 0's batch at %v", last1, last0)
+	}
+	s.tick(last1.Add(s.cfg.Timeout)) // past the timeout for job 0's batch, exactly it for job 1's report
+	if info, _ := s.LocalInfo("g"); !info.Jobs[0].Detached || info.Jobs[1].Detached {
+		t.Fatalf("job 0 silent, job 1 alive: %+v", info.Jobs)
+	}
+	s.tick(time.Now().Add(2 * s.cfg.Timeout))
+	info, _ := s.LocalInfo("g")
+	if !info.Jobs[1].Detached {
+		t.Fatalf("job 1 silent past the timeout since its report: %+v", info.Jobs[1])
+	}
+	if err := s.Alive("g", 1); !errors.Is(err, ErrDetached) {
+		t.Fatalf("a detached job: %v, want ErrDetached", err)
+	}
+	if err := s.Alive("g", 2); !errors.Is(err, ErrBadRequest) {
+		t.Fatalf("job 2 of 2: %v, want ErrBadRequest", err)
+	}
+	if err := s.Alive("nope", 0); !errors.Is(err, catalog.ErrNotFound) {
+		t.Fatalf("no such group: %v, want not found", err)
+	}
+	if info.TimeoutS != s.cfg.Timeout.Seconds() {
+		t.Fatalf("timeout_s %v, want %v", info.TimeoutS, s.cfg.Timeout.Seconds())
+	}
+}

@@ -351,13 +351,47 @@ func (s *Service) LocalInfo(name string) (api.GroupInfo, error) {
 	if !ok {
 		return api.GroupInfo{}, fmt.Errorf("%w: group %q", catalog.ErrNotFound, name)
 	}
-	if st, ok := s.stages[name]; ok {
-		if st.spec.Version == g.Version {
-			return st.info(name, s.host.Name()), nil
-		}
+	st, ok := s.stages[name]
+	if ok && st.spec.Version != g.Version {
 		s.release(name, st) // a redefinition: what the old one staged goes now
+		ok = false
 	}
-	return newStage(g, time.Time{}).info(name, s.host.Name()), nil
+	if !ok {
+		st = newStage(g, time.Time{})
+	}
+	info := st.info(name, s.host.Name())
+	info.TimeoutS = s.cfg.Timeout.Seconds()
+	return info, nil
+}
+
+// Alive is POST /v1/groups/{g}/jobs/{j}/alive at the group's owner: job j's
+// process is alive, though it asks for no batch now (between epochs, in a
+// validation pass). A loader says so every third of the timeout, so that a
+// silent job is one whose process stopped or died, and a pause that every
+// job takes together (longer than the timeout) detaches none of them. A job
+// that falls W batches behind is still detached by the window. Before the
+// group's first batch request there is no clock to hold back, and nothing
+// is made; a detached job is told so (ErrDetached).
+func (s *Service) Alive(name string, job int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	g, ok := s.host.Group(name)
+	if !ok {
+		return fmt.Errorf("%w: group %q", catalog.ErrNotFound, name)
+	}
+	if job < 0 || job >= g.Jobs {
+		return fmt.Errorf("%w: job %d of group %q (jobs 0..%d)", ErrBadRequest, job, name, g.Jobs-1)
+	}
+	st, ok := s.stages[name]
+	if !ok || st.spec.Version != g.Version {
+		return nil
+	}
+	js := &st.jobs[job]
+	if js.detached {
+		return fmt.Errorf("%w: job %d of group %q: %s; prepare every batch yourself", ErrDetached, job, name, js.why)
+	}
+	js.last = time.Now()
+	return nil
 }
 
 func (s *Service) remoteInfo(ctx context.Context, addr, name string) (api.GroupInfo, error) {

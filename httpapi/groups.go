@@ -104,6 +104,30 @@ func (s *Server) groupDelete(ctx *fasthttp.RequestCtx, p params) {
 	ctx.SetStatusCode(fasthttp.StatusNoContent)
 }
 
+// groupAlive serves POST /v1/groups/{group}/jobs/{job}/alive (a loader's
+// liveness, groups.Service.Alive) at the group's owner; any other node
+// relays it there. 204, or 410 for a detached job.
+func (s *Server) groupAlive(ctx *fasthttp.RequestCtx, p params) {
+	if s.groupsOff(ctx) {
+		return
+	}
+	name := p.get("group")
+	job, err := strconv.Atoi(p.get("job"))
+	if err != nil {
+		writeError(ctx, fasthttp.StatusBadRequest, fmt.Sprintf("job %q: want the job's index", p.get("job")))
+		return
+	}
+	if addr, self := s.groups.Owner(name); !self && !relayed(ctx) {
+		s.relayToOwner(ctx, addr, 0)
+		return
+	}
+	if err := s.groups.Alive(name, job); err != nil {
+		groupFail(ctx, err)
+		return
+	}
+	ctx.SetStatusCode(fasthttp.StatusNoContent)
+}
+
 // groupBatchRoute serves GET and PUT /v1/groups/{group}/epochs/{epoch}/batches/{batch}.
 func (s *Server) groupBatchRoute(ctx *fasthttp.RequestCtx, p params) {
 	if !s.groupsOff(ctx) {

@@ -177,6 +177,7 @@ func (s *Server) routes(n *node.Node) []route {
 		{method: get, pattern: "/v1/groups/{group}", handle: s.groupGet},
 		{method: put, pattern: "/v1/groups/{group}", handle: s.groupPut},
 		{method: del, pattern: "/v1/groups/{group}", handle: s.groupDelete},
+		{method: post, pattern: "/v1/groups/{group}/jobs/{job}/alive", handle: s.groupAlive},
 		{method: get, pattern: "/v1/groups/{group}/epochs/{epoch}/batches/{batch}", handle: s.groupBatchRoute},
 		{method: put, pattern: "/v1/groups/{group}/epochs/{epoch}/batches/{batch}", handle: s.groupBatchRoute, limit: s.groupBodyLimit},
 

@@ -52,6 +52,7 @@ import sys
 import threading
 import time
 import urllib.parse
+import weakref
 
 import msgpack
 
@@ -528,6 +529,21 @@ def _memfd_of(pieces):
     return fd
 
 
+def _say_alive(loader_ref, stop, every):
+    """The liveness thread of a CoordinatedLoader (_start_saying_alive)."""
+    while not stop.wait(every):
+        loader = loader_ref()
+        if loader is None or loader.alone:
+            return
+        try:
+            if not loader._say_alive_once():
+                return
+        except (OSError, http.client.HTTPException):
+            pass  # the node out of reach a moment: the next report, or the loader's own requests, will tell
+        finally:
+            del loader
+
+
 class CoordinatedLoader:
     """An iterable of minibatches of a coordinated-prep group.
 
@@ -587,6 +603,8 @@ class CoordinatedLoader:
         self.collate_fn = collate_fn or default_collate
         self.client = Client(self.url, token=token)
         self._lock = threading.Lock()
+        self._alive = None  # the liveness thread's stop event, once started
+        self._timeout_s = 0.0
         gq = urllib.parse.quote(group, safe="")
         self._gpath = f"/v1/groups/{gq}"
         spec = None
@@ -670,6 +688,32 @@ class CoordinatedLoader:
             self._detached = [(j["job"], j["from"]) for j in info["jobs"] if j.get("detached")]
             if any(j == self.job for j, _ in self._detached):
                 self.alone = True
+            self._timeout_s = float(info.get("timeout_s") or 0)  # 0: an owner that takes no liveness reports
+
+    def _start_saying_alive(self):
+        """From the first batch on, a thread tells the group's owner every
+        third of its --group-timeout that this job lives (POST
+        .../jobs/{j}/alive): a pause between epochs (a validation pass) longer
+        than the timeout, which every job takes at about the same time, would
+        otherwise detach them all for good. A stopped or killed process says
+        nothing and is detached as before; a job W batches behind, by the
+        window. The thread holds the loader weakly and ends with close()."""
+        if self._alive is not None or not self._timeout_s or self.alone:
+            return
+        self._alive = threading.Event()
+        threading.Thread(target=_say_alive, args=(weakref.ref(self), self._alive, self._timeout_s / 3),
+                         name="stallfree-group-alive", daemon=True).start()
+
+    def _say_alive_once(self):
+        """One liveness report; False once there is no point in more (this
+        job detached, or an owner without the route)."""
+        try:
+            self._request("POST", f"{self._gpath}/jobs/{self.job}/alive", None, self.wait)
+        except _Answer as a:
+            if a.status == 410:
+                self.alone = True
+            return a.status not in (404, 405, 410)
+        return True
 
     def _refresh(self):
         try:
@@ -991,6 +1035,7 @@ class CoordinatedLoader:
             self._buffers = _Pool(pinned=False, keep=max(1, self.window // 2) + 4)
             if self._pool is None:
                 self._prep.alloc = self._buffers.get
+        self._start_saying_alive()  # after the fork above: no worker inherits the thread
         if self._io is None:
             self._io = concurrent.futures.ThreadPoolExecutor(
                 max_workers=max(1, self.window // 2) + 1,
@@ -1077,6 +1122,8 @@ class CoordinatedLoader:
         raise _Answer(r.status, msg, hint)
 
     def close(self):
+        if self._alive is not None:
+            self._alive.set()
         if self._pool is not None:
             self._pool.terminate()
             self._pool = None

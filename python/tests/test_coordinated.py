@@ -701,6 +701,44 @@ class DetachTest(GroupCase):
         self.assertEqual([loader.alone for loader in loaders], [False, False], "neither was detached")
         self.assertEqual(len(calls), N, "each item prepared once in the group")
 
+    def test_a_pause_between_epochs_longer_than_the_timeout_detaches_no_job(self):
+        """Every job pauses after an epoch (a validation pass) for longer
+        than --group-timeout: their loaders say they are alive meanwhile, so
+        none is detached and the next epoch is shared too."""
+        import threading
+
+        calls = []
+
+        def f(b):
+            calls.append(1)
+            return bytes(b[:6])
+
+        loaders = [co.CoordinatedLoader(self.urls[1], "pause", j, "ds", transform=f, batch_size=BATCH, jobs=2,
+                                        collate_fn=list) for j in range(2)]
+        for loader in loaders:
+            self.addCleanup(loader.close)
+
+        def epoch(e):
+            got = [None, None]
+
+            def run(j):
+                loaders[j].set_epoch(e)
+                got[j] = [x for x in loaders[j]]
+            threads = [threading.Thread(target=run, args=(j,)) for j in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(120)
+            self.assertEqual(got[0], got[1], f"epoch {e}: both jobs got the same batches")
+            self.assertEqual(len(got[0]), N // BATCH)
+
+        epoch(0)
+        time.sleep(3.5)  # the pause, longer than the 2 s timeout (nothing to await: the time is the point)
+        epoch(1)
+        self.assertEqual([loader.alone for loader in loaders], [False, False], "neither was detached")
+        self.assertEqual(len(calls), 2 * N, "each item prepared once an epoch in the group")
+        self.assertTrue(all(not j["detached"] for j in self.group(self.urls[0], "pause")["jobs"]))
+
     def test_stopped_job_is_detached_and_finishes_alone(self):
         # Job 2 stops itself after its third batch (SIGSTOP), for longer
         # than the window and the group timeout.
