@@ -668,73 +668,63 @@ class DetachTest(GroupCase):
     def detached_everywhere(self, group, j):
         return all(self.group(u, group)["jobs"][j]["detached"] for u in self.urls)
 
-    def test_jobs_made_long_before_their_first_batch_stay_attached(self):
-        """Two loaders made (the group defined and asked for), then a setup
-        longer than --group-timeout (a model built, a checkpoint loaded)
-        before either reads: the group's clock starts at its first batch
-        request, so both stay attached and F runs once per item."""
-        import threading
-
+    def two_loaders(self, url, group):
+        """Two in-process loaders of a new group of two jobs, and the list
+        that F appends to at each call."""
         calls = []
 
         def f(b):
             calls.append(1)
             return bytes(b[:6])
 
-        loaders = [co.CoordinatedLoader(self.urls[0], "setup", j, "ds", transform=f, batch_size=BATCH, jobs=2,
+        loaders = [co.CoordinatedLoader(url, group, j, "ds", transform=f, batch_size=BATCH, jobs=2,
                                         collate_fn=list) for j in range(2)]
         for loader in loaders:
             self.addCleanup(loader.close)
-        time.sleep(3.0)  # the setup: longer than the 2 s timeout (nothing to await: the time is the point)
-        got = [None, None]
+        return loaders, calls
+
+    def read_epoch(self, loaders, epoch):
+        """Both loaders read the epoch at once (each in a thread); checks that
+        they got the same batches, all of them."""
+        import threading
+
+        got = [None] * len(loaders)
 
         def run(j):
+            loaders[j].set_epoch(epoch)
             got[j] = [x for x in loaders[j]]
 
-        threads = [threading.Thread(target=run, args=(j,)) for j in range(2)]
+        threads = [threading.Thread(target=run, args=(j,)) for j in range(len(loaders))]
         for t in threads:
             t.start()
         for t in threads:
             t.join(120)
-        self.assertEqual(len(got[0]), N // BATCH)
-        self.assertEqual(got[0], got[1], "both jobs got the same batches")
+        self.assertEqual(len(got[0]), N // BATCH, f"epoch {epoch}")
+        self.assertEqual(got[0], got[1], f"epoch {epoch}: both jobs got the same batches")
+
+    def test_jobs_made_long_before_their_first_batch_stay_attached(self):
+        """Two loaders made (the group defined and asked for), then a setup
+        longer than --group-timeout (a model built, a checkpoint loaded)
+        before either reads: the group's clock starts at its first batch
+        request, so both stay attached and F runs once per item."""
+        loaders, calls = self.two_loaders(self.urls[0], "setup")
+        time.sleep(3.0)  # the setup: longer than the 2 s timeout (nothing to await: the time is the point)
+        self.read_epoch(loaders, 0)
         self.assertEqual([loader.alone for loader in loaders], [False, False], "neither was detached")
         self.assertEqual(len(calls), N, "each item prepared once in the group")
 
     def test_a_pause_between_epochs_longer_than_the_timeout_detaches_no_job(self):
         """Every job pauses after an epoch (a validation pass) for longer
         than --group-timeout: their loaders say they are alive meanwhile, so
-        none is detached and the next epoch is shared too."""
-        import threading
-
-        calls = []
-
-        def f(b):
-            calls.append(1)
-            return bytes(b[:6])
-
-        loaders = [co.CoordinatedLoader(self.urls[1], "pause", j, "ds", transform=f, batch_size=BATCH, jobs=2,
-                                        collate_fn=list) for j in range(2)]
-        for loader in loaders:
-            self.addCleanup(loader.close)
-
-        def epoch(e):
-            got = [None, None]
-
-            def run(j):
-                loaders[j].set_epoch(e)
-                got[j] = [x for x in loaders[j]]
-            threads = [threading.Thread(target=run, args=(j,)) for j in range(2)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(120)
-            self.assertEqual(got[0], got[1], f"epoch {e}: both jobs got the same batches")
-            self.assertEqual(len(got[0]), N // BATCH)
-
-        epoch(0)
+        none is detached and the next epoch is shared too. The loaders use
+        the node that does not own the group: their reports are relayed."""
+        write(self.urls[0], "PUT", "/v1/groups/pause", {"dataset": "ds", "seed": 0, "batch_size": BATCH, "jobs": 2})
+        owner = Client(self.urls[0]).json("GET", "/v1/groups/pause")["owner"]
+        other = next(u for name, u in self.cluster.nodes if name != owner)
+        loaders, calls = self.two_loaders(other, "pause")
+        self.read_epoch(loaders, 0)
         time.sleep(3.5)  # the pause, longer than the 2 s timeout (nothing to await: the time is the point)
-        epoch(1)
+        self.read_epoch(loaders, 1)
         self.assertEqual([loader.alone for loader in loaders], [False, False], "neither was detached")
         self.assertEqual(len(calls), 2 * N, "each item prepared once an epoch in the group")
         self.assertTrue(all(not j["detached"] for j in self.group(self.urls[0], "pause")["jobs"]))
