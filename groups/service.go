@@ -257,21 +257,35 @@ func (s *Service) awaitGroup(ctx context.Context, name string, after uint64) {
 // stageOf returns the group's stage here, made on first use, and the
 // catalog's definition. Caller holds s.mu.
 func (s *Service) stageOf(name string) (*stage, error) {
-	g, ok := s.host.Group(name)
-	if !ok {
-		return nil, fmt.Errorf("%w: group %q", catalog.ErrNotFound, name)
-	}
-	st, ok := s.stages[name]
-	if ok && st.spec.Version == g.Version {
-		return st, nil
-	}
-	if ok {
-		s.release(name, st)
+	g, st, err := s.currentStage(name)
+	if err != nil || st != nil {
+		return st, err
 	}
 	st = newStage(g, time.Now())
 	st.retire = s.retire
 	s.stages[name] = st
 	return st, nil
+}
+
+// currentStage returns the catalog's definition of group name and its stage
+// here, nil when none has been made yet for that definition (a stage of an
+// earlier one is released: its batches go now). It makes nothing: asking
+// about a group or saying a job lives must not start the group's clock.
+// Caller holds s.mu.
+func (s *Service) currentStage(name string) (*catalog.Group, *stage, error) {
+	g, ok := s.host.Group(name)
+	if !ok {
+		return nil, nil, fmt.Errorf("%w: group %q", catalog.ErrNotFound, name)
+	}
+	st, ok := s.stages[name]
+	if !ok {
+		return g, nil, nil
+	}
+	if st.spec.Version != g.Version {
+		s.release(name, st) // a redefinition
+		return g, nil, nil
+	}
+	return g, st, nil
 }
 
 // Put defines group name (PUT /v1/groups/{g}). The same definition again
@@ -347,16 +361,11 @@ func (s *Service) Info(ctx context.Context, name string, after uint64) (api.Grou
 func (s *Service) LocalInfo(name string) (api.GroupInfo, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	g, ok := s.host.Group(name)
-	if !ok {
-		return api.GroupInfo{}, fmt.Errorf("%w: group %q", catalog.ErrNotFound, name)
+	g, st, err := s.currentStage(name)
+	if err != nil {
+		return api.GroupInfo{}, err
 	}
-	st, ok := s.stages[name]
-	if ok && st.spec.Version != g.Version {
-		s.release(name, st) // a redefinition: what the old one staged goes now
-		ok = false
-	}
-	if !ok {
+	if st == nil {
 		st = newStage(g, time.Time{})
 	}
 	info := st.info(name, s.host.Name())
@@ -375,15 +384,14 @@ func (s *Service) LocalInfo(name string) (api.GroupInfo, error) {
 func (s *Service) Alive(name string, job int) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	g, ok := s.host.Group(name)
-	if !ok {
-		return fmt.Errorf("%w: group %q", catalog.ErrNotFound, name)
+	g, st, err := s.currentStage(name)
+	if err != nil {
+		return err
 	}
 	if job < 0 || job >= g.Jobs {
 		return fmt.Errorf("%w: job %d of group %q (jobs 0..%d)", ErrBadRequest, job, name, g.Jobs-1)
 	}
-	st, ok := s.stages[name]
-	if !ok || st.spec.Version != g.Version {
+	if st == nil {
 		return nil
 	}
 	js := &st.jobs[job]
