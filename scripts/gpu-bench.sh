@@ -8,9 +8,10 @@
 # numpy and msgpack.
 #
 # Usage: scripts/gpu-bench.sh OUTDIR [ITEMS]   (ITEMS: the --train JPEGs, 25600 as in issue 48)
-# Environment: TRAIN_ROWS (--train's --rows), DELIVERY_EPOCHS (3), GROUP_EPOCHS (6), MICRO (1; 0 skips --micro),
+# Environment: BENCHES (train,loader,micro,group: which to run, in that order;
+# a lease too short for all of them runs them in two calls), TRAIN_ROWS (--train's --rows), DELIVERY_EPOCHS (3), GROUP_EPOCHS (6), MICRO (1; 0 skips --micro),
 # QUIET_S (90: the longest wait for a quiet machine between benches),
-# GROUPS (4,8: the group bench's J), GROUP_ROWS (every row), GROUP_QUIET_S (0:
+# GROUP_JOBS (4,8: the group bench's J; not GROUPS, which bash sets to the user's groups), GROUP_ROWS (every row), GROUP_QUIET_S (0:
 # the longest wait for a load below 2 before each group row; after a row of 8
 # jobs the 1-minute load stays above 2 for a minute or more, so a J = 8 row
 # that starts at once is no figure. Each row may add up to that much).
@@ -38,15 +39,19 @@ export PYTHONUNBUFFERED=1
 	cat /sys/bus/virtio/devices/*/features 2>/dev/null
 } >"$out/machine.txt" 2>&1
 
+benches=",${BENCHES:-train,loader,micro,group},"
+ran=0
 bench() { # NAME LIMIT_S ARGS...: one bench, its figures and its progress apart
 	local name=$1 limit=$2
 	shift 2
+	case $benches in *",$name,"*) ran=1 ;; *) return 0 ;; esac
 	echo "$(date -u +%T) $name (load: $(cut -d' ' -f1-3 /proc/loadavg)): $*"
 	timeout "$limit" "$py" -W ignore -m stallfree.bench "$@" --json >"$out/$name.json" 2>"$out/$name.log"
 	echo "$(date -u +%T) $name exit $?"
 }
 
 quiet() { # waits (at most $1 s) for a 1-minute load below 2: the last bench's processes weigh on it for a minute
+	[ "$ran" = 1 ] || return 0 # nothing ran yet in this call: no load of ours to wait out
 	local end=$((SECONDS + $1))
 	while [ "$SECONDS" -lt "$end" ] && awk '{exit !($1 >= 2)}' /proc/loadavg; do sleep 2; done
 }
@@ -61,5 +66,5 @@ quiet "${QUIET_S:-90}"
 # machine's memory from the 2-core VM's.
 [ "${MICRO:-1}" = 0 ] || bench micro 90 --micro --copy-mb 256 --writes 50 --images 64 --rounds 1
 gq=${GROUP_QUIET_S:-0}
-bench group $((150 + 10 * ${gq%.*})) --group "${GROUPS:-4,8}" --epochs "${GROUP_EPOCHS:-6}" --quiet-wait "$gq" \
+bench group $((150 + 10 * ${gq%.*})) --group "${GROUP_JOBS:-4,8}" --epochs "${GROUP_EPOCHS:-6}" --quiet-wait "$gq" \
 	--rows "${GROUP_ROWS:-independent,staging,hand-off,prep-fill,prep-cache}"

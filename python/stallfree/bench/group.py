@@ -362,6 +362,12 @@ def main(argv):
     for r in rows:
         if r not in ROWS:
             sys.exit(f"--rows: unknown row {r!r} (rows: {', '.join(ROWS)})")
+    try:
+        job_counts = [int(x) for x in str(a.group).split(",") if x]
+    except ValueError:
+        job_counts = []
+    if not job_counts or min(job_counts) < 1:
+        sys.exit(f"--group {a.group!r}: job counts J >= 1, comma-separated (e.g. 4,8)")
 
     sys.path.insert(0, os.path.join(ROOT, "python"))
     from ..client import Client
@@ -398,7 +404,7 @@ def main(argv):
         log(head)
         out = {"machine": machine, "items": a.items, "width": a.width,
                "height": a.height, "batch": a.batch, "epochs": a.epochs, "window": a.window, "results": []}
-        for jobs in [int(x) for x in str(a.group).split(",") if x]:
+        for jobs in job_counts:
             stage = f"bench-{jobs}-{os.getpid()}"
             got = {}
             for row in rows:
