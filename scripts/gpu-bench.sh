@@ -47,7 +47,8 @@ bench() { # NAME LIMIT_S ARGS...: one bench, its figures and its progress apart
 	case $benches in *",$name,"*) ran=1 ;; *) return 0 ;; esac
 	echo "$(date -u +%T) $name (load: $(cut -d' ' -f1-3 /proc/loadavg)): $*"
 	timeout "$limit" "$py" -W ignore -m stallfree.bench "$@" --json >"$out/$name.json" 2>"$out/$name.log"
-	echo "$(date -u +%T) $name exit $?"
+	local rc=$? # before any command substitution below, which sets $? anew
+	echo "$(date -u +%T) $name exit $rc$([ "$rc" = 124 ] && echo " (killed at its limit of $limit s)")"
 }
 
 quiet() { # waits (at most $1 s) for a 1-minute load below 2: the last bench's processes weigh on it for a minute

@@ -15,6 +15,7 @@ import multiprocessing
 import random
 import time
 
+from ._forked import one_intraop_thread
 from .client import NodeUnreachable, StallfreeError
 from .labels import Labels
 
@@ -36,6 +37,7 @@ _worker_loader = None  # in a worker process: the BatchLoader it works for
 def _worker_init(loader, ids):
     global _worker_loader
     _worker_loader = loader
+    one_intraop_thread()
     with ids.get_lock():
         wid = ids.value
         ids.value += 1

@@ -56,6 +56,7 @@ import weakref
 
 import msgpack
 
+from ._forked import one_intraop_thread
 from .client import _UnixHTTPConnection, Client, StallfreeError
 from .labels import Labels
 from ._pool import REUSE_FROM, _Pool, _ProcessPool
@@ -435,6 +436,7 @@ _worker_prep = None
 def _worker_init(prep):
     global _worker_prep
     _worker_prep = prep
+    one_intraop_thread()
 
 
 def _worker_run(args):

@@ -181,6 +181,19 @@ class BatchLoaderTest(ClusterCase):
         self.assertEqual(len(pids), 4, "one batch in each worker at once")
         self.assertEqual(BatchLoader(ds, 16, threads=3).prefetch, 5, "threads alone: threads + 2")
 
+    def test_a_worker_process_runs_torch_on_one_thread(self):
+        """As a DataLoader's workers: 12 workers on 16 cores, each with the
+        parent's 16 intra-op threads, ran at half a DataLoader's pace. The
+        training process keeps its own."""
+        before = torch.get_num_threads()
+        torch.set_num_threads(4)
+        self.addCleanup(torch.set_num_threads, before)
+        ds = CachedDataset(self.url, "ds")
+        loader = BatchLoader(ds, 16, threads=2, workers=2, transform=lambda b: torch.get_num_threads())
+        seen = {int(n) for x in loader for n in x}
+        self.assertEqual(seen, {1})
+        self.assertEqual(torch.get_num_threads(), 4)
+
     def test_worker_processes_look_like_dataloader_workers(self):
         """In a worker, get_worker_info() answers as in a DataLoader's, and
         default_collate stacks the batch into shared memory there (no copy

@@ -84,6 +84,29 @@ class TrainBenchTest(unittest.TestCase):
         self.assertEqual(rep["step"], "tiny torch ops standing for launches, 1 ms per batch alone")
 
 
+    def test_delivery_alone_against_the_model(self):
+        """device-prep-raw's uint8 (B, H, W, C) batches are no input for a
+        model: with --step model it trains on a resident batch for each
+        (the H200 run's row failed on a 3-channel convolution)."""
+        from stallfree.bench import train
+
+        out = io.StringIO()
+        with tempfile.TemporaryDirectory(prefix="stallfree-trainbench") as cwd, \
+                mock.patch.dict(os.environ, STALLFREE_BIN=BIN), \
+                contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+            os.chdir(cwd)
+            try:
+                rc = train.main(["--train", "--items", "8", "--width", "64", "--height", "48", "--crop", "32",
+                                 "--batch", "4", "--epochs", "1", "--workers", "0", "--step", "model", "--model",
+                                 "small", "--device", "cpu", "--delivery-epochs", "0", "--rows", "device-prep-raw",
+                                 "--json"])
+            finally:
+                os.chdir(ROOT)
+        rep = json.loads(out.getvalue())
+        self.assertEqual(rc, 0, rep.get("failed"))
+        self.assertEqual([e["samples"] for e in rep["rows"]["device-prep-raw"]], [8])
+        self.assertEqual(rep["step"], "small-cnn on cpu")
+
 if __name__ == "__main__":
     unittest.main()
 

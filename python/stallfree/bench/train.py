@@ -52,7 +52,9 @@ ROWS = ("files", "cached", "batchloader", "prep", "device-prep", "device-jpeg")
 # On request only: device-prep-main, the copy and augmentation queued on the
 # step's stream from the loop's thread (DeviceLoader's path before its side
 # streams); device-prep-raw, the prep cache's uint8 batches delivered without
-# augmentation (with --step launches: what delivery alone takes from the loop's thread).
+# augmentation (what delivery alone takes from the loop's thread; with the
+# model, which cannot take uint8 HWC batches, the step trains on a resident
+# batch, as alone, on each batch delivered).
 EXTRA_ROWS = ("device-prep-main", "device-prep-raw")
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -290,6 +292,9 @@ def run_row(row, a, url, data, device, step, node_pid, model_s, model_cpu):
     import torch
 
     loader = loader_for(row, a, url, data, device)
+    resident = None
+    if row == "device-prep-raw" and step.kind == "model":
+        resident = torch.randn(a.batch, 3, a.crop, a.crop, device=device).contiguous(memory_format=torch.channels_last)
     epochs = []
     for e in range(a.epochs):
         if hasattr(loader, "set_epoch"):
@@ -299,7 +304,12 @@ def run_row(row, a, url, data, device, step, node_pid, model_s, model_cpu):
         it = iter(loader)
         for x, y in it:
             x = x.to(device, non_blocking=True)
-            if x.is_floating_point():  # device-prep-raw's uint8 (B, H, W, C) batch is no image in NCHW
+            if not x.is_floating_point():
+                # device-prep-raw's uint8 (B, H, W, C) batch is no image for
+                # a model: it trains on a resident batch, as alone, so the
+                # stall is what delivery alone costs the loop.
+                x = resident if resident is not None else x
+            else:
                 x = x.contiguous(memory_format=torch.channels_last)
             step(x, y.to(device, non_blocking=True))
             samples += len(y)
