@@ -212,6 +212,42 @@ class ItemMapper:
         return out
 
 
+    def read_packed(self, name, indices, alloc):
+        """As ``read_items``, with each item copied into one buffer from
+        ``alloc(nbytes)`` (a uint8 numpy array), one after the other, and
+        returned as ``(key, view)``: a batch of JPEGs for ``decode="jpeg"``
+        without a fresh allocation per item. On the H200's VM a bytes object
+        per item, and a bytearray made of it, cost 55 page faults a sample
+        (0.33 CPU ms a sample in the training process). With torch, the copy
+        is one call that lets go of the GIL."""
+        found = self._located(name, indices)
+        if found is None:
+            return None
+        ans, m = found
+        page, placed, total = ans["page"], [], 0
+        for p, it in enumerate(ans["items"]):
+            if it is not None:
+                placed.append((p, it, total))
+                total += it[1]
+        out = [None] * len(indices)
+        if placed:
+            mem = alloc(total)
+            torch = sys.modules.get("torch")
+            if torch is None:
+                for _, (off, size, _, _), at in placed:
+                    mem[at:at + size] = m.view[off:off + size]
+            else:
+                torch.cat([m.tensor()[off:off + size] for _, (off, size, _, _), _ in placed],
+                          out=torch.from_numpy(mem))
+            for p, (off, size, gens, key), at in placed:
+                if m.gen_sum(off, size, page) == gens:  # else reused while copied: read it again
+                    out[p] = (key, mem[at:at + size])
+        left = out.count(None)
+        self.copied += len(out) - left
+        self.fallbacks += left
+        return out
+
+
 def _copy(rows, m, spans):
     """Copies each (row, start, stop) span of mapping m into its row.
 

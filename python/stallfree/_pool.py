@@ -72,14 +72,16 @@ class _Pool:
             return view
 
     def busy_until(self, host, event):
-        """The pinned buffer under tensor host stays in use until event."""
+        """The pinned buffer under tensor host stays in use until event;
+        whether host lies in one of this pool's buffers."""
         ptr = host.data_ptr()
         with self.lock:
             for b in self.buffers:
                 start = b.tensor.data_ptr()
                 if start <= ptr < start + b.tensor.numel():
                     b.event = event
-                    return
+                    return True
+        return False
 
 
 class _ProcessPool:

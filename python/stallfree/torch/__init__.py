@@ -96,11 +96,14 @@ class CachedDataset(torch.utils.data.Dataset):
         x = self.transform(data) if self.transform else data
         return (x, int(self.labels.of([int(i)])[0])) if self.labels is not None else x
 
-    def fetch(self, indices, keys=False):
+    def fetch(self, indices, keys=False, into=None):
         """``(keys, items)`` of the indices before ``transform``: keys is
         None unless asked for (a tar sample dict carries its own
         ``__key__``), items are bytes, sample dicts or the prep stage's
-        output. One batch request per ``max_batch`` items."""
+        output. One batch request per ``max_batch`` items. With ``into``
+        (``alloc(nbytes)``, a uint8 numpy array), the raw items the node on
+        this host holds are copied into one such buffer per request and
+        come back as uint8 arrays over it instead of bytes."""
         got_keys, out = ([] if keys else None), []
         for start in range(0, len(indices), self.max_batch):
             chunk = [int(i) for i in indices[start:start + self.max_batch]]
@@ -110,7 +113,7 @@ class CachedDataset(torch.utils.data.Dataset):
                 part = self.client.samples(self.name, chunk)
                 part = [(d["__key__"], d) for d in part] if keys else part
             else:
-                part = self._read(chunk)
+                part = self._read(chunk, into)
                 part = part if keys else [data for _, data in part]
             if keys:
                 got_keys.extend(k for k, _ in part)
@@ -119,17 +122,20 @@ class CachedDataset(torch.utils.data.Dataset):
                 out.extend(part)
         return got_keys, out
 
-    def _read(self, indices):
+    def _read(self, indices, into=None):
         """``(key, bytes)`` of each of indices: the items the node on this
         host holds copied out of its memory, mapped read-only (one copy of
         each byte, and the node only says where they lie: in the loader
         bench, 3-5 node µs a sample against 32-35 for a batch answer), the
-        rest through one batch request (the owners' for owner routing)."""
+        rest through one batch request (the owners' for owner routing).
+        With ``into``, the mapped items' bytes are uint8 arrays over one
+        buffer from it (``fetch``)."""
         mapper = self._item_mapper()
         got = None
         if mapper is not None:
             try:
-                got = mapper.read_items(self.name, indices)
+                got = mapper.read_items(self.name, indices) if into is None else \
+                    mapper.read_packed(self.name, indices, into)
                 if got is None:
                     self._mapper = None  # nothing to map on this node: plain batches from now on
             except (OSError, http.client.HTTPException):

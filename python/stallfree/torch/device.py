@@ -91,8 +91,12 @@ class DeviceLoader(BatchLoader):
     def _fetch(self, indices):
         keys = [None] * len(indices) if self.labels is not None and self.labels.needs_keys else None
         if self.decode:
-            got, raw = self._retrying(lambda: self.dataset.fetch(indices, keys=keys is not None))
-            x = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in raw]
+            got, raw = self._retrying(lambda: self.dataset.fetch(indices, keys=keys is not None, into=self._packed))
+            # Views of one pooled buffer for the items mapped from the node
+            # on this host; a writable copy of any other (frombuffer warns
+            # on read-only bytes).
+            x = [torch.from_numpy(b) if isinstance(b, np.ndarray) else torch.frombuffer(bytearray(b), dtype=torch.uint8)
+                 for b in raw]
             if not self._cuda:
                 x = self._decode(x)
         else:
@@ -131,7 +135,13 @@ class DeviceLoader(BatchLoader):
         JPEG bytes decoded there, a host buffer copied (and kept from reuse
         until the copy has run), then the augmentation and the labels."""
         if isinstance(x, list):
-            x = self._decode(x)
+            host = x
+            x = self._decode(host)
+            decoded = torch.cuda.Event()
+            decoded.record(stream)
+            # The items mapped from the node share one pooled buffer (the
+            # rest are copies of their own): in use until the decode has run.
+            any(self._buffers.busy_until(h, decoded) for h in host)
         else:
             host = x
             x = host.to(self.device, non_blocking=True)
@@ -162,6 +172,14 @@ class DeviceLoader(BatchLoader):
                 got = [a for _, a in got]
             rows.fill(got)
         return rows
+
+    def _packed(self, nbytes):
+        """A pooled host buffer for a batch of JPEGs: asked an eighth
+        larger, in whole MiB, so that one fits the next batches too (their
+        sizes differ by a few percent), and the pool reuses it instead of
+        making another."""
+        roomy = -(-(nbytes + nbytes // 8) // (1 << 20)) << 20
+        return self._buffers.get(roomy)[:nbytes]
 
     def _decode(self, data):
         from torchvision.io import decode_jpeg, ImageReadMode
