@@ -48,12 +48,14 @@ class TrainBenchTest(unittest.TestCase):
                                                                               "prep"), (row, e))
                 self.assertGreater(e["faults_per_sample"]["training_process"], 0, row)
         self.assertEqual(rep["step"], "sleep 1 ms per batch")
-        self.assertEqual([d["path"] for d in rep["delivery"]], ["mapped", "socket"])
+        self.assertEqual([d["path"] for d in rep["delivery"]], ["mapped", "socket", "jpeg"])
         for d in rep["delivery"]:
             self.assertGreater(d["all_ms"], 0)
-            self.assertEqual(d["item_bytes"], 36 * 36 * 3)
-        # The node's host: every item of the mapped rounds copied from its memory.
-        self.assertEqual([d["copied_share"] for d in rep["delivery"]], [1.0, 0.0])
+        self.assertEqual([d["item_bytes"] for d in rep["delivery"][:2]], [36 * 36 * 3] * 2)
+        self.assertAlmostEqual(rep["delivery"][2]["item_bytes"], rep["jpeg_kib"] * 1024, delta=1)
+        # The node's host: every item of the mapped rounds copied from its
+        # memory, the raw JPEGs too.
+        self.assertEqual([d["copied_share"] for d in rep["delivery"]], [1.0, 0.0, 1.0])
 
     def test_a_failing_row_is_reported_and_the_rest_run(self):
         from stallfree.bench import train

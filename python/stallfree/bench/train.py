@@ -344,7 +344,8 @@ def delivery(a, url, node_pid):
     """CPU ms per sample to deliver a prep-cached batch into the training
     process as one uint8 buffer, everything but the augmentation (the
     issue's goal: <= 0.1), over ``a.delivery_epochs`` epochs once the cache
-    is full. The node's idle CPU (timers, gossip), measured for a second
+    is full; and the same for the raw JPEGs device-jpeg decodes, up to the
+    decode. The node's idle CPU (timers, gossip), measured for a second
     before, is taken off its figure."""
     from ..torch import CachedDataset, DeviceLoader
 
@@ -363,23 +364,34 @@ def delivery(a, url, node_pid):
     # mapped memory (the default on the node's host), and the same loader
     # with the mapping off, reading every item through the socket.
     mapper = loader._mapper
-    paths = [("mapped", mapper), ("socket", None)] if mapper is not None else [("socket", None)]
+    paths = [("mapped", loader, mapper), ("socket", loader, None)] if mapper is not None else [("socket", loader, None)]
+    # And the raw JPEGs device-jpeg decodes, delivered as the decode's
+    # input (the decode itself left out): what reading them costs the
+    # training process.
+    jpegs = DeviceLoader(CachedDataset(url, "imgs"), a.batch, device="cpu", decode="jpeg", labels="folder",
+                         shuffle=True, threads=a.threads)
+    jpegs._decode = lambda data: data
+    for _ in jpegs:  # every item resident, and the buffers made
+        pass
+    paths.append(("jpeg", jpegs, jpegs.dataset._item_mapper()))
     out = []
     for e in range(a.delivery_epochs):
-        for path, m in paths:
-            loader._mapper = m
+        for path, loader, m in paths:
+            if path != "jpeg":
+                loader._mapper = m
             copied0 = m.copied if m is not None else 0
             t0, s0, n0 = time.perf_counter(), _self_cpu(), proc_cpu(node_pid)
             n = 0
             for p in range(passes):
                 loader.set_epoch(1 + e * passes + p)
-                for x, _ in loader:
-                    n += len(x)
+                for x, y in loader:
+                    n += len(y)
                     del x
             wall = time.perf_counter() - t0
             own, node = _self_cpu() - s0, max(proc_cpu(node_pid) - n0 - idle * wall, 0.0)
             out.append({"path": path, "samples_per_s": n / wall, "loader_ms": own / n * 1e3, "node_ms": node / n * 1e3,
-                        "all_ms": (own + node) / n * 1e3, "item_bytes": side * side * 3,
+                        "all_ms": (own + node) / n * 1e3,
+                        "item_bytes": side * side * 3 if path != "jpeg" else a.jpeg_bytes,
                         "copied_share": (m.copied - copied0) / n if m is not None else 0.0,
                         "node_idle_cpu_per_s": idle})
             log(f"  delivery round {e + 1} {path} ({n} samples): {n / wall:.0f} samples/s, CPU ms/sample loader "
@@ -408,12 +420,14 @@ def table(out):
                          f"{c['workers']:.2f} | {c['node']:.2f} | {c['all']:.2f} |")
     for what, why in out.get("failed", {}).items():
         lines.append(f"| {what} | FAILED: {why} | | | | | | |")
-    for path in ("mapped", "socket"):
+    for path in ("mapped", "socket", "jpeg"):
         ds = sorted((d for d in out.get("delivery", []) if d.get("path", "socket") == path), key=lambda d: d["all_ms"])
         if not ds:
             continue
         d = ds[len(ds) // 2]
-        lines += ["", f"delivery of a prep-cached batch, {path} ({d['item_bytes'] // 1024} KiB arrays, no augmentation), "
+        what = (f"raw JPEGs as device-jpeg's decode input ({d['item_bytes'] // 1024} KiB on average, the decode left out)"
+                if path == "jpeg" else f"a prep-cached batch, {path} ({d['item_bytes'] // 1024} KiB arrays, no augmentation)")
+        lines += ["", f"delivery of {what}, "
                       f"median of {len(ds)} rounds of >= 4096 samples: {d['all_ms']:.3f} CPU ms/sample (loader {d['loader_ms']:.3f}, "
                       f"node {d['node_ms']:.3f}), {d['samples_per_s']:.0f} samples/s; best round "
                       f"{ds[0]['all_ms']:.3f}; share copied from the mapping {d.get('copied_share', 0):.2f}"]
@@ -462,6 +476,7 @@ def main(argv):
         data = os.path.join(tmp, "jpegs")
         t0 = time.perf_counter()
         avg = make_jpegs(data, a.items, a.width, a.height)
+        a.jpeg_bytes = int(avg)
         log(f"{a.items} JPEGs of {a.width}x{a.height}, {avg / 1024:.0f} KiB on average, made in "
             f"{time.perf_counter() - t0:.1f}s on {os.cpu_count()} cores")
         side = a.crop * 8 // 7
