@@ -215,7 +215,10 @@ func TestUnauthorizedPathsAnswerAlike(t *testing.T) {
 // and one that stops for longer than the idle timeout is cut off and stores
 // nothing.
 func TestIdleTimeoutIsOnProgress(t *testing.T) {
-	const idle = 300 * time.Millisecond
+	// Long enough that a 2-core machine running every package's tests under
+	// -race does not stall the steady reader for one idle timeout (at
+	// 300 ms it once did, 2.7 MB in).
+	const idle = time.Second
 	dir, files := writeDataset(t, 4, 100)
 	h := startOn(t, dir, files, 64<<20, "minio", "tok", func(s *Server, _ *node.Node) { s.IdleTimeout = idle })
 	if r := h.do("PUT", "/v1/datasets/dec", []byte(`{"derived_from":"ds","stage":"s"}`)); r.status != 201 {
@@ -316,8 +319,8 @@ func TestResponseTimeoutIsOnProgress(t *testing.T) {
 			}
 		}
 	}
-	// 64 reads ~19 ms apart: four idle timeouts in all, never one idle (a
-	// 1 MiB chunk of the node's drains in ~75 ms).
+	// 64 reads ~62 ms apart: four idle timeouts in all, never one idle (a
+	// 1 MiB chunk of the node's drains in ~250 ms).
 	body, err := slowGet(func(int) time.Duration { return idle / 16 })
 	if err != nil || !bytes.Equal(body, want) {
 		t.Fatalf("a slow but steady reader: %d of %d bytes, %v", len(body), len(want), err)
