@@ -215,10 +215,7 @@ func TestUnauthorizedPathsAnswerAlike(t *testing.T) {
 // and one that stops for longer than the idle timeout is cut off and stores
 // nothing.
 func TestIdleTimeoutIsOnProgress(t *testing.T) {
-	// Long enough that a 2-core machine running every package's tests under
-	// -race does not stall the steady reader for one idle timeout (at
-	// 300 ms it once did, 2.7 MB in).
-	const idle = time.Second
+	const idle = 300 * time.Millisecond
 	dir, files := writeDataset(t, 4, 100)
 	h := startOn(t, dir, files, 64<<20, "minio", "tok", func(s *Server, _ *node.Node) { s.IdleTimeout = idle })
 	if r := h.do("PUT", "/v1/datasets/dec", []byte(`{"derived_from":"ds","stage":"s"}`)); r.status != 201 {
@@ -279,7 +276,10 @@ func TestIdleTimeoutIsOnProgress(t *testing.T) {
 // slowly but steadily for several idle timeouts gets all of it, and one
 // that stops taking bytes for longer than the idle timeout is cut off.
 func TestResponseTimeoutIsOnProgress(t *testing.T) {
-	const idle = 300 * time.Millisecond
+	// The deadline moves at each 1 MiB chunk's start, so a chunk must drain
+	// within an idle timeout: at 300 ms, the steady reader (in this process,
+	// under -race) once drained only 619 KB in 318 ms and was cut off.
+	const idle = time.Second
 	dir, files := writeFiles(t, 1, func() int { return 16 << 20 })
 	want := files["with space.bin"]
 	h := startOn(t, dir, files, 64<<20, "lru", "tok", func(s *Server, _ *node.Node) { s.IdleTimeout = idle })
