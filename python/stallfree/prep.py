@@ -269,12 +269,14 @@ class PrepStage:
             return got
         return self._compute(client, i, self._parent(client, [int(i)])[0][1])
 
-    def get_many(self, client, indices, keys=False, computed=None):
+    def get_many(self, client, indices, keys=False, computed=None, parent=None):
         """F's output for several items (with keys=True, as (key, output)
         pairs): one batch request when all are written (every epoch after
         the first), else each one that is written, then the parent's bytes
-        of the rest in one request. ``computed``, a list, gets the positions
-        (in indices) of the items F ran on here."""
+        of the rest in one request, or with ``parent(indices)`` (``[(key,
+        bytes)]``) as it reads them (``CachedDataset``: copied out of the
+        mapped memory of the node on this host). ``computed``, a list, gets
+        the positions (in indices) of the items F ran on here."""
         indices = [int(i) for i in indices]
         if not indices:
             return []
@@ -282,7 +284,8 @@ class PrepStage:
         out = self.written_many(client, indices, keys)
         missing = [j for j, v in enumerate(out) if v is None]
         if missing:
-            raws = self._parent(client, [indices[j] for j in missing])
+            todo = [indices[j] for j in missing]
+            raws = self._parent(client, todo) if parent is None else parent(todo)
             values = self._compute_many(client, [indices[j] for j in missing], [raw for _, raw in raws])
             for j, (key, _), value in zip(missing, raws, values):
                 if computed is not None:

@@ -309,6 +309,24 @@ class PrepTest(ClusterCase):
         for i, x in enumerate(got):
             self.assertTrue(same_array(x, self.want[i]), f"stage 2 item {i}")
 
+    def test_the_first_epoch_reads_the_parent_from_the_nodes_memory(self):
+        """F's inputs in the first epoch are read as CachedDataset reads
+        items: those resident on this host's node copied out of its memory,
+        the rest (node 2's) by batch request. F's outputs exact, F once per
+        item."""
+        everything = list(range(len(self.keys)))
+        Client(self.url1).batch("ds", everything)  # node 1's own items become resident
+        ds = CachedDataset(self.url1, "ds", cache_stage=("map-v1", Stage(self.flog)))
+        got = ds.__getitems__(everything)
+        mapper = ds._mapper
+        self.assertIsNotNone(mapper, "the parent was not read through the node's memory")
+        self.assertGreater(mapper.copied, 0, "nothing copied from node 1's memory")
+        self.assertLess(mapper.copied, len(everything), "node 2's items cannot be in node 1's memory")
+        self.assertEqual(mapper.copied + mapper.fallbacks, len(everything))
+        for i, x in enumerate(got):
+            self.assertTrue(same_array(x, self.want[i]), f"item {i}")
+        self.assert_f_once_per_item(lines(self.flog))
+
     def test_batch_loader(self):
         """BatchLoader's threads fetch whole minibatches through the same hook;
         in the first epoch a minibatch costs one request to learn what is

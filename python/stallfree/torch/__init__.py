@@ -108,7 +108,9 @@ class CachedDataset(torch.utils.data.Dataset):
         for start in range(0, len(indices), self.max_batch):
             chunk = [int(i) for i in indices[start:start + self.max_batch]]
             if self.prep is not None:
-                part = self.prep.get_many(self.client, chunk, keys=keys)
+                # The parent's items as _read reads them: those resident on
+                # this host's node copied out of its memory.
+                part = self.prep.get_many(self.client, chunk, keys=keys, parent=None if self.tar else self._read)
             elif self.tar:
                 part = self.client.samples(self.name, chunk)
                 part = [(d["__key__"], d) for d in part] if keys else part

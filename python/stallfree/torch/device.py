@@ -166,7 +166,7 @@ class DeviceLoader(BatchLoader):
                 raise
             # Not every item is written yet (the first epoch): compute them.
             rows = _Rows(self._buffers, len(indices), True)
-            got = prep.get_many(client, indices, keys=keys is not None)
+            got = prep.get_many(client, indices, keys=keys is not None, parent=ds._read)
             if keys is not None:
                 keys[:] = [k for k, _ in got]
                 got = [a for _, a in got]
