@@ -40,7 +40,8 @@ export PYTHONUNBUFFERED=1
 } >"$out/machine.txt" 2>&1
 
 benches=",${BENCHES:-train,loader,micro,group},"
-ran=0
+ran=0    # whether a bench ran since the last wait for quiet
+status=0 # the script's: 1 once any bench failed or was killed
 bench() { # NAME LIMIT_S ARGS...: one bench, its figures and its progress apart
 	local name=$1 limit=$2
 	shift 2
@@ -48,11 +49,13 @@ bench() { # NAME LIMIT_S ARGS...: one bench, its figures and its progress apart
 	echo "$(date -u +%T) $name (load: $(cut -d' ' -f1-3 /proc/loadavg)): $*"
 	timeout "$limit" "$py" -W ignore -m stallfree.bench "$@" --json >"$out/$name.json" 2>"$out/$name.log"
 	local rc=$? # before any command substitution below, which sets $? anew
+	[ "$rc" = 0 ] || status=1
 	echo "$(date -u +%T) $name exit $rc$([ "$rc" = 124 ] && echo " (killed at its limit of $limit s)")"
 }
 
 quiet() { # waits (at most $1 s) for a 1-minute load below 2: the last bench's processes weigh on it for a minute
-	[ "$ran" = 1 ] || return 0 # nothing ran yet in this call: no load of ours to wait out
+	[ "$ran" = 1 ] || return 0 # no bench since the last wait: no load of ours to wait out
+	ran=0
 	local end=$((SECONDS + $1))
 	while [ "$SECONDS" -lt "$end" ] && awk '{exit !($1 >= 2)}' /proc/loadavg; do sleep 2; done
 }
@@ -69,3 +72,4 @@ quiet "${QUIET_S:-90}"
 gq=${GROUP_QUIET_S:-0}
 bench group $((150 + 10 * ${gq%.*})) --group "${GROUP_JOBS:-4,8}" --epochs "${GROUP_EPOCHS:-6}" --quiet-wait "$gq" \
 	--rows "${GROUP_ROWS:-independent,staging,hand-off,prep-fill,prep-cache}"
+exit $status

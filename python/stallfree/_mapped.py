@@ -231,7 +231,7 @@ class ItemMapper:
                 total += it[1]
         out = [None] * len(indices)
         if placed:
-            mem = alloc(total)
+            mem = alloc(total)[:total]
             torch = sys.modules.get("torch")
             if torch is None:
                 for _, (off, size, _, _), at in placed:

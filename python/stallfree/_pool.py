@@ -44,9 +44,11 @@ class _Pool:
         # Referred to by b and by getrefcount's argument only: no view.
         return sys.getrefcount(b.array) <= 2 and (b.event is None or b.event.query())
 
-    def get(self, nbytes):
+    def get(self, nbytes, capacity=None):
         """A view of nbytes of a free buffer (made under the lock, so that
-        no other thread takes the buffer meanwhile)."""
+        no other thread takes the buffer meanwhile); one made here holds
+        ``capacity`` bytes when that is more, so that it fits later asks of
+        a few percent more too (batches of JPEGs)."""
         with self.lock:
             # From the one after the last handed out: buffers come back in
             # about the order they went, so a batch's k-th item finds a free
@@ -61,10 +63,10 @@ class _Pool:
             if self.pinned:
                 import torch
 
-                t = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+                t = torch.empty(max(nbytes, capacity or 0), dtype=torch.uint8, pin_memory=True)
                 b = _Buffer(t.numpy(), t)
             else:
-                b = _Buffer(np.empty(nbytes, dtype=np.uint8), None)
+                b = _Buffer(np.empty(max(nbytes, capacity or 0), dtype=np.uint8), None)
             view = b.array[:nbytes]
             self.buffers.append(b)
             if len(self.buffers) > self.keep:  # forget free ones beyond what a loop holds at once

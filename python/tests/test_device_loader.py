@@ -152,9 +152,9 @@ class DeviceLoaderTest(ClusterCase):
         computed = []
         get_many = PrepStage.get_many
 
-        def counting(stage, client, indices, keys=False):
+        def counting(stage, client, indices, keys=False, **kw):
             computed.append(len(indices))
-            return get_many(stage, client, indices, keys)
+            return get_many(stage, client, indices, keys, **kw)
         PrepStage.get_many = counting
         self.addCleanup(setattr, PrepStage, "get_many", get_many)
         order = list(np.random.default_rng(1).permutation(90))

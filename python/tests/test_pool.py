@@ -24,6 +24,21 @@ class PoolTest(unittest.TestCase):
         self.assertEqual(len(pool.get(100)), 100)
         self.assertEqual(len(pool.buffers), 3, "a free buffer was reused, not a fourth made")
 
+    def test_a_buffer_made_with_room_fits_larger_asks(self):
+        """A batch of JPEGs a few percent larger than the last reuses its
+        buffer when the buffer was made with room (capacity)."""
+        pool = _Pool(pinned=False, keep=8)
+        a = pool.get(100, capacity=128)
+        self.assertEqual(len(a), 100)
+        first = a.__array_interface__["data"][0]  # not a reference, which would keep it in use
+        del a
+        b = pool.get(120)
+        self.assertEqual(b.__array_interface__["data"][0], first, "the buffer with room was reused")
+        self.assertEqual((len(b), len(pool.buffers)), (120, 1))
+        c = pool.get(64, capacity=32)  # b in use: a new one, never smaller than asked
+        self.assertEqual(len(c), 64)
+        self.assertEqual(len(c.base), 64)
+
     def test_a_batch_finds_each_free_buffer_at_once(self):
         """Buffers come back in about the order they went: the scan starts
         after the last one handed out, so the k-th get of a batch looks at

@@ -368,12 +368,15 @@ def delivery(a, url, node_pid):
     # And the raw JPEGs device-jpeg decodes, delivered as the decode's
     # input (the decode itself left out): what reading them costs the
     # training process.
-    jpegs = DeviceLoader(CachedDataset(url, "imgs"), a.batch, device="cpu", decode="jpeg", labels="folder",
-                         shuffle=True, threads=a.threads)
-    jpegs._decode = lambda data: data
-    for _ in jpegs:  # every item resident, and the buffers made
-        pass
-    paths.append(("jpeg", jpegs, jpegs.dataset._item_mapper()))
+    try:
+        jpegs = DeviceLoader(CachedDataset(url, "imgs"), a.batch, device="cpu", decode="jpeg", labels="folder",
+                             shuffle=True, threads=a.threads)
+        jpegs._decode = lambda data: data
+        for _ in jpegs:  # every item resident, and the buffers made
+            pass
+        paths.append(("jpeg", jpegs, jpegs.dataset._item_mapper()))
+    except Exception as e:  # noqa: BLE001 - the other paths' figures still count
+        _failure("delivery of raw JPEGs", e)
     out = []
     for e in range(a.delivery_epochs):
         for path, loader, m in paths:

@@ -95,8 +95,9 @@ class DeviceLoader(BatchLoader):
             # Views of one pooled buffer for the items mapped from the node
             # on this host; a writable copy of any other (frombuffer warns
             # on read-only bytes).
-            x = [torch.from_numpy(b) if isinstance(b, np.ndarray) else torch.frombuffer(bytearray(b), dtype=torch.uint8)
-                 for b in raw]
+            x = _Jpegs(torch.from_numpy(b) if isinstance(b, np.ndarray) else
+                       torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in raw)
+            x.host = next((t for t, b in zip(x, raw) if isinstance(b, np.ndarray)), None)
             if not self._cuda:
                 x = self._decode(x)
         else:
@@ -141,7 +142,8 @@ class DeviceLoader(BatchLoader):
             decoded.record(stream)
             # The items mapped from the node share one pooled buffer (the
             # rest are copies of their own): in use until the decode has run.
-            any(self._buffers.busy_until(h, decoded) for h in host)
+            if getattr(host, "host", None) is not None:
+                self._buffers.busy_until(host.host, decoded)
         else:
             host = x
             x = host.to(self.device, non_blocking=True)
@@ -174,12 +176,11 @@ class DeviceLoader(BatchLoader):
         return rows
 
     def _packed(self, nbytes):
-        """A pooled host buffer for a batch of JPEGs: asked an eighth
-        larger, in whole MiB, so that one fits the next batches too (their
-        sizes differ by a few percent), and the pool reuses it instead of
-        making another."""
-        roomy = -(-(nbytes + nbytes // 8) // (1 << 20)) << 20
-        return self._buffers.get(roomy)[:nbytes]
+        """A pooled host buffer for a batch of JPEGs: one made here holds
+        an eighth more, in whole MiB, so that it fits the next batches too
+        (their sizes differ by a few percent), and the pool reuses it
+        instead of making another."""
+        return self._buffers.get(nbytes, capacity=-(-(nbytes + nbytes // 8) // (1 << 20)) << 20)
 
     def _decode(self, data):
         from torchvision.io import decode_jpeg, ImageReadMode
@@ -209,6 +210,14 @@ class DeviceLoader(BatchLoader):
             # device's when the loader's is cuda:1.
             return self._on_device(x, y, idx, torch.cuda.current_stream(self.device))
         return x, (torch.from_numpy(y) if y is not None else None)
+
+class _Jpegs(list):
+    """A batch's JPEG items as 1-D uint8 tensors; ``host``, one of them that
+    is a view of the pooled buffer the mapped items were copied into (None:
+    none was), which stays in use until the decode on the device has run."""
+
+    host = None
+
 
 def _decodes_lists():
     """Whether this torchvision's ``decode_jpeg`` takes a list of images
