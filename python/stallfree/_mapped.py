@@ -188,38 +188,20 @@ class ItemMapper:
         self.fallbacks += len(left)
         return sorted(left)
 
-    def read_items(self, name, indices):
+    def read_items(self, name, indices, alloc=None):
         """Each item of ``indices`` as a ``(key, bytes)`` pair copied out of
         the node's memory, or None where it must be read otherwise (not
         resident on this node, or its pages' generations moved while it was
         copied); None when nothing can be mapped. For items of any size
-        (``CachedDataset``); ``read`` fills a batch's rows instead."""
-        found = self._located(name, indices)
-        if found is None:
-            return None
-        ans, m = found
-        page, out = ans["page"], []
-        for it in ans["items"]:
-            if it is None:
-                out.append(None)
-                continue
-            off, size, gens, key = it
-            data = bytes(m.view[off:off + size])
-            out.append((key, data) if m.gen_sum(off, size, page) == gens else None)
-        left = out.count(None)
-        self.copied += len(out) - left
-        self.fallbacks += left
-        return out
+        (``CachedDataset``); ``read`` fills a batch's rows instead.
 
-
-    def read_packed(self, name, indices, alloc):
-        """As ``read_items``, with each item copied into one buffer from
-        ``alloc(nbytes)`` (a uint8 numpy array), one after the other, and
-        returned as ``(key, view)``: a batch of JPEGs for ``decode="jpeg"``
-        without a fresh allocation per item. On the H200's VM a bytes object
-        per item, and a bytearray made of it, cost 55 page faults a sample
-        (0.33 CPU ms a sample in the training process). With torch, the copy
-        is one call that lets go of the GIL."""
+        With ``alloc(nbytes)`` (a uint8 numpy array), the items are copied
+        one after the other into one buffer from it and come back as uint8
+        views of it: a batch of JPEGs for ``decode="jpeg"`` without a fresh
+        allocation per item (a bytes object and a bytearray made of it cost
+        55 page faults a sample on the H200's VM, 0.33 CPU ms a sample in
+        the training process). With torch, that copy is one call that lets
+        go of the GIL."""
         found = self._located(name, indices)
         if found is None:
             return None
@@ -229,23 +211,28 @@ class ItemMapper:
             if it is not None:
                 placed.append((p, it, total))
                 total += it[1]
+        mem = _packed(m, placed, alloc(total)[:total]) if alloc is not None and placed else None
         out = [None] * len(indices)
-        if placed:
-            mem = alloc(total)[:total]
-            torch = sys.modules.get("torch")
-            if torch is None:
-                for _, (off, size, _, _), at in placed:
-                    mem[at:at + size] = m.view[off:off + size]
-            else:
-                torch.cat([m.tensor()[off:off + size] for _, (off, size, _, _), _ in placed],
-                          out=torch.from_numpy(mem))
-            for p, (off, size, gens, key), at in placed:
-                if m.gen_sum(off, size, page) == gens:  # else reused while copied: read it again
-                    out[p] = (key, mem[at:at + size])
+        for p, (off, size, gens, key), at in placed:
+            data = bytes(m.view[off:off + size]) if mem is None else mem[at:at + size]
+            if m.gen_sum(off, size, page) == gens:  # else reused while copied: read it again
+                out[p] = (key, data)
         left = out.count(None)
         self.copied += len(out) - left
         self.fallbacks += left
         return out
+
+
+def _packed(m, placed, mem):
+    """Copies each placed item (position, (off, size, ...), at) of mapping
+    m to mem[at:at + size]; returns mem."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        for _, (off, size, _, _), at in placed:
+            mem[at:at + size] = m.view[off:off + size]
+    else:
+        torch.cat([m.tensor()[off:off + size] for _, (off, size, _, _), _ in placed], out=torch.from_numpy(mem))
+    return mem
 
 
 def _copy(rows, m, spans):

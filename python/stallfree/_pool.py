@@ -74,16 +74,14 @@ class _Pool:
             return view
 
     def busy_until(self, host, event):
-        """The pinned buffer under tensor host stays in use until event;
-        whether host lies in one of this pool's buffers."""
+        """The pinned buffer under tensor host stays in use until event."""
         ptr = host.data_ptr()
         with self.lock:
             for b in self.buffers:
                 start = b.tensor.data_ptr()
                 if start <= ptr < start + b.tensor.numel():
                     b.event = event
-                    return True
-        return False
+                    return
 
 
 class _ProcessPool:

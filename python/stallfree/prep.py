@@ -286,7 +286,7 @@ class PrepStage:
         if missing:
             todo = [indices[j] for j in missing]
             raws = self._parent(client, todo) if parent is None else parent(todo)
-            values = self._compute_many(client, [indices[j] for j in missing], [raw for _, raw in raws])
+            values = self._compute_many(client, todo, [raw for _, raw in raws])
             for j, (key, _), value in zip(missing, raws, values):
                 if computed is not None:
                     computed.append(j)

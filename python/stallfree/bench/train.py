@@ -379,15 +379,14 @@ def delivery(a, url, node_pid):
         _failure("delivery of raw JPEGs", e)
     out = []
     for e in range(a.delivery_epochs):
-        for path, loader, m in paths:
-            if path != "jpeg":
-                loader._mapper = m
+        for path, dl, m in paths:
+            dl._mapper = m  # the jpeg path's DeviceLoader reads through its dataset's mapper, not this
             copied0 = m.copied if m is not None else 0
             t0, s0, n0 = time.perf_counter(), _self_cpu(), proc_cpu(node_pid)
             n = 0
             for p in range(passes):
-                loader.set_epoch(1 + e * passes + p)
-                for x, y in loader:
+                dl.set_epoch(1 + e * passes + p)
+                for x, y in dl:
                     n += len(y)
                     del x
             wall = time.perf_counter() - t0

@@ -136,8 +136,7 @@ class CachedDataset(torch.utils.data.Dataset):
         got = None
         if mapper is not None:
             try:
-                got = mapper.read_items(self.name, indices) if into is None else \
-                    mapper.read_packed(self.name, indices, into)
+                got = mapper.read_items(self.name, indices, into)
                 if got is None:
                     self._mapper = None  # nothing to map on this node: plain batches from now on
             except (OSError, http.client.HTTPException):

@@ -211,6 +211,7 @@ class DeviceLoader(BatchLoader):
             return self._on_device(x, y, idx, torch.cuda.current_stream(self.device))
         return x, (torch.from_numpy(y) if y is not None else None)
 
+
 class _Jpegs(list):
     """A batch's JPEG items as 1-D uint8 tensors; ``host``, one of them that
     is a view of the pooled buffer the mapped items were copied into (None:
