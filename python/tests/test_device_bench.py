@@ -48,6 +48,19 @@ class TrainBenchTest(unittest.TestCase):
                                                                               "prep"), (row, e))
                 self.assertGreater(e["faults_per_sample"]["training_process"], 0, row)
         self.assertEqual(rep["step"], "sleep 1 ms per batch")
+        # F once per item, in the epoch that fills the cache: prep's own
+        # stage in its first epoch, and the device rows' stage, apart from
+        # prep's, in device-prep's first (device-prep-main reads what that
+        # filled). The rows without a stage count none.
+        calls = {row: [e["prep_calls"] for e in epochs] for row, epochs in rep["rows"].items()}
+        self.assertEqual(calls, {"files": [None, None], "cached": [None, None], "batchloader": [None, None],
+                                 "prep": [24, 0], "device-prep": [24, 0], "device-prep-main": [0, 0],
+                                 "device-jpeg": [None, None]})
+        first = rep["first_epoch_vs_files"]
+        self.assertEqual(sorted(first), ["device-prep", "prep"])
+        files1 = rep["rows"]["files"][0]["cpu_s_per_1k"]["all"]
+        for row, ratio in first.items():
+            self.assertAlmostEqual(ratio, rep["rows"][row][0]["cpu_s_per_1k"]["all"] / files1, places=9)
         self.assertEqual([d["path"] for d in rep["delivery"]], ["mapped", "socket", "jpeg"])
         for d in rep["delivery"]:
             self.assertGreater(d["all_ms"], 0)

@@ -57,7 +57,7 @@ import time
 
 import numpy as np
 
-from .common import cpu_model, free_port, log, memory_note, own_cpu, proc_cpu
+from .common import calls_in, count_call, cpu_model, free_port, log, memory_note, own_cpu, proc_cpu
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 ROWS = ("independent", "staging", "hand-off", "prep-fill", "prep-cache")
@@ -103,9 +103,7 @@ class Decode:
         from PIL import Image
 
         start = self.spent.now()
-        fd = os.open(self.counter, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        os.write(fd, b"x")
-        os.close(fd)
+        count_call(self.counter)
         out = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
         self.spent.add(start, 1)
         return out
@@ -283,7 +281,7 @@ def run_row(a, mode, jobs, tmp, node_pid, stage, epochs):
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    calls = os.path.getsize(counter) if os.path.exists(counter) else 0
+    calls = calls_in(counter)
     samples = sum(r["samples"] for r in res)
     slowest = max(r["seconds"] for r in res)
     jobs_cpu = sum(r["cpu"] for r in res)

@@ -13,8 +13,10 @@ Rows (each with ``labels`` from the class folders):
   prep         ``CachedDataset(cache_stage=...)``: ``stallfree.prep.DecodeResize`` (shorter
                side to crop*8/7, center square) once per item, then
                RandomResizedCrop + flip + normalize per sample in the workers;
-  device-prep  ``DeviceLoader`` over the prep cache, ``stallfree.torch.augment``
-               on the device;
+  device-prep  ``DeviceLoader`` over a prep cache of its own (the same F,
+               another stage name: its first epoch fills it, as a
+               DeviceLoader user's does), ``stallfree.torch.augment`` on the
+               device;
   device-jpeg  ``DeviceLoader(decode="jpeg")``: raw JPEGs decoded by
                torchvision (on the GPU with CUDA), augmented on the device.
 
@@ -25,7 +27,9 @@ any figure you quote). The model-alone rate is the step on a resident batch.
 Per epoch: samples/s, stall = 1 - (model time for the epoch's batches) /
 (epoch time), and CPU seconds per 1k samples of every process: the training
 process (less the model's own CPU when the model runs on the CPU), the
-DataLoader workers, and the cache node.
+DataLoader workers, and the cache node. Rows with a prep stage count F's
+calls per epoch, and the epochs that filled the cache (F on each sample) are
+compared with the files row's first epoch in CPU per sample.
 """
 
 import argparse
@@ -45,6 +49,7 @@ import numpy as np
 
 from ..client import Client
 from ..prep import DecodeResize
+from .common import calls_in, count_call
 from .loader import cpu_model, log, memory_note, proc_cpu
 from .prep import start_node
 
@@ -106,6 +111,29 @@ class Augment:
         if isinstance(item, np.ndarray):
             return self.pil(Image.fromarray(item))
         return self.pil(Image.open(io.BytesIO(item)).convert("RGB"))
+
+
+class Counted:
+    """A prep stage's F, its calls counted (``count_call``): the prep row's F
+    runs in DataLoader workers. Picklable, as F must be."""
+
+    def __init__(self, fn, path):
+        self.fn, self.path = fn, path
+
+    def __call__(self, raw):
+        count_call(self.path)
+        return self.fn(raw)
+
+
+def prep_stage(a, row):
+    """The prep stage (name, F) a row reads through, and the file counting
+    F's calls. The device rows keep a stage of their own: device-prep's first
+    epoch then fills the cache on its own path, as a DeviceLoader user's
+    first epoch does, not reading what the prep row filled."""
+    side = a.crop * 8 // 7
+    name = f"rgb-{side}-v1" + ("-device" if row.startswith("device-") else "")
+    counter = os.path.join(a.tmp, name + ".calls")
+    return (name, Counted(DecodeResize(side), counter)), counter
 
 
 class Files:
@@ -252,8 +280,7 @@ def loader_for(row, a, url, data, device):
 
     from ..torch import BatchLoader, CachedDataset, DeviceLoader
 
-    side = a.crop * 8 // 7
-    stage = (f"rgb-{side}-v1", DecodeResize(side))
+    stage, _ = prep_stage(a, row)
     pin = device.type == "cuda"
     if row == "batchloader":
         ds = CachedDataset(url, "imgs", transform=Augment(a.crop), labels="folder")
@@ -292,6 +319,7 @@ def run_row(row, a, url, data, device, step, node_pid, model_s, model_cpu):
     import torch
 
     loader = loader_for(row, a, url, data, device)
+    counter = prep_stage(a, row)[1] if row == "prep" or row.startswith("device-prep") else None
     resident = None
     if row == "device-prep-raw" and step.kind == "model":
         resident = torch.randn(a.batch, 3, a.crop, a.crop, device=device).contiguous(memory_format=torch.channels_last)
@@ -300,6 +328,7 @@ def run_row(row, a, url, data, device, step, node_pid, model_s, model_cpu):
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(e)
         t0, s0, c0, n0, f0 = time.perf_counter(), _self_cpu(), _children_cpu(), proc_cpu(node_pid), _faults()
+        calls0 = calls_in(counter) if counter else 0
         samples = batches = 0
         it = iter(loader)
         for x, y in it:
@@ -331,7 +360,10 @@ def run_row(row, a, url, data, device, step, node_pid, model_s, model_cpu):
                                         "all": (loader_cpu + workers + node) * k,
                                         "training_process": own * k, "model": batches * model_cpu * k},
                        "faults_per_sample": {"training_process": faults[0] / max(samples, 1),
-                                             "workers": faults[1] / max(samples, 1)}})
+                                             "workers": faults[1] / max(samples, 1)},
+                       # F's calls this epoch (None: a row without a prep
+                       # stage): N in the epoch that fills the cache.
+                       "prep_calls": calls_in(counter) - calls0 if counter else None})
         r = epochs[-1]
         log(f"  {row:12s} epoch {e + 1}: {r['samples_per_s']:8.1f} samples/s  stall {r['stall']:5.1%}  "
             f"CPU s/1k: loader {r['cpu_s_per_1k']['loader']:.2f} workers {r['cpu_s_per_1k']['workers']:.2f} "
@@ -350,7 +382,7 @@ def delivery(a, url, node_pid):
     from ..torch import CachedDataset, DeviceLoader
 
     side = a.crop * 8 // 7
-    ds = CachedDataset(url, "imgs", cache_stage=(f"rgb-{side}-v1", DecodeResize(side)))
+    ds = CachedDataset(url, "imgs", cache_stage=prep_stage(a, "device-prep")[0])
     loader = DeviceLoader(ds, a.batch, device="cpu", labels="folder", shuffle=True, threads=a.threads)
     for _ in loader:  # fills any item the rows left unwritten
         pass
@@ -401,6 +433,22 @@ def delivery(a, url, node_pid):
     return out
 
 
+def first_epochs(rows):
+    """CPU per sample, all processes, of each row's epoch that filled the
+    prep cache (F on each of its samples) against the files row's first
+    epoch: issue 48's goal for the prep cache's first epoch (<= 1.2x)."""
+    files = rows.get("files")
+    if not files:
+        return {}
+    base = files[0]["cpu_s_per_1k"]["all"]
+    out = {}
+    for row, epochs in rows.items():
+        fill = next((e for e in epochs if (e.get("prep_calls") or 0) >= e["samples"] > 0), None)
+        if fill is not None and base > 0:
+            out[row] = fill["cpu_s_per_1k"]["all"] / base
+    return out
+
+
 def _failure(what, e):
     log(f"  {what}: FAILED: {e!r}\n{traceback.format_exc()}")
     return f"{type(e).__name__}: {e}"
@@ -422,6 +470,12 @@ def table(out):
                          f"{c['workers']:.2f} | {c['node']:.2f} | {c['all']:.2f} |")
     for what, why in out.get("failed", {}).items():
         lines.append(f"| {what} | FAILED: {why} | | | | | | |")
+    first = out.get("first_epoch_vs_files") or {}
+    if first:
+        lines += ["", "the prep cache's first epoch (F on each sample), CPU per sample against files' epoch 1: "
+                  + ", ".join(f"{row} {x:.2f}x" for row, x in first.items())
+                  + ("; device-prep's includes its augmentation on the CPU" if out["device"] == "cpu"
+                     and "device-prep" in first else "")]
     for path in ("mapped", "socket", "jpeg"):
         ds = sorted((d for d in out.get("delivery", []) if d.get("path", "socket") == path), key=lambda d: d["all_ms"])
         if not ds:
@@ -473,6 +527,7 @@ def main(argv):
     device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     kind = a.step or ("model" if device.type == "cuda" else "sleep")
     tmp = tempfile.mkdtemp(prefix="stallfree-train-bench")
+    a.tmp = tmp
     proc = None
     try:
         data = os.path.join(tmp, "jpegs")
@@ -482,7 +537,9 @@ def main(argv):
         log(f"{a.items} JPEGs of {a.width}x{a.height}, {avg / 1024:.0f} KiB on average, made in "
             f"{time.perf_counter() - t0:.1f}s on {os.cpu_count()} cores")
         side = a.crop * 8 // 7
-        memory = a.memory or f"{max(256, int(a.items * (avg + side * side * 3) * 1.5) >> 20)}MiB"
+        # The raw items and two prep stages (prep's and the device rows'),
+        # with room to spare.
+        memory = a.memory or f"{max(256, int(a.items * (avg + 2 * side * side * 3) * 1.5) >> 20)}MiB"
         proc, url = start_node(tmp, data, memory)
         c = Client(url)
         c.request("POST", "/v1/datasets/imgs/warmup")  # the cached rows read memory, the files row the page cache
@@ -520,6 +577,7 @@ def main(argv):
                 out["rows"][row] = run_row(row, a, url, data, device, step, proc.pid, model_s, model_cpu)
             except Exception as e:  # noqa: BLE001 - reported below, and the exit status says so
                 out.setdefault("failed", {})[row] = _failure(row, e)
+        out["first_epoch_vs_files"] = first_epochs(out["rows"])
         if a.delivery_epochs > 0:
             try:
                 out["delivery"] = delivery(a, url, proc.pid)
