@@ -202,6 +202,10 @@ class PrepStage:
         # dataset as it is.
         client.json("PUT", f"/v1/datasets/{client._q(self.name)}", {"derived_from": parent, "stage": stage})
 
+    def _made(self, raw):
+        """F's encoded output for the item raw."""
+        return self._encoded(self.fn(raw))
+
     def _encoded(self, value):
         """encode(value), into a buffer reused once nothing refers to it (F's
         result, handed to T, lives until T is done with it). A fresh
@@ -244,7 +248,7 @@ class PrepStage:
     def _compute(self, client, i, raw):
         """Runs F (its exceptions are the caller's) and writes the result
         back; another writer's result, when it was first, is what counts."""
-        return self._written(client, i, self._encoded(self.fn(raw)))
+        return self._written(client, i, self._made(raw))
 
     def _written(self, client, i, data):
         """Writes F's encoded result for item i and returns what readers get."""
@@ -269,14 +273,16 @@ class PrepStage:
             return got
         return self._compute(client, i, self._parent(client, [int(i)])[0][1])
 
-    def get_many(self, client, indices, keys=False, computed=None, parent=None):
+    def get_many(self, client, indices, keys=False, computed=None, parent=None, executor=None):
         """F's output for several items (with keys=True, as (key, output)
         pairs): one batch request when all are written (every epoch after
         the first), else each one that is written, then the parent's bytes
         of the rest in one request, or with ``parent(indices)`` (``[(key,
         bytes)]``) as it reads them (``CachedDataset``: copied out of the
         mapped memory of the node on this host). ``computed``, a list, gets
-        the positions (in indices) of the items F ran on here."""
+        the positions (in indices) of the items F ran on here. F runs on
+        the items one after the other, or with ``executor`` (a
+        ``concurrent.futures`` executor of threads) side by side in it."""
         indices = [int(i) for i in indices]
         if not indices:
             return []
@@ -286,7 +292,7 @@ class PrepStage:
         if missing:
             todo = [indices[j] for j in missing]
             raws = self._parent(client, todo) if parent is None else parent(todo)
-            values = self._compute_many(client, todo, [raw for _, raw in raws])
+            values = self._compute_many(client, todo, [raw for _, raw in raws], executor)
             for j, (key, _), value in zip(missing, raws, values):
                 if computed is not None:
                     computed.append(j)
@@ -309,13 +315,15 @@ class PrepStage:
     #: limit is 256 MiB).
     max_write_bytes = 64 << 20
 
-    def _compute_many(self, client, indices, raws):
-        """Runs F on each item and writes the results back in one request;
-        as _compute, another writer's result, when it was first, is what
-        counts. Against a node without batch writes (405), one by one."""
+    def _compute_many(self, client, indices, raws, executor=None):
+        """Runs F on each item (in executor, when given) and writes the
+        results back in one request; as _compute, another writer's result,
+        when it was first, is what counts. Against a node without batch
+        writes (405), one by one."""
         if len(indices) == 1 or not self._batch_writes:
             return [self._compute(client, i, raw) for i, raw in zip(indices, raws)]
-        data = [self._encoded(self.fn(raw)) for raw in raws]
+        made = (executor.map if executor is not None else map)(self._made, raws)
+        data = list(made)
         try:
             results = []
             for part in _chunks(list(zip(indices, data)), self.max_write_bytes):

@@ -211,7 +211,7 @@ class PrepCacheRouteTest(GroupCase):
         # What job 0 computes is not kept (as if evicted at once), so the
         # same items are missing again in epoch 1.
         stage = loader.stage
-        stage._compute_many = lambda client, indices, raws: [stage.fn(r) for r in raws]
+        stage._compute_many = lambda client, indices, raws, executor=None: [stage.fn(r) for r in raws]
         got = []
         for e in range(2):
             loader.set_epoch(e)

@@ -8,6 +8,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import unittest
 from unittest import mock
 
@@ -176,6 +177,33 @@ class DeviceLoaderTest(ClusterCase):
                 # ... copied from the node's mapped memory, keys (for the
                 # labels) included: nothing through the socket.
                 self.assertEqual((loader._mapper.copied, loader._mapper.fallbacks), (90, 0))
+
+    def test_the_first_epoch_runs_F_on_a_batchs_items_side_by_side(self):
+        """With one batch thread, F's calls meet two at a time at a barrier:
+        they run in fill_threads, not one after the other (which would
+        break the barrier at its timeout and fail the batch)."""
+        met = threading.Barrier(2, timeout=30)
+        threads, lock = [], threading.Lock()
+
+        def paired(raw):
+            met.wait()
+            with lock:
+                threads.append(threading.current_thread().name)
+            return hwc(raw)
+
+        ds = CachedDataset(self.url, "ds", cache_stage=("hwc-paired", paired))
+        loader = DeviceLoader(ds, 10, device="cpu", threads=1, prefetch=1, fill_threads=2)
+        got = torch.cat([x for x, _ in loader])
+        self.assertTrue(np.array_equal(got.numpy(), self.arrays))
+        self.assertEqual(len(threads), 90, "F once per item")
+        self.assertTrue(all(n.startswith("stallfree-fill") for n in threads), set(threads))
+        self.assertEqual(len(set(threads)), 2)
+        # Written: the next epoch computes nothing, and meets no barrier.
+        met.abort()
+        self.assertTrue(np.array_equal(torch.cat([x for x, _ in loader]).numpy(), self.arrays))
+        self.assertEqual(len(threads), 90)
+        with self.assertRaises(ValueError):
+            DeviceLoader(ds, 10, device="cpu", fill_threads=0)
 
     def test_buffers_are_reused_only_when_free(self):
         loader = DeviceLoader(self.prep_dataset(), 30, device="cpu", threads=1, prefetch=1)

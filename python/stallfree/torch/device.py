@@ -13,6 +13,8 @@ augmentation (``stallfree.torch.augment``) then runs there as a few batched
 kernels. Buffers are reused once nothing refers to them any more.
 """
 
+import concurrent.futures
+import os
 import threading
 
 import numpy as np
@@ -47,12 +49,15 @@ class DeviceLoader(BatchLoader):
     ``len``, ``state_dict`` at what the loop received, owner routing
     (``CachedDataset(route="owner")``: one request per owner) and retries
     after a node's loss are BatchLoader's. ``threads`` read batches ahead,
-    at most ``prefetch`` of them. The dataset's own ``transform`` is not
-    used (the loader reads items raw): pass ``augment``.
+    at most ``prefetch`` of them. While a prep stage fills (the first
+    epoch), F runs on a batch's items side by side in ``fill_threads``
+    threads (default: as many as this process has CPUs). The dataset's own
+    ``transform`` is not used (the loader reads items raw): pass
+    ``augment``.
     """
 
     def __init__(self, dataset, batch_size, *, device, augment=None, labels=None, decode=None, sampler=None,
-                 shuffle=False, drop_last=False, threads=4, prefetch=2, seed=0, retries=3):
+                 shuffle=False, drop_last=False, threads=4, prefetch=2, seed=0, retries=3, fill_threads=None):
         if not hasattr(dataset, "fetch") or not hasattr(dataset, "prep"):
             raise TypeError("DeviceLoader reads a stallfree.torch.CachedDataset")
         if dataset.tar:
@@ -75,6 +80,15 @@ class DeviceLoader(BatchLoader):
         self.augment, self.decode = augment, decode
         self._cuda = self.device.type == "cuda"
         self._buffers = _Pool(pinned=self._cuda, keep=self.threads + self.prefetch + 2)
+        if fill_threads is not None and int(fill_threads) < 1:
+            raise ValueError(f"fill_threads={fill_threads!r}: want at least 1")
+        # F runs on a batch's items side by side in these threads while the
+        # prep cache fills (Pillow lets go of the GIL while it decodes and
+        # resizes): one batch thread running F item after item used one
+        # core, and prefetch bounds the batches in flight.
+        self.fill_threads = int(fill_threads) if fill_threads is not None else _cores()
+        self._fill = None
+        self._fill_lock = threading.Lock()
         # Raw or prep items of the node on this host are copied from its
         # mapped memory (stallfree._mapped); the others come through the socket.
         self._mapper = ItemMapper.for_client(dataset.client) if not decode else None
@@ -168,12 +182,21 @@ class DeviceLoader(BatchLoader):
                 raise
             # Not every item is written yet (the first epoch): compute them.
             rows = _Rows(self._buffers, len(indices), True)
-            got = prep.get_many(client, indices, keys=keys is not None, parent=ds._read)
+            got = prep.get_many(client, indices, keys=keys is not None, parent=ds._read, executor=self._filler())
             if keys is not None:
                 keys[:] = [k for k, _ in got]
                 got = [a for _, a in got]
             rows.fill(got)
         return rows
+
+    def _filler(self):
+        """The threads F runs in (made at the first batch with an item to
+        compute; idle once the cache is full)."""
+        with self._fill_lock:
+            if self._fill is None:
+                self._fill = concurrent.futures.ThreadPoolExecutor(max_workers=self.fill_threads,
+                                                                   thread_name_prefix="stallfree-fill")
+            return self._fill
 
     def _packed(self, nbytes):
         """A pooled host buffer for a batch of JPEGs: one made here holds
@@ -218,6 +241,14 @@ class _Jpegs(list):
     none was), which stays in use until the decode on the device has run."""
 
     host = None
+
+
+def _cores():
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
 
 
 def _decodes_lists():
