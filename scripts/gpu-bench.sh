@@ -15,7 +15,10 @@
 # the longest wait for a load below 2 before each group row; after a row of 8
 # jobs the 1-minute load stays above 2 for a minute or more, so a J = 8 row
 # that starts at once is no figure. Each row may add up to that much).
-# Writes OUTDIR/machine.txt and a .json (figures) and .log (progress) per bench.
+# Limits: train 360 s (making 25,600 JPEGs, then every row; device-prep's
+# first epoch fills a prep stage of its own since the sixth session, ~10-45 s
+# more), loader 110 s. Writes OUTDIR/machine.txt and a .json (figures) and
+# .log (progress) per bench.
 set -u
 out=$(realpath -m "${1:?usage: scripts/gpu-bench.sh OUTDIR [ITEMS]}")
 items=${2:-25600}
@@ -60,7 +63,7 @@ quiet() { # waits (at most $1 s) for a 1-minute load below 2: the last bench's p
 	while [ "$SECONDS" -lt "$end" ] && awk '{exit !($1 >= 2)}' /proc/loadavg; do sleep 2; done
 }
 
-bench train 300 --train --items "$items" --rows "${TRAIN_ROWS:-files,cached,batchloader,prep,device-prep,device-jpeg}" \
+bench train 360 --train --items "$items" --rows "${TRAIN_ROWS:-files,cached,batchloader,prep,device-prep,device-jpeg}" \
 	--delivery-epochs "${DELIVERY_EPOCHS:-3}"
 quiet "${QUIET_S:-90}"
 bench loader 110 --items 12000 --rounds 2

@@ -90,12 +90,24 @@ class _ProcessPool:
     rather than its parent's buffers and lock. Not pinned."""
 
     def __init__(self, keep):
-        self.keep, self._pool, self._pid = keep, None, None
+        self.keep, self._pool = keep, None
+        # Several threads make their first ask at once (a DeviceLoader's
+        # fill threads): one pool for all of them.
+        self._pid, self._made = os.getpid(), threading.Lock()
 
     def __getstate__(self):
-        return {"keep": self.keep, "_pool": None, "_pid": None}
+        return {"keep": self.keep}
+
+    def __setstate__(self, state):
+        self.__init__(state["keep"])
 
     def get(self, nbytes):
-        if self._pool is None or self._pid != os.getpid():
-            self._pool, self._pid = _Pool(pinned=False, keep=self.keep), os.getpid()
-        return self._pool.get(nbytes)
+        if self._pid != os.getpid():
+            # A forked child: its own pool, and its own lock (the copy may
+            # be held by a thread the fork did not bring along).
+            self._pid, self._made, self._pool = os.getpid(), threading.Lock(), None
+        with self._made:
+            if self._pool is None:
+                self._pool = _Pool(pinned=False, keep=self.keep)
+            pool = self._pool
+        return pool.get(nbytes)

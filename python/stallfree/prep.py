@@ -282,7 +282,9 @@ class PrepStage:
         mapped memory of the node on this host). ``computed``, a list, gets
         the positions (in indices) of the items F ran on here. F runs on
         the items one after the other, or with ``executor`` (a
-        ``concurrent.futures`` executor of threads) side by side in it."""
+        ``concurrent.futures`` executor of threads) side by side in it;
+        still one after the other for a single item, and against a node
+        without batch writes (each item is then written on its own)."""
         indices = [int(i) for i in indices]
         if not indices:
             return []

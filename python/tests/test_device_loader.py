@@ -198,12 +198,51 @@ class DeviceLoaderTest(ClusterCase):
         self.assertEqual(len(threads), 90, "F once per item")
         self.assertTrue(all(n.startswith("stallfree-fill") for n in threads), set(threads))
         self.assertEqual(len(set(threads)), 2)
+        # F's threads end with the pass that made them.
+        self.assertIsNone(loader._fill)
+        wait_until(lambda: not any(t.name.startswith("stallfree-fill") for t in threading.enumerate()), 30,
+                   "the fill threads to end")
         # Written: the next epoch computes nothing, and meets no barrier.
         met.abort()
         self.assertTrue(np.array_equal(torch.cat([x for x, _ in loader]).numpy(), self.arrays))
         self.assertEqual(len(threads), 90)
         with self.assertRaises(ValueError):
             DeviceLoader(ds, 10, device="cpu", fill_threads=0)
+        # By default, a thread for each CPU the process may run on, shared
+        # among the host's local ranks, at most 32.
+        from stallfree.torch.device import _fill_threads
+        cpus = len(os.sched_getaffinity(0))
+        self.assertEqual(DeviceLoader(ds, 10, device="cpu").fill_threads, min(32, cpus))
+        self.assertEqual(_fill_threads({"LOCAL_WORLD_SIZE": "2"}), max(1, min(32, cpus // 2)))
+        self.assertEqual(_fill_threads({"LOCAL_WORLD_SIZE": str(cpus * 4)}), 1)
+        self.assertEqual(_fill_threads({"LOCAL_WORLD_SIZE": "two"}), min(32, cpus))
+
+    def test_fill_threads_with_pooled_outputs_and_an_F_that_fails(self):
+        """F's outputs of 64 KiB or more are encoded into pooled buffers,
+        here from four threads at once: every batch byte-exact, the first
+        epoch's and the next. An F that raises fails its batch in the loop,
+        and none of that batch's items is written."""
+        def big(raw):
+            return np.resize(hwc(raw), (96, 256, 3))  # 72 KiB: pooled (REUSE_FROM)
+
+        want = np.stack([big(self.files[k]) for k in self.keys])
+        loader = DeviceLoader(CachedDataset(self.url, "ds", cache_stage=("big", big)), 16, device="cpu", threads=2,
+                              fill_threads=4)
+        for epoch in range(2):
+            self.assertTrue(np.array_equal(torch.cat([x for x, _ in loader]).numpy(), want), epoch)
+
+        bad = self.files[self.keys[5]]
+
+        def boom(raw):
+            if raw == bad:
+                raise ValueError("F refuses item 5")
+            return hwc(raw)
+
+        ds = CachedDataset(self.url, "ds", cache_stage=("boom", boom))
+        with self.assertRaisesRegex(ValueError, "F refuses item 5"):
+            for _ in DeviceLoader(ds, 10, device="cpu", threads=1, prefetch=1, fill_threads=3):
+                pass
+        self.assertEqual(ds.prep.written_many(ds.client, list(range(10))), [None] * 10)
 
     def test_buffers_are_reused_only_when_free(self):
         loader = DeviceLoader(self.prep_dataset(), 30, device="cpu", threads=1, prefetch=1)

@@ -125,12 +125,20 @@ class Counted:
         return self.fn(raw)
 
 
+def prep_side(a):
+    """The prep stage's square side: the crop's, as Resize(256) is to 224."""
+    return a.crop * 8 // 7
+
+
 def prep_stage(a, row):
-    """The prep stage (name, F) a row reads through, and the file counting
-    F's calls. The device rows keep a stage of their own: device-prep's first
-    epoch then fills the cache on its own path, as a DeviceLoader user's
-    first epoch does, not reading what the prep row filled."""
-    side = a.crop * 8 // 7
+    """The prep stage (name, F) a row reads through and the file counting
+    F's calls, or (None, None) for a row without one. The device rows keep
+    a stage of their own: device-prep's first epoch then fills the cache
+    on its own path, as a DeviceLoader user's first epoch does, not reading
+    what the prep row filled."""
+    if row not in ("prep", "device-prep", "device-prep-main", "device-prep-raw"):
+        return None, None
+    side = prep_side(a)
     name = f"rgb-{side}-v1" + ("-device" if row.startswith("device-") else "")
     counter = os.path.join(a.tmp, name + ".calls")
     return (name, Counted(DecodeResize(side), counter)), counter
@@ -319,7 +327,7 @@ def run_row(row, a, url, data, device, step, node_pid, model_s, model_cpu):
     import torch
 
     loader = loader_for(row, a, url, data, device)
-    counter = prep_stage(a, row)[1] if row == "prep" or row.startswith("device-prep") else None
+    counter = prep_stage(a, row)[1]
     resident = None
     if row == "device-prep-raw" and step.kind == "model":
         resident = torch.randn(a.batch, 3, a.crop, a.crop, device=device).contiguous(memory_format=torch.channels_last)
@@ -362,7 +370,8 @@ def run_row(row, a, url, data, device, step, node_pid, model_s, model_cpu):
                        "faults_per_sample": {"training_process": faults[0] / max(samples, 1),
                                              "workers": faults[1] / max(samples, 1)},
                        # F's calls this epoch (None: a row without a prep
-                       # stage): N in the epoch that fills the cache.
+                       # stage): one a sample in the epoch that fills the
+                       # cache (with drop_last, the items left out come later).
                        "prep_calls": calls_in(counter) - calls0 if counter else None})
         r = epochs[-1]
         log(f"  {row:12s} epoch {e + 1}: {r['samples_per_s']:8.1f} samples/s  stall {r['stall']:5.1%}  "
@@ -381,7 +390,7 @@ def delivery(a, url, node_pid):
     before, is taken off its figure."""
     from ..torch import CachedDataset, DeviceLoader
 
-    side = a.crop * 8 // 7
+    side = prep_side(a)
     ds = CachedDataset(url, "imgs", cache_stage=prep_stage(a, "device-prep")[0])
     loader = DeviceLoader(ds, a.batch, device="cpu", labels="folder", shuffle=True, threads=a.threads)
     for _ in loader:  # fills any item the rows left unwritten
@@ -536,7 +545,7 @@ def main(argv):
         a.jpeg_bytes = int(avg)
         log(f"{a.items} JPEGs of {a.width}x{a.height}, {avg / 1024:.0f} KiB on average, made in "
             f"{time.perf_counter() - t0:.1f}s on {os.cpu_count()} cores")
-        side = a.crop * 8 // 7
+        side = prep_side(a)
         # The raw items and two prep stages (prep's and the device rows'),
         # with room to spare.
         memory = a.memory or f"{max(256, int(a.items * (avg + 2 * side * side * 3) * 1.5) >> 20)}MiB"

@@ -51,9 +51,11 @@ class DeviceLoader(BatchLoader):
     after a node's loss are BatchLoader's. ``threads`` read batches ahead,
     at most ``prefetch`` of them. While a prep stage fills (the first
     epoch), F runs on a batch's items side by side in ``fill_threads``
-    threads (default: as many as this process has CPUs). The dataset's own
-    ``transform`` is not used (the loader reads items raw): pass
-    ``augment``.
+    threads, so F must be safe to call from several threads at once
+    (default: the CPUs this process may run on, divided among the
+    ``LOCAL_WORLD_SIZE`` loaders torchrun starts on a host, at most 32).
+    The dataset's own ``transform`` is not used (the loader reads items
+    raw): pass ``augment``.
     """
 
     def __init__(self, dataset, batch_size, *, device, augment=None, labels=None, decode=None, sampler=None,
@@ -86,7 +88,7 @@ class DeviceLoader(BatchLoader):
         # prep cache fills (Pillow lets go of the GIL while it decodes and
         # resizes): one batch thread running F item after item used one
         # core, and prefetch bounds the batches in flight.
-        self.fill_threads = int(fill_threads) if fill_threads is not None else _cores()
+        self.fill_threads = int(fill_threads) if fill_threads is not None else _fill_threads()
         self._fill = None
         self._fill_lock = threading.Lock()
         # Raw or prep items of the node on this host are copied from its
@@ -189,9 +191,21 @@ class DeviceLoader(BatchLoader):
             rows.fill(got)
         return rows
 
+    def __iter__(self):
+        try:
+            yield from super().__iter__()
+        finally:
+            # F's threads end with the pass that made them: idle threads
+            # left behind would outlive the fill, and a later fork (a
+            # DataLoader's workers) would copy a multi-threaded process.
+            with self._fill_lock:
+                fill, self._fill = self._fill, None
+            if fill is not None:
+                fill.shutdown(wait=False)
+
     def _filler(self):
-        """The threads F runs in (made at the first batch with an item to
-        compute; idle once the cache is full)."""
+        """The threads F runs in, made at the first batch of a pass with an
+        item to compute."""
         with self._fill_lock:
             if self._fill is None:
                 self._fill = concurrent.futures.ThreadPoolExecutor(max_workers=self.fill_threads,
@@ -243,12 +257,19 @@ class _Jpegs(list):
     host = None
 
 
-def _cores():
-    """The CPUs this process may run on."""
+def _fill_threads(environ=os.environ):
+    """fill_threads' default: the CPUs this process may run on, shared
+    among the loaders torchrun starts on this host (one per local rank,
+    LOCAL_WORLD_SIZE), at most 32 (as ThreadPoolExecutor's own default)."""
     try:
-        return len(os.sched_getaffinity(0))
+        cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
+        cpus = os.cpu_count() or 1
+    try:
+        local = max(1, int(environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        local = 1
+    return max(1, min(32, cpus // local))
 
 
 def _decodes_lists():
