@@ -231,6 +231,17 @@ class DeviceLoaderTest(ClusterCase):
         for epoch in range(2):
             self.assertTrue(np.array_equal(torch.cat([x for x, _ in loader]).numpy(), want), epoch)
 
+        # A pass stopped early ends its fill threads too; the next pass
+        # computes what the first left and is byte-exact.
+        ds = CachedDataset(self.url, "ds", cache_stage=("big-early", big))
+        loader = DeviceLoader(ds, 16, device="cpu", threads=2, fill_threads=4)
+        for x, _ in loader:
+            self.assertTrue(np.array_equal(x.numpy(), want[:16]))
+            break
+        wait_until(lambda: not any(t.name.startswith("stallfree-fill") for t in threading.enumerate()), 30,
+                   "the fill threads of the stopped pass to end")
+        self.assertTrue(np.array_equal(torch.cat([x for x, _ in loader]).numpy(), want))
+
         bad = self.files[self.keys[5]]
 
         def boom(raw):

@@ -91,6 +91,7 @@ class DeviceLoader(BatchLoader):
         self.fill_threads = int(fill_threads) if fill_threads is not None else _fill_threads()
         self._fill = None
         self._fill_lock = threading.Lock()
+        self._filling = False  # a pass is running: F's threads may be made
         # Raw or prep items of the node on this host are copied from its
         # mapped memory (stallfree._mapped); the others come through the socket.
         self._mapper = ItemMapper.for_client(dataset.client) if not decode else None
@@ -192,22 +193,26 @@ class DeviceLoader(BatchLoader):
         return rows
 
     def __iter__(self):
+        with self._fill_lock:
+            self._filling = True
         try:
             yield from super().__iter__()
         finally:
             # F's threads end with the pass that made them: idle threads
             # left behind would outlive the fill, and a later fork (a
-            # DataLoader's workers) would copy a multi-threaded process.
+            # DataLoader's workers) would copy a multi-threaded process. A
+            # batch thread still reading for a pass stopped early makes
+            # none again: it runs F itself, for a batch nobody takes.
             with self._fill_lock:
-                fill, self._fill = self._fill, None
+                fill, self._fill, self._filling = self._fill, None, False
             if fill is not None:
                 fill.shutdown(wait=False)
 
     def _filler(self):
         """The threads F runs in, made at the first batch of a pass with an
-        item to compute."""
+        item to compute (None once the pass is over)."""
         with self._fill_lock:
-            if self._fill is None:
+            if self._fill is None and self._filling:
                 self._fill = concurrent.futures.ThreadPoolExecutor(max_workers=self.fill_threads,
                                                                    thread_name_prefix="stallfree-fill")
             return self._fill
