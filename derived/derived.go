@@ -89,9 +89,13 @@ type Prep struct {
 	st    *store.Store
 	host  Host
 	relay *relay.Client
-	// mu makes "is it there, else put it" one step, so that of two writers
-	// of different bytes exactly one gets 201 and the other 409.
-	mu sync.Mutex
+	// writing makes "is it there, else put it" one step for each item, so
+	// that of two writers of one item exactly one gets 201 (and of
+	// different bytes, the other 409). It is striped by key: writes of
+	// different items (a minibatch's, from several loaders at once) hash
+	// and compare side by side, and only the store's own lock orders their
+	// copies into memory.
+	writing [64]sync.Mutex
 }
 
 // New returns the prep cache of a node.
@@ -187,8 +191,9 @@ func (p *Prep) Write(d *catalog.Dataset, index int, data []byte) (created bool, 
 		return false, err
 	}
 	k := store.MakeKey(d.ID, uint32(index))
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	l := p.writeLock(k)
+	l.Lock()
+	defer l.Unlock()
 	if same, held := p.held(k, data); held {
 		if !same {
 			return false, fmt.Errorf("%w: item %d of %s was written with other bytes (write-once)", catalog.ErrConflict, index, d.Name)
@@ -209,6 +214,11 @@ func (p *Prep) Write(d *catalog.Dataset, index int, data []byte) (created bool, 
 		return false, fmt.Errorf("%w: item %d of %s was written with other bytes (write-once)", catalog.ErrConflict, index, d.Name)
 	}
 	return true, nil
+}
+
+// writeLock is the lock that orders the writes of k.
+func (p *Prep) writeLock(k store.Key) *sync.Mutex {
+	return &p.writing[uint64(k)%uint64(len(p.writing))]
 }
 
 // held reports whether k is resident, and whether it holds data.

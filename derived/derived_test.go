@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"stallfree/api"
 	"stallfree/catalog"
@@ -178,6 +179,53 @@ func TestConcurrentWritersOneWins(t *testing.T) {
 	wg.Wait()
 	if created != 1 || conflicts != 15 {
 		t.Fatalf("%d created, %d conflicts; want 1 and 15", created, conflicts)
+	}
+}
+
+// Writes of different items do not wait for each other: with item 2's
+// write held up (its lock taken, as a slow writer would hold it), items 0
+// and 1 are written, and item 2's writer goes on once let go.
+func TestWritesOfDifferentItemsDoNotWaitForEachOther(t *testing.T) {
+	f := newFixture(t, 1<<20)
+	d := f.derive(t)
+	held := f.p.writeLock(store.MakeKey(d.ID, 2))
+	held.Lock()
+	slow := make(chan error, 1)
+	go func() {
+		_, err := f.p.Write(d, 2, []byte("two"))
+		slow <- err
+	}()
+	for _, i := range []int{0, 1} {
+		if f.p.writeLock(store.MakeKey(d.ID, uint32(i))) == held {
+			t.Fatalf("items %d and 2 share a lock", i)
+		}
+		done := make(chan error, 1)
+		go func() {
+			_, err := f.p.Write(d, i, []byte{byte('a' + i)})
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("write %d: %v", i, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the write of item %d waited for item 2's", i)
+		}
+		if ref, ok := f.st.Get(store.MakeKey(d.ID, uint32(i))); !ok || string(ref.Data) != string(rune('a'+i)) {
+			t.Fatalf("item %d not held as written", i)
+		} else {
+			ref.Release()
+		}
+	}
+	held.Unlock()
+	if err := <-slow; err != nil {
+		t.Fatalf("write 2: %v", err)
+	}
+	if ref, ok := f.st.Get(store.MakeKey(d.ID, 2)); !ok || string(ref.Data) != "two" {
+		t.Fatal("item 2 not held as written")
+	} else {
+		ref.Release()
 	}
 }
 

@@ -37,6 +37,22 @@ type arena struct {
 	// noPopulate is set once the kernel has refused MADV_POPULATE_WRITE
 	// (before Linux 5.14): prefault is not asked again.
 	noPopulate bool
+	// ahead maps pages past the highest extent handed out, outside the
+	// store's lock (ahead.go), up to aheadLimit; made at the first handedOut.
+	ahead      *populator
+	aheadLimit uint64
+}
+
+// handedOut tells the arena that [off, off+n) was handed out to be
+// written: the pages past it are mapped ahead, off the caller's path.
+func (a *arena) handedOut(off, n uint64) {
+	if a.noPopulate || a.mem == nil {
+		return
+	}
+	if a.ahead == nil {
+		a.ahead = newPopulator(a.mem, a.aheadLimit)
+	}
+	a.ahead.reached(off + n)
 }
 
 // prefault maps the pages of [off, off+n) in one call before they are
@@ -97,12 +113,17 @@ func newArenaIn(size uint64, shared bool) (*arena, error) {
 		byEnd:  make(map[uint64]uint64),
 	}
 	a.insertFree(0, size)
+	a.aheadLimit = size
 	return a, nil
 }
 
 func (a *arena) close() error {
 	if a.mem == nil {
 		return nil
+	}
+	if a.ahead != nil {
+		a.ahead.stop() // before the unmap: it touches the arena's pages
+		a.ahead = nil
 	}
 	err := syscall.Munmap(a.mem)
 	a.mem = nil

@@ -7,6 +7,8 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 	"golang.org/x/sys/unix"
+
+	"stallfree/internal/testutil"
 )
 
 // resident lists which of the arena's first n pages are in memory.
@@ -76,5 +78,65 @@ func TestPutSummed(t *testing.T) {
 	defer ref.Release()
 	if !bytes.Equal(ref.Data, data) || ref.Sum != sum {
 		t.Fatalf("stored %d bytes, sum %x", len(ref.Data), ref.Sum)
+	}
+}
+
+// While a fresh store fills, the pages just past the highest extent handed
+// out are mapped ahead of the puts (outside the lock), up to the budget and
+// no further; a close stops it before the arena goes.
+func TestPagesAreMappedAheadOfThePuts(t *testing.T) {
+	probe, err := unix.Mmap(-1, 0, pageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	perr := unix.Madvise(probe, unix.MADV_POPULATE_WRITE)
+	unix.Munmap(probe)
+	if perr != nil {
+		t.Skipf("this kernel has no MADV_POPULATE_WRITE (before Linux 5.14): %v", perr)
+	}
+	const capacity = 1 << 20 // 256 pages; the arena has 64 MiB of slack past them
+	for _, shared := range []bool{false, true} {
+		var s *Store
+		if shared {
+			s = mustNewShared(t, capacity, NewLRU())
+		} else {
+			s = mustNew(t, capacity, NewLRU())
+		}
+		pages := int(alignUp(capacity)/pageSize) + 16
+		if got := resident(t, s.arena, pages); got[0] || got[200] {
+			t.Fatalf("shared %v: pages mapped before any put", shared)
+		}
+		data := bytes.Repeat([]byte{7}, 3*pageSize)
+		if _, err := s.PutSummed(MakeKey(1, 0), data); err != nil {
+			t.Fatal(err)
+		}
+		testutil.Await(t, "the pages up to the budget mapped", func() bool {
+			got := resident(t, s.arena, pages)
+			for i := range capacity / pageSize {
+				if !got[i] {
+					return false
+				}
+			}
+			return true
+		})
+		for i, r := range resident(t, s.arena, pages)[capacity/pageSize:] {
+			if r {
+				t.Fatalf("shared %v: page %d past the budget mapped ahead", shared, capacity/pageSize+i)
+			}
+		}
+		ref, ok := s.Get(MakeKey(1, 0))
+		if !ok || !bytes.Equal(ref.Data, data) {
+			t.Fatalf("shared %v: the item is not held as put", shared)
+		}
+		ref.Release()
+		ahead := s.arena.ahead
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-ahead.exited:
+		default:
+			t.Fatalf("shared %v: the populator outlived the close", shared)
+		}
 	}
 }

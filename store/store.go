@@ -135,6 +135,7 @@ func newStore(capacity uint64, p Policy, shared bool) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
+	a.aheadLimit = alignUp(capacity) // the slack stays unmapped until used
 	return &Store{capacity: capacity, arena: a, index: make(map[Key]uint32), policy: p, reserved: map[Key]uint64{},
 		recomputable: map[uint32]bool{}, usage: map[uint32]Usage{}}, nil
 }
@@ -257,6 +258,7 @@ func (s *Store) put(k Key, data []byte, sum uint64) error {
 		s.evicted++
 	}
 	s.arena.prefault(off, uint64(len(data)))
+	s.arena.handedOut(off, need)
 	copy(s.arena.mem[off:off+uint64(len(data))], data)
 	i := s.newSlot()
 	s.slots[i] = slot{key: k, off: off, size: uint64(len(data)), alloc: need, sum: sum, live: true, inUse: true}
