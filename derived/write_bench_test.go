@@ -3,9 +3,7 @@ package derived
 import (
 	"fmt"
 	"sync/atomic"
-	"syscall"
 	"testing"
-	"time"
 
 	"stallfree/internal/testcatalog"
 	"stallfree/internal/testutil"
@@ -49,7 +47,7 @@ func BenchmarkParallelWrites(b *testing.B) {
 	var next atomic.Int64
 	b.SetBytes(size)
 	b.ResetTimer()
-	cpu0 := processCPU(b)
+	cpu0 := testutil.ProcessCPU(b)
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			if created, err := p.Write(d, int(next.Add(1)-1), data); err != nil || !created {
@@ -58,14 +56,5 @@ func BenchmarkParallelWrites(b *testing.B) {
 			}
 		}
 	})
-	b.ReportMetric(float64((processCPU(b)-cpu0).Microseconds())/1e3/float64(b.N), "cpu-ms/op")
-}
-
-// processCPU is the CPU time (user and system) this process has used.
-func processCPU(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	b.ReportMetric(float64((testutil.ProcessCPU(b)-cpu0).Microseconds())/1e3/float64(b.N), "cpu-ms/op")
 }

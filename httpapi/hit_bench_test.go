@@ -7,13 +7,12 @@ import (
 	"net"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
 
 	"stallfree/api"
+	"stallfree/internal/testutil"
 )
 
 // BenchmarkLocalHit GETs resident items by key (32-96 KiB, so they leave by
@@ -133,20 +132,11 @@ func BenchmarkBatchWrite(b *testing.B) {
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
 	b.ResetTimer()
-	cpu0 := processCPU(b)
+	cpu0 := testutil.ProcessCPU(b)
 	for range b.N {
 		put()
 	}
 	// The whole process's CPU (the client here and the node), beside the
 	// wall time: what an op costs survives a change of machine.
-	b.ReportMetric(float64((processCPU(b)-cpu0).Microseconds())/1e3/float64(b.N), "cpu-ms/op")
-}
-
-// processCPU is the CPU time (user and system) this process has used.
-func processCPU(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	b.ReportMetric(float64((testutil.ProcessCPU(b)-cpu0).Microseconds())/1e3/float64(b.N), "cpu-ms/op")
 }

@@ -25,9 +25,9 @@ func resident(t *testing.T, a *arena, n int) []bool {
 	return out
 }
 
-// prefault maps exactly the pages a range touches, and nothing else, before
-// anything is written there.
-func TestPrefaultMapsTheRangesPages(t *testing.T) {
+// needPopulateWrite skips a test on a kernel without MADV_POPULATE_WRITE.
+func needPopulateWrite(t *testing.T) {
+	t.Helper()
 	probe, err := unix.Mmap(-1, 0, pageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
 	if err != nil {
 		t.Fatal(err)
@@ -37,6 +37,12 @@ func TestPrefaultMapsTheRangesPages(t *testing.T) {
 	if perr != nil {
 		t.Skipf("this kernel has no MADV_POPULATE_WRITE (before Linux 5.14): %v", perr)
 	}
+}
+
+// prefault maps exactly the pages a range touches, and nothing else, before
+// anything is written there.
+func TestPrefaultMapsTheRangesPages(t *testing.T) {
+	needPopulateWrite(t)
 	for _, shared := range []bool{false, true} {
 		a, err := newArenaIn(64*pageSize, shared)
 		if err != nil {
@@ -85,15 +91,7 @@ func TestPutSummed(t *testing.T) {
 // out are mapped ahead of the puts (outside the lock), up to the budget and
 // no further; a close stops it before the arena goes.
 func TestPagesAreMappedAheadOfThePuts(t *testing.T) {
-	probe, err := unix.Mmap(-1, 0, pageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
-	if err != nil {
-		t.Fatal(err)
-	}
-	perr := unix.Madvise(probe, unix.MADV_POPULATE_WRITE)
-	unix.Munmap(probe)
-	if perr != nil {
-		t.Skipf("this kernel has no MADV_POPULATE_WRITE (before Linux 5.14): %v", perr)
-	}
+	needPopulateWrite(t)
 	const capacity = 1 << 20 // 256 pages; the arena has 64 MiB of slack past them
 	for _, shared := range []bool{false, true} {
 		var s *Store

@@ -149,6 +149,18 @@ func Within(d time.Duration, cond func() bool) bool {
 	return true
 }
 
+// ProcessCPU is the CPU time (user and system) this process has used: a
+// benchmark reports it beside the wall time, since what an op costs in CPU
+// survives a change of machine.
+func ProcessCPU(tb testing.TB) time.Duration {
+	tb.Helper()
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		tb.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
 // Discard is a logger that drops everything.
 func Discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
