@@ -25,6 +25,16 @@ func resident(t *testing.T, a *arena, n int) []bool {
 	return out
 }
 
+// pastHugePage is the first page of a at or after page i that starts a
+// huge page (2 MiB, by address): the arena is advised for huge pages, so
+// the kernel may map the whole one a mapped page falls in.
+func pastHugePage(a *arena, i int) int {
+	const huge = 2 << 20
+	base := uintptr(unsafe.Pointer(&a.mem[0]))
+	addr := base + uintptr(i)*pageSize
+	return int((addr+huge-1)/huge*huge-base) / pageSize
+}
+
 // needPopulateWrite skips a test on a kernel without MADV_POPULATE_WRITE.
 func needPopulateWrite(t *testing.T) {
 	t.Helper()
@@ -100,7 +110,7 @@ func TestPagesAreMappedAheadOfThePuts(t *testing.T) {
 		} else {
 			s = mustNew(t, capacity, NewLRU())
 		}
-		pages := int(alignUp(capacity)/pageSize) + 16
+		pages := int(alignUp(capacity) / pageSize)
 		if got := resident(t, s.arena, pages); got[0] || got[200] {
 			t.Fatalf("shared %v: pages mapped before any put", shared)
 		}
@@ -117,9 +127,10 @@ func TestPagesAreMappedAheadOfThePuts(t *testing.T) {
 			}
 			return true
 		})
-		for i, r := range resident(t, s.arena, pages)[capacity/pageSize:] {
+		past := pastHugePage(s.arena, capacity/pageSize)
+		for i, r := range resident(t, s.arena, past+16)[past:] {
 			if r {
-				t.Fatalf("shared %v: page %d past the budget mapped ahead", shared, capacity/pageSize+i)
+				t.Fatalf("shared %v: page %d past the budget mapped ahead", shared, past+i)
 			}
 		}
 		ref, ok := s.Get(MakeKey(1, 0))
@@ -135,6 +146,37 @@ func TestPagesAreMappedAheadOfThePuts(t *testing.T) {
 		case <-ahead.exited:
 		default:
 			t.Fatalf("shared %v: the populator outlived the close", shared)
+		}
+	}
+}
+
+// Where the budget is larger, the pages are mapped aheadBytes past the
+// highest extent handed out, all of them (chunk after chunk), and no further.
+func TestPagesAreMappedAheadBytesAhead(t *testing.T) {
+	needPopulateWrite(t)
+	s := mustNew(t, 2*aheadBytes, NewLRU())
+	data := bytes.Repeat([]byte{9}, 3*pageSize)
+	if _, err := s.PutSummed(MakeKey(1, 0), data); err != nil {
+		t.Fatal(err)
+	}
+	edge := int(alignPage(alignUp(uint64(len(data)))+aheadBytes) / pageSize) // the first page not to map
+	testutil.Await(t, "the pages up to aheadBytes past the item mapped", func() bool {
+		return resident(t, s.arena, edge)[edge-1]
+	})
+	// ...and the populator done with what it was asked for: whatever else
+	// it maps is mapped by now.
+	ahead := s.arena.ahead
+	testutil.Await(t, "the populator done", func() bool { return ahead.done.Load() >= ahead.want.Load() })
+	past := pastHugePage(s.arena, edge)
+	got := resident(t, s.arena, past+64)
+	for i := range edge {
+		if !got[i] {
+			t.Fatalf("page %d of the %d before the edge not mapped", i, edge)
+		}
+	}
+	for i := past; i < past+64; i++ {
+		if got[i] {
+			t.Fatalf("page %d, past the edge (%d) and its huge page, mapped", i, edge)
 		}
 	}
 }
