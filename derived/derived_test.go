@@ -190,6 +190,9 @@ func TestWritesOfDifferentItemsDoNotWaitForEachOther(t *testing.T) {
 	d := f.derive(t)
 	held := f.p.writeLock(store.MakeKey(d.ID, 2))
 	held.Lock()
+	var release sync.Once
+	let := func() { release.Do(held.Unlock) }
+	t.Cleanup(let) // a failure below leaves no writer blocked
 	slow := make(chan error, 1)
 	go func() {
 		_, err := f.p.Write(d, 2, []byte("two"))
@@ -218,7 +221,7 @@ func TestWritesOfDifferentItemsDoNotWaitForEachOther(t *testing.T) {
 			ref.Release()
 		}
 	}
-	held.Unlock()
+	let()
 	if err := <-slow; err != nil {
 		t.Fatalf("write 2: %v", err)
 	}

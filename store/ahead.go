@@ -16,8 +16,11 @@ import (
 // fresh arena hands out extents from its start upward (best fit of one
 // large free extent), and extents freed later are reused where pages are
 // mapped already, so a frontier is all it needs to track. The pages cost
-// the same CPU; they are no longer paid for under the lock. At most
-// aheadBytes are mapped before a put asks for them.
+// about the same CPU; they are no longer paid for under the lock. At most
+// aheadBytes, and no more than the budget's room, are mapped before a put
+// asks for them. Should the kernel refuse (none before Linux 5.14, or
+// memory short), the goroutine ends and the puts map their own pages, as
+// before.
 
 // aheadBytes is how far past the highest extent handed out the pages are
 // mapped (never past the store's budget: the arena's slack, for items
@@ -31,7 +34,7 @@ const (
 type populator struct {
 	mem    []byte        // the arena's first limit bytes; unmapped only after stop returns
 	want   atomic.Uint64 // map pages up to here
-	done   atomic.Uint64 // pages are mapped up to here (from 0, or from where prefault left them)
+	done   atomic.Uint64 // pages are mapped up to here, from the arena's start (a put's prefault may have mapped some already)
 	wake   chan struct{} // one pending wake-up at most
 	quit   chan struct{}
 	exited chan struct{}
@@ -44,10 +47,11 @@ func newPopulator(mem []byte, limit uint64) *populator {
 	return p
 }
 
-// reached tells the populator that an extent ending at end was handed out:
-// it maps the pages up to end+aheadBytes. It never blocks.
-func (p *populator) reached(end uint64) {
-	target := min(alignPage(end+aheadBytes), uint64(len(p.mem)))
+// reached tells the populator that an extent ending at end was handed out,
+// with room bytes of the budget left: it maps the pages up to
+// end+min(aheadBytes, room). It never blocks.
+func (p *populator) reached(end, room uint64) {
+	target := min(alignPage(end+min(aheadBytes, room)), uint64(len(p.mem)))
 	for {
 		cur := p.want.Load()
 		if target <= cur {

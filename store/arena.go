@@ -44,15 +44,16 @@ type arena struct {
 }
 
 // handedOut tells the arena that [off, off+n) was handed out to be
-// written: the pages past it are mapped ahead, off the caller's path.
-func (a *arena) handedOut(off, n uint64) {
+// written: the pages past it, up to room bytes, are mapped ahead, off the
+// caller's path.
+func (a *arena) handedOut(off, n, room uint64) {
 	if a.noPopulate || a.mem == nil {
 		return
 	}
 	if a.ahead == nil {
 		a.ahead = newPopulator(a.mem, a.aheadLimit)
 	}
-	a.ahead.reached(off + n)
+	a.ahead.reached(off+n, room)
 }
 
 // prefault maps the pages of [off, off+n) in one call before they are

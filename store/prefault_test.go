@@ -180,3 +180,68 @@ func TestPagesAreMappedAheadBytesAhead(t *testing.T) {
 		}
 	}
 }
+
+// The frontier moves on with the puts: a put that ends past the pages
+// mapped so far has the next aheadBytes past it mapped too.
+func TestTheFrontierMovesWithThePuts(t *testing.T) {
+	needPopulateWrite(t)
+	s := mustNew(t, 4*aheadBytes, NewLRU())
+	if _, err := s.PutSummed(MakeKey(1, 0), bytes.Repeat([]byte{1}, 3*pageSize)); err != nil {
+		t.Fatal(err)
+	}
+	ahead := s.arena.ahead
+	idle := func() bool { return ahead.done.Load() >= ahead.want.Load() }
+	testutil.Await(t, "the first frontier mapped", idle)
+	first := ahead.done.Load()
+	big := bytes.Repeat([]byte{2}, int(first)+aheadBytes/4) // ends past the first frontier
+	if _, err := s.PutSummed(MakeKey(1, 1), big); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Await(t, "the second frontier mapped", idle)
+	end := alignUp(alignUp(3*pageSize) + uint64(len(big)))
+	edge := int(alignPage(end+aheadBytes) / pageSize)
+	if got := ahead.done.Load(); got != uint64(edge)*pageSize {
+		t.Fatalf("mapped up to %d, want %d (aheadBytes past the second item's end, %d)", got, edge*pageSize, end)
+	}
+	got := resident(t, s.arena, edge)
+	for i := int(first / pageSize); i < edge; i++ {
+		if !got[i] {
+			t.Fatalf("page %d, between the first frontier and the second, not mapped", i)
+		}
+	}
+	ref, ok := s.Get(MakeKey(1, 1))
+	if !ok || !bytes.Equal(ref.Data, big) {
+		t.Fatal("the second item is not held as put")
+	}
+	ref.Release()
+}
+
+// Ahead, never more than the budget has room for: bytes claimed outside
+// the arena (a group's staged batches) and each item's overhead hold no
+// pages, so the pages they stand for stay unmapped.
+func TestNothingMappedAheadPastTheBudgetsRoom(t *testing.T) {
+	needPopulateWrite(t)
+	const capacity = 32 << 20
+	s := mustNew(t, capacity, NewLRU())
+	if !s.Claim(24 << 20) {
+		t.Fatal("claim refused")
+	}
+	data := bytes.Repeat([]byte{3}, 3*pageSize)
+	if _, err := s.PutSummed(MakeKey(1, 0), data); err != nil {
+		t.Fatal(err)
+	}
+	ahead := s.arena.ahead
+	testutil.Await(t, "the populator done", func() bool { return ahead.done.Load() >= ahead.want.Load() })
+	end := alignUp(uint64(len(data)))
+	room := uint64(capacity) - (24 << 20) - (end + EntryOverhead)
+	edge := int(alignPage(end+room) / pageSize)
+	if got := ahead.done.Load(); got != uint64(edge)*pageSize {
+		t.Fatalf("mapped up to %d, want %d: the item's end %d and the budget's room %d", got, edge*pageSize, end, room)
+	}
+	past := pastHugePage(s.arena, edge)
+	for i, r := range resident(t, s.arena, past+64)[past:] {
+		if r {
+			t.Fatalf("page %d, past the room's edge (%d), mapped", past+i, edge)
+		}
+	}
+}

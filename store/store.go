@@ -258,7 +258,9 @@ func (s *Store) put(k Key, data []byte, sum uint64) error {
 		s.evicted++
 	}
 	s.arena.prefault(off, uint64(len(data)))
-	s.arena.handedOut(off, need)
+	// Ahead, no more than the budget has room for after this item: what
+	// the budget also counts (each item's overhead, claims) holds no pages.
+	s.arena.handedOut(off, need, s.capacity-(s.used-s.dying+s.reservedN+charge))
 	copy(s.arena.mem[off:off+uint64(len(data))], data)
 	i := s.newSlot()
 	s.slots[i] = slot{key: k, off: off, size: uint64(len(data)), alloc: need, sum: sum, live: true, inUse: true}
