@@ -47,7 +47,7 @@ type arena struct {
 // written: the pages past it, up to room bytes, are mapped ahead, off the
 // caller's path.
 func (a *arena) handedOut(off, n, room uint64) {
-	if a.noPopulate || a.mem == nil {
+	if a.noPopulate {
 		return
 	}
 	if a.ahead == nil {
@@ -62,8 +62,8 @@ func (a *arena) handedOut(off, n, room uint64) {
 // little. It is only a hint: the write that follows faults in whatever it
 // did not map.
 func (a *arena) prefault(off, n uint64) {
-	if a.noPopulate || n == 0 {
-		return
+	if a.noPopulate || n == 0 || (a.ahead != nil && off+n <= a.ahead.done.Load()) {
+		return // nothing to map, or mapped ahead already: no call under the lock
 	}
 	lo, hi := off&^(pageSize-1), min(alignPage(off+n), uint64(len(a.mem)))
 	if err := unix.Madvise(a.mem[lo:hi], unix.MADV_POPULATE_WRITE); errors.Is(err, unix.EINVAL) {
